@@ -1,0 +1,456 @@
+package courier
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/courier-mq/courier/wire"
+)
+
+// AttachOption configures an attachment.
+type AttachOption func(*attachCfg)
+
+type attachCfg struct {
+	serviceTag string
+	spec       wire.AttachSpec
+	onEvent    func(Event)
+}
+
+func attachConfig(opts []AttachOption) attachCfg {
+	var c attachCfg
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
+}
+
+// ServiceTag puts a handler in the group of that tag; requests that name
+// the tag go only to that group.
+func ServiceTag(tag string) AttachOption { return func(c *attachCfg) { c.serviceTag = tag } }
+
+// ConnTag names the attachment, so that one client attached several
+// times to an exchange can tell through which attachment an event came.
+// Sticky exchanges also hash a handler by it, so a restarted handler with
+// the same tag gets its keys back.
+func ConnTag(tag string) AttachOption { return func(c *attachCfg) { c.spec.ConnTag = tag } }
+
+// Options attaches free-form options that other members see in events.
+func Options(kv map[string]string) AttachOption {
+	return func(c *attachCfg) { c.spec.Options = kv }
+}
+
+// Patterns adds subscription patterns.
+func Patterns(patterns ...string) AttachOption {
+	return func(c *attachCfg) { c.spec.Patterns = append(c.spec.Patterns, patterns...) }
+}
+
+// OnEvent sets a function called with every membership event of the
+// attachment, from the attachment's goroutine, in order.
+func OnEvent(fn func(Event)) AttachOption { return func(c *attachCfg) { c.onEvent = fn } }
+
+// EventKind says what changed in an exchange's group.
+type EventKind int
+
+// Event kinds.
+const (
+	// EventLeader: the leader is (now) Leader; Members is the group.
+	EventLeader EventKind = wire.EventLeader
+	// EventMemberUp: Member joined.
+	EventMemberUp EventKind = wire.EventMemberUp
+	// EventMemberDown: Member left.
+	EventMemberDown EventKind = wire.EventMemberDown
+	// EventSubscriptions: a controller changed this subscriber's patterns.
+	EventSubscriptions EventKind = wire.EventSubscriptions
+	// EventDetached: the attachment is gone; Reason says why.
+	EventDetached EventKind = wire.EventDetached
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventLeader:
+		return "leader"
+	case EventMemberUp:
+		return "member-up"
+	case EventMemberDown:
+		return "member-down"
+	case EventSubscriptions:
+		return "subscriptions"
+	case EventDetached:
+		return "detached"
+	}
+	return fmt.Sprintf("event(%d)", int(k))
+}
+
+// Event is a membership event of an attachment's exchange.
+type Event struct {
+	Kind     EventKind
+	Exchange string
+	ConnTag  string   // the attachment it came through
+	Leader   string   // member id of the leader
+	Member   *Member  // who joined or left
+	Members  []Member // the whole group, oldest first
+	Patterns []string // EventSubscriptions: the patterns now
+	Reason   string   // EventDetached
+	// IsLeader tells whether the attachment it came through is the leader.
+	IsLeader bool
+}
+
+// Attachment is one attachment of this Conn to an exchange: a handler,
+// subscriber or controller.
+type Attachment struct {
+	c        *Conn
+	id       uint32
+	exchange string
+	role     uint64
+	cfg      attachCfg
+	member   string
+
+	handler HandlerFunc
+	onMsg   MessageFunc
+	control ControlFunc
+
+	in inbox
+
+	mu       sync.Mutex // guards leader, members, patterns, active, err
+	leader   string
+	members  []Member
+	patterns []string
+	active   map[uint64]*Request
+	err      error
+	done     chan struct{}
+}
+
+// ID returns the attachment's member id, such as "c7.3".
+func (a *Attachment) ID() string { return a.member }
+
+// Exchange returns the exchange's name.
+func (a *Attachment) Exchange() string { return a.exchange }
+
+// ConnTag returns the attachment's connection tag.
+func (a *Attachment) ConnTag() string { return a.cfg.spec.ConnTag }
+
+// IsLeader reports whether this attachment is its group's leader, as of
+// the last event it received.
+func (a *Attachment) IsLeader() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.leader != "" && a.leader == a.member
+}
+
+// Leader returns the member id of the group's leader ("" if none known).
+func (a *Attachment) Leader() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.leader
+}
+
+// Members returns the group, oldest first, as of the last event.
+func (a *Attachment) Members() []Member {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.members)
+}
+
+// Patterns returns a subscriber's patterns.
+func (a *Attachment) Patterns() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.patterns)
+}
+
+// Done is closed when the attachment ends; see [Attachment.Err].
+func (a *Attachment) Done() <-chan struct{} { return a.done }
+
+// Err tells why the attachment ended, or nil while it lives.
+func (a *Attachment) Err() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.err
+}
+
+func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg attachCfg, h HandlerFunc, m MessageFunc, ctl ControlFunc) (*Attachment, error) {
+	a := &Attachment{
+		c: c, id: c.nextAttach.Add(1), exchange: exchange, role: role, cfg: cfg,
+		handler: h, onMsg: m, control: ctl,
+		active: make(map[uint64]*Request),
+		done:   make(chan struct{}),
+	}
+	a.in.init()
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return nil, c.err
+	}
+	c.atts[a.id] = a
+	c.mu.Unlock()
+	go a.run()
+
+	f := wire.NewFrame(wire.TypeAttach)
+	f.Attach, f.Name, f.Aux, f.Tag = a.id, exchange, role, cfg.serviceTag
+	f.Body, _ = json.Marshal(cfg.spec)
+	var res wire.AttachResult
+	if err := c.roundTrip(ctx, f, &res); err != nil {
+		c.mu.Lock()
+		delete(c.atts, a.id)
+		c.mu.Unlock()
+		a.stop(err)
+		return nil, err
+	}
+	a.mu.Lock()
+	a.member = res.Member
+	a.patterns = res.Patterns
+	a.mu.Unlock()
+	return a, nil
+}
+
+// Detach ends the attachment: it leaves the exchange's group (a new
+// leader is appointed if it led) and receives nothing more.
+func (a *Attachment) Detach(ctx context.Context) error {
+	f := wire.NewFrame(wire.TypeDetach)
+	f.Attach = a.id
+	err := a.c.roundTrip(ctx, f, nil)
+	a.c.mu.Lock()
+	delete(a.c.atts, a.id)
+	a.c.mu.Unlock()
+	a.stop(fmt.Errorf("courier: attachment %s detached", a.member))
+	return err
+}
+
+// Subscribe adds patterns to a subscriber. On a controlled exchange the
+// controller decides, and may narrow them.
+func (a *Attachment) Subscribe(ctx context.Context, patterns ...string) error {
+	return a.changePatterns(ctx, wire.TypeSubscribe, "", patterns)
+}
+
+// Unsubscribe removes patterns from a subscriber.
+func (a *Attachment) Unsubscribe(ctx context.Context, patterns ...string) error {
+	return a.changePatterns(ctx, wire.TypeUnsubscribe, "", patterns)
+}
+
+// SubscribeMember, from a controller, subscribes another attachment of
+// the exchange (by member id) to patterns.
+func (a *Attachment) SubscribeMember(ctx context.Context, member string, patterns ...string) error {
+	return a.changePatterns(ctx, wire.TypeSubscribe, member, patterns)
+}
+
+// UnsubscribeMember, from a controller, unsubscribes another attachment.
+func (a *Attachment) UnsubscribeMember(ctx context.Context, member string, patterns ...string) error {
+	return a.changePatterns(ctx, wire.TypeUnsubscribe, member, patterns)
+}
+
+func (a *Attachment) changePatterns(ctx context.Context, t wire.Type, member string, patterns []string) error {
+	f := wire.NewFrame(t)
+	f.Attach, f.Name = a.id, member
+	f.Body, _ = json.Marshal(wire.PatternsBody{Patterns: patterns})
+	var pb wire.PatternsBody
+	if err := a.c.roundTrip(ctx, f, &pb); err != nil {
+		return err
+	}
+	if member == "" {
+		a.mu.Lock()
+		a.patterns = pb.Patterns
+		a.mu.Unlock()
+	}
+	return nil
+}
+
+// stop ends the attachment's goroutine.
+func (a *Attachment) stop(err error) {
+	a.mu.Lock()
+	if a.err == nil {
+		a.err = err
+	}
+	active := a.active
+	a.active = map[uint64]*Request{}
+	a.mu.Unlock()
+	for _, r := range active {
+		r.cancelCtx()
+	}
+	a.in.close()
+}
+
+// run is the attachment's goroutine: it takes frames in batches and calls
+// the user's functions, one at a time, in order.
+func (a *Attachment) run() {
+	defer close(a.done)
+	var batch []*wire.Frame
+	var d Delivery
+	for {
+		batch = a.in.take(batch[:0])
+		if batch == nil {
+			return
+		}
+		for i, f := range batch {
+			batch[i] = nil
+			switch f.Type {
+			case wire.TypeRequest:
+				a.serve(f)
+			case wire.TypeMessage:
+				d.Key, d.Header, d.Body = f.Key, f.Header, f.Body
+				d.Exchange, d.ConnTag = a.exchange, a.cfg.spec.ConnTag
+				f.Release()
+				a.deliver(&d)
+			case wire.TypeEvent:
+				a.event(f)
+			case wire.TypeSubRequest:
+				a.decide(f)
+			default:
+				f.Release()
+			}
+		}
+	}
+}
+
+func (a *Attachment) deliver(d *Delivery) {
+	defer func() {
+		if p := recover(); p != nil {
+			a.c.log.Error("courier: subscriber panicked", "attachment", a.member, "panic", p)
+		}
+	}()
+	if a.onMsg != nil {
+		a.onMsg(d)
+	}
+}
+
+func (a *Attachment) event(f *wire.Frame) {
+	defer f.Release()
+	ev := Event{Kind: EventKind(f.Aux), Exchange: f.Name, ConnTag: a.cfg.spec.ConnTag, Reason: f.Tag}
+	var body wire.EventBody
+	if len(f.Body) > 0 {
+		if err := json.Unmarshal(f.Body, &body); err != nil {
+			a.c.report(fmt.Errorf("courier: bad event body: %w", err))
+			return
+		}
+	}
+	ev.Leader, ev.Member, ev.Members, ev.Patterns = body.Leader, body.Member, body.Members, body.Patterns
+	a.mu.Lock()
+	switch ev.Kind {
+	case EventLeader, EventMemberUp, EventMemberDown:
+		a.leader, a.members = body.Leader, body.Members
+	case EventSubscriptions:
+		a.patterns = body.Patterns
+	}
+	ev.IsLeader = a.leader != "" && a.leader == a.member
+	a.mu.Unlock()
+	if ev.Kind == EventDetached {
+		a.c.mu.Lock()
+		delete(a.c.atts, a.id)
+		a.c.mu.Unlock()
+		defer a.stop(fmt.Errorf("courier: attachment detached: %s", ev.Reason))
+	}
+	if a.cfg.onEvent != nil {
+		a.cfg.onEvent(ev)
+	}
+}
+
+// inline handles frames that must not wait behind the attachment's
+// queue: a CANCEL for, or an ANSWER to, a request being served.
+func (a *Attachment) inline(f *wire.Frame) {
+	a.mu.Lock()
+	r := a.active[f.Ref]
+	a.mu.Unlock()
+	if r == nil {
+		f.Release()
+		return
+	}
+	if f.Type == wire.TypeCancel {
+		f.Release()
+		r.cancelled.Store(true)
+		r.cancelCtx()
+		return
+	}
+	r.answer(f)
+}
+
+// inbox is an attachment's queue of inbound frames. Data frames wait for
+// room (backpressure); control frames never wait.
+type inbox struct {
+	mu      sync.Mutex // guards q, closed, waiters, room
+	q       []*wire.Frame
+	closed  bool
+	waiters int
+	room    chan struct{} // closed and replaced when room is made
+	wake    chan struct{}
+}
+
+// inboxLimit bounds the data frames queued for one attachment.
+const inboxLimit = 8192
+
+func (b *inbox) init() {
+	b.wake = make(chan struct{}, 1)
+	b.room = make(chan struct{})
+}
+
+func (b *inbox) push(f *wire.Frame, data bool) {
+	b.mu.Lock()
+	for data && len(b.q) >= inboxLimit && !b.closed {
+		room := b.room
+		b.waiters++
+		b.mu.Unlock()
+		<-room
+		b.mu.Lock()
+		b.waiters--
+	}
+	if b.closed {
+		b.mu.Unlock()
+		f.Release()
+		return
+	}
+	b.q = append(b.q, f)
+	first := len(b.q) == 1
+	b.mu.Unlock()
+	if first {
+		select {
+		case b.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// take waits for frames and returns them all, appended to buf; nil once
+// the inbox is closed and empty.
+func (b *inbox) take(buf []*wire.Frame) []*wire.Frame {
+	for {
+		b.mu.Lock()
+		if len(b.q) > 0 {
+			buf = append(buf, b.q...)
+			clear(b.q)
+			b.q = b.q[:0]
+			if b.waiters > 0 {
+				close(b.room)
+				b.room = make(chan struct{})
+			}
+			b.mu.Unlock()
+			return buf
+		}
+		if b.closed {
+			b.mu.Unlock()
+			return nil
+		}
+		b.mu.Unlock()
+		<-b.wake
+	}
+}
+
+func (b *inbox) close() {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.closed = true
+	q := b.q
+	b.q = nil
+	close(b.room)
+	b.mu.Unlock()
+	for _, f := range q {
+		f.Release()
+	}
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}

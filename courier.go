@@ -1,0 +1,425 @@
+// Package courier is the Go API of Courier, a broker for distributed,
+// reactive services. The same [Conn] works with a broker embedded in the
+// process (node.Start(...).Connect()) and with a server over the network
+// (client.Dial), so code moves between the two unchanged.
+//
+// A Conn opens exchanges: [Conn.ReqResp] for request-response with a
+// balancing [Strategy], [Conn.PubSub] for publish-subscribe with topic
+// patterns. Handlers, subscribers and controllers attach to an exchange;
+// every attachment is an [Attachment] that sees its group's leader and
+// members.
+//
+//	users, err := conn.ReqResp(ctx, "users", courier.RoundRobin)
+//	users.Handle(ctx, func(r *courier.Request) { r.Reply(pong) })
+//	resp, err := users.Request(ctx, courier.Message{Body: ping})
+package courier
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/courier-mq/courier/wire"
+)
+
+// Transport carries frames between a Conn and a broker. The embedded node
+// and the network client implement it; applications never call it.
+type Transport interface {
+	// Start is called once by [NewConn] with the function that takes
+	// frames from the broker. recv may be called from several goroutines
+	// at once; it never blocks for long.
+	Start(recv func(f *wire.Frame))
+	// Send hands f to the broker and takes ownership of it. It may block
+	// for flow control.
+	Send(f *wire.Frame) error
+	// Close ends the transport; recv is not called afterwards.
+	Close() error
+}
+
+// FuncDeclarer is implemented by transports that can declare exchanges
+// with Go routing functions, which only an embedded node can run.
+type FuncDeclarer interface {
+	DeclareFuncs(name string, spec ExchangeSpec) (wire.ExchangeInfo, error)
+}
+
+// Conn is a connection to a broker. It is safe for concurrent use.
+type Conn struct {
+	t   Transport
+	id  string
+	log *slog.Logger
+
+	nextRef    atomic.Uint64
+	nextAttach atomic.Uint32
+
+	mu     sync.Mutex // guards calls, atts, err
+	calls  map[uint64]*call
+	atts   map[uint32]*Attachment
+	err    error
+	closed chan struct{}
+
+	onError atomic.Pointer[func(error)]
+}
+
+// ConnOptions configure [NewConn].
+type ConnOptions struct {
+	// ID is the broker's name for this connection, such as "c7".
+	ID string
+	// Log receives what the Conn cannot return to a caller, such as a
+	// handler that panicked. Default: slog.Default().
+	Log *slog.Logger
+}
+
+// NewConn returns a Conn over t. It is for transport implementations; use
+// node.Node.Connect or client.Dial.
+func NewConn(t Transport, opts ConnOptions) *Conn {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	c := &Conn{
+		t: t, id: opts.ID, log: opts.Log,
+		calls:  make(map[uint64]*call),
+		atts:   make(map[uint32]*Attachment),
+		closed: make(chan struct{}),
+	}
+	t.Start(c.receive)
+	return c
+}
+
+// ID returns the broker's name for this connection, the prefix of its
+// attachments' member ids.
+func (c *Conn) ID() string { return c.id }
+
+// OnError sets a function that receives errors no call can return, such as
+// a publish to an exchange deleted meanwhile. It replaces the default,
+// which logs them.
+func (c *Conn) OnError(fn func(error)) { c.onError.Store(&fn) }
+
+// Err returns why the connection closed, or nil while it is open.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Done is closed when the connection closes.
+func (c *Conn) Done() <-chan struct{} { return c.closed }
+
+// Close closes the connection. Its attachments leave their exchanges and
+// calls in progress fail with [ErrClosed].
+func (c *Conn) Close() error {
+	c.shutdown(ErrClosed)
+	return c.t.Close()
+}
+
+// Closed is called by a transport when the connection ended under it.
+func (c *Conn) Closed(err error) {
+	if err == nil {
+		err = ErrClosed
+	}
+	c.shutdown(err)
+}
+
+func (c *Conn) shutdown(err error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err = err
+	calls := c.calls
+	c.calls = map[uint64]*call{}
+	atts := c.atts
+	c.atts = map[uint32]*Attachment{}
+	close(c.closed)
+	c.mu.Unlock()
+	for _, cl := range calls {
+		cl.push(nil)
+	}
+	for _, a := range atts {
+		a.stop(err)
+	}
+}
+
+func (c *Conn) report(err error) {
+	if fn := c.onError.Load(); fn != nil {
+		(*fn)(err)
+		return
+	}
+	c.log.Warn("courier: asynchronous error", "conn", c.id, "err", err)
+}
+
+// send hands a frame to the transport, failing fast once closed.
+func (c *Conn) send(f *wire.Frame) error {
+	select {
+	case <-c.closed:
+		f.Release()
+		return c.Err()
+	default:
+	}
+	return c.t.Send(f)
+}
+
+// receive dispatches a frame from the broker.
+func (c *Conn) receive(f *wire.Frame) {
+	switch f.Type {
+	case wire.TypeOK, wire.TypeResponse, wire.TypeAsk:
+		c.toCall(f)
+	case wire.TypeError:
+		if f.Ref != 0 && c.toCall(f) {
+			return
+		}
+		err := &wire.Error{Code: wire.Code(f.Aux), Msg: f.Tag, Fatal: f.Flags&wire.FlagFatal != 0}
+		f.Release()
+		c.report(err)
+	case wire.TypeRequest, wire.TypeMessage, wire.TypeEvent, wire.TypeSubRequest:
+		c.mu.Lock()
+		a := c.atts[f.Attach]
+		c.mu.Unlock()
+		if a == nil {
+			c.orphan(f)
+			return
+		}
+		a.in.push(f, f.Type == wire.TypeRequest || f.Type == wire.TypeMessage)
+	case wire.TypeCancel, wire.TypeAnswer:
+		c.mu.Lock()
+		a := c.atts[f.Attach]
+		c.mu.Unlock()
+		if a != nil {
+			a.inline(f)
+		} else {
+			f.Release()
+		}
+	default:
+		f.Release()
+	}
+}
+
+// orphan handles a frame for an attachment this Conn no longer has.
+func (c *Conn) orphan(f *wire.Frame) {
+	if f.Type == wire.TypeRequest {
+		r := wire.NewFrame(wire.TypeResponse)
+		r.Ref, r.Flags, r.Aux, r.Tag = f.Ref, wire.FlagError, uint64(wire.CodeHandlerGone), "the handler detached"
+		c.send(r)
+	}
+	f.Release()
+}
+
+// toCall routes a frame to the call waiting on its Ref.
+func (c *Conn) toCall(f *wire.Frame) bool {
+	c.mu.Lock()
+	cl := c.calls[f.Ref]
+	if cl == nil {
+		c.mu.Unlock()
+		f.Release()
+		return false
+	}
+	done := f.Type != wire.TypeAsk && (f.Type != wire.TypeResponse || f.Flags&wire.FlagLast != 0)
+	if done {
+		delete(c.calls, f.Ref)
+	}
+	if f.Type == wire.TypeAsk {
+		c.mu.Unlock()
+		go c.answer(cl, f)
+		return true
+	}
+	cl.push(f)
+	c.mu.Unlock()
+	return true
+}
+
+// call is one operation waiting for frames with its Ref.
+type call struct {
+	ref   uint64
+	mu    sync.Mutex // guards q, closed
+	q     []*wire.Frame
+	ready chan struct{}
+	onAsk AskFunc
+	// closed: the Conn closed under the call (a nil frame was pushed).
+	closed bool
+}
+
+var callPool = sync.Pool{New: func() any { return &call{ready: make(chan struct{}, 1)} }}
+
+func (c *Conn) newCall() *call {
+	cl := callPool.Get().(*call)
+	cl.ref = c.nextRef.Add(1)
+	return cl
+}
+
+func (cl *call) push(f *wire.Frame) {
+	cl.mu.Lock()
+	if f == nil {
+		cl.closed = true
+	} else {
+		cl.q = append(cl.q, f)
+	}
+	cl.mu.Unlock()
+	select {
+	case cl.ready <- struct{}{}:
+	default:
+	}
+}
+
+// register adds cl to the calls in flight; it fails once the Conn closed.
+func (c *Conn) register(cl *call) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return c.err
+	}
+	c.calls[cl.ref] = cl
+	return nil
+}
+
+// unregister removes cl; it reports whether cl was still registered.
+func (c *Conn) unregister(cl *call) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.calls[cl.ref] == cl {
+		delete(c.calls, cl.ref)
+		return true
+	}
+	return false
+}
+
+// next waits for the call's next frame. It returns nil and an error when
+// ctx ends or the Conn closes.
+func (c *Conn) next(ctx context.Context, cl *call) (*wire.Frame, error) {
+	for {
+		cl.mu.Lock()
+		if len(cl.q) > 0 {
+			f := cl.q[0]
+			cl.q[0] = nil
+			cl.q = cl.q[1:]
+			if len(cl.q) == 0 {
+				cl.q = cl.q[:0:0]
+			}
+			cl.mu.Unlock()
+			return f, nil
+		}
+		closed := cl.closed
+		cl.mu.Unlock()
+		if closed {
+			return nil, c.Err()
+		}
+		select {
+		case <-cl.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// release returns a finished call to the pool. The call must no longer
+// be registered.
+func (cl *call) release() {
+	for _, f := range cl.q {
+		f.Release()
+	}
+	cl.q = cl.q[:0]
+	cl.closed = false
+	cl.onAsk = nil
+	select {
+	case <-cl.ready:
+	default:
+	}
+	callPool.Put(cl)
+}
+
+// roundTrip sends a control frame and waits for its OK or ERROR.
+func (c *Conn) roundTrip(ctx context.Context, f *wire.Frame, out any) error {
+	cl := c.newCall()
+	f.Ref = cl.ref
+	if err := c.register(cl); err != nil {
+		f.Release()
+		cl.release()
+		return err
+	}
+	if err := c.send(f); err != nil {
+		c.unregister(cl)
+		cl.release()
+		return err
+	}
+	r, err := c.next(ctx, cl)
+	if err != nil {
+		if c.unregister(cl) {
+			cl.release()
+		}
+		return err
+	}
+	defer cl.release()
+	defer r.Release()
+	if r.Type == wire.TypeError {
+		return &wire.Error{Code: wire.Code(r.Aux), Msg: r.Tag}
+	}
+	if out != nil && len(r.Body) > 0 {
+		if err := json.Unmarshal(r.Body, out); err != nil {
+			return fmt.Errorf("courier: bad reply to %s: %w", f.Type, err)
+		}
+	}
+	return nil
+}
+
+// declare declares or opens an exchange.
+func (c *Conn) declare(ctx context.Context, name string, spec ExchangeSpec) (wire.ExchangeInfo, error) {
+	if spec.KeyFunc != nil || spec.RouteFunc != nil {
+		fd, ok := c.t.(FuncDeclarer)
+		if !ok {
+			return wire.ExchangeInfo{}, fmt.Errorf("%w: Go routing functions need an embedded node; over the network use KeyExpr or RouteExpr", ErrBadOptions)
+		}
+		return fd.DeclareFuncs(name, spec)
+	}
+	f := wire.NewFrame(wire.TypeDeclare)
+	f.Name = name
+	f.Body, _ = json.Marshal(spec.ExchangeConfig)
+	if spec.Passive {
+		f.Aux = 1
+	}
+	var info wire.ExchangeInfo
+	err := c.roundTrip(ctx, f, &info)
+	return info, err
+}
+
+// Declare creates an exchange, or checks that the existing one matches.
+// Most code uses [Conn.ReqResp] or [Conn.PubSub] instead.
+func (c *Conn) Declare(ctx context.Context, name string, spec ExchangeSpec) (ExchangeInfo, error) {
+	return c.declare(ctx, name, spec)
+}
+
+// Exchanges lists the broker's exchanges.
+func (c *Conn) Exchanges(ctx context.Context) ([]ExchangeInfo, error) {
+	var list []ExchangeInfo
+	err := c.roundTrip(ctx, wire.NewFrame(wire.TypeList), &list)
+	return list, err
+}
+
+// DeleteExchange deletes an exchange; its attachments are detached.
+func (c *Conn) DeleteExchange(ctx context.Context, name string) error {
+	f := wire.NewFrame(wire.TypeDelete)
+	f.Name = name
+	return c.roundTrip(ctx, f, nil)
+}
+
+// ExchangeInfo describes an exchange.
+type ExchangeInfo = wire.ExchangeInfo
+
+// Errors, matched with errors.Is against any error of the same code.
+var (
+	ErrClosed       = errors.New("courier: connection closed")
+	ErrNotFound     = &wire.Error{Code: wire.CodeNotFound}
+	ErrClash        = &wire.Error{Code: wire.CodeClash}
+	ErrBadOptions   = &wire.Error{Code: wire.CodeBadOptions}
+	ErrNoHandler    = &wire.Error{Code: wire.CodeNoHandler}
+	ErrTimeout      = &wire.Error{Code: wire.CodeTimeout}
+	ErrCancelled    = &wire.Error{Code: wire.CodeCancelled}
+	ErrRejected     = &wire.Error{Code: wire.CodeRejected}
+	ErrHandlerGone  = &wire.Error{Code: wire.CodeHandlerGone}
+	ErrNotAllowed   = &wire.Error{Code: wire.CodeNotAllowed}
+	ErrApplication  = &wire.Error{Code: wire.CodeApplication}
+	ErrLimit        = &wire.Error{Code: wire.CodeLimit}
+	ErrUnauthorized = &wire.Error{Code: wire.CodeUnauthorized}
+)

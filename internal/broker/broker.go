@@ -1,0 +1,218 @@
+// Package broker routes frames between sessions: it holds the exchanges,
+// their attachments and groups, picks handlers by strategy, matches topics,
+// appoints leaders and tracks requests in flight.
+//
+// The broker speaks only in [wire.Frame]s. A session is one client, remote
+// (the server turns its socket into frames) or embedded (the node hands
+// frames over in-process), and the broker cannot tell them apart: every
+// attachment has an address, its session's [Sink], that could as well lead
+// to another node.
+//
+// Lock order: Broker.mu → Exchange.mu → Exchange.subMu → Session.mu. No
+// lock is held while a data frame is sent to a sink; control frames
+// (EVENT, OK, ERROR) may be sent under Exchange.mu, which is why sinks
+// never block on them.
+package broker
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/wire"
+)
+
+// Config configures a Broker.
+type Config struct {
+	// Node names this broker in member ids and logs. Default: "n1".
+	Node string
+	// Log receives structured logs. Default: slog.Default().
+	Log *slog.Logger
+	// MaxInflight bounds the requests one session may have in flight as a
+	// requester. Default: 65536.
+	MaxInflight int
+}
+
+func (c *Config) setDefaults() {
+	if c.Node == "" {
+		c.Node = "n1"
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.MaxInflight <= 0 {
+		c.MaxInflight = 65536
+	}
+}
+
+// Sink delivers frames to a session's peer. Deliver takes ownership of f.
+// It is called from many goroutines. It must not block for EVENT,
+// SUBREQUEST, OK and ERROR frames, and may block only briefly (bounded
+// backpressure) for data frames. After the session closes, it drops frames.
+type Sink interface {
+	Deliver(f *wire.Frame)
+}
+
+// Broker is the routing core of one node. It is safe for concurrent use.
+type Broker struct {
+	cfg Config
+	log *slog.Logger
+
+	mu        sync.RWMutex // guards exchanges, members, sessions
+	exchanges map[string]*Exchange
+	members   map[string]*Attachment // by member id
+	sessions  map[uint64]*Session
+
+	nextSession atomic.Uint64
+	nextSubReq  atomic.Uint64
+}
+
+// New returns a broker with no exchanges.
+func New(cfg Config) *Broker {
+	cfg.setDefaults()
+	return &Broker{
+		cfg:       cfg,
+		log:       cfg.Log,
+		exchanges: make(map[string]*Exchange),
+		members:   make(map[string]*Attachment),
+		sessions:  make(map[uint64]*Session),
+	}
+}
+
+// Node returns the node name.
+func (b *Broker) Node() string { return b.cfg.Node }
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_\-:]+(\.[A-Za-z0-9_\-:]+)*$`)
+
+// ValidName reports whether name can name an exchange: dot-separated words
+// of letters, digits, '_', '-' and ':', at most 255 bytes.
+func ValidName(name string) bool {
+	return len(name) <= 255 && nameRE.MatchString(name)
+}
+
+// Spec is an exchange's full configuration: the wire config plus, for
+// embedded use, Go functions in place of expressions.
+type Spec = courier.ExchangeSpec
+
+// Declare creates the exchange name, or checks that the existing one
+// matches spec. Fields left empty in spec match anything.
+func (b *Broker) Declare(name string, spec Spec) (*Exchange, error) {
+	if !ValidName(name) {
+		return nil, wire.Errorf(wire.CodeBadOptions, "invalid exchange name %q: use dot-separated words of letters, digits, '_', '-', ':'", name)
+	}
+	b.mu.RLock()
+	ex := b.exchanges[name]
+	b.mu.RUnlock()
+	if ex != nil {
+		return ex, ex.matches(spec)
+	}
+	if spec.Passive {
+		return nil, wire.Errorf(wire.CodeNotFound, "exchange %q not found", name)
+	}
+	ex, err := newExchange(b, name, spec)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	if old := b.exchanges[name]; old != nil {
+		b.mu.Unlock()
+		return old, old.matches(spec)
+	}
+	b.exchanges[name] = ex
+	b.mu.Unlock()
+	b.log.Info("exchange declared", "exchange", name, "pattern", ex.cfg.Pattern, "strategy", ex.cfg.Strategy)
+	return ex, nil
+}
+
+// Exchange returns the exchange name, or nil.
+func (b *Broker) Exchange(name string) *Exchange {
+	b.mu.RLock()
+	ex := b.exchanges[name]
+	b.mu.RUnlock()
+	return ex
+}
+
+func (b *Broker) lookup(name string) (*Exchange, error) {
+	if ex := b.Exchange(name); ex != nil {
+		return ex, nil
+	}
+	return nil, wire.Errorf(wire.CodeNotFound, "exchange %q not found", name)
+}
+
+// Delete removes an exchange; its attachments receive EVENT detached.
+func (b *Broker) Delete(name string) error {
+	b.mu.Lock()
+	ex := b.exchanges[name]
+	if ex == nil {
+		b.mu.Unlock()
+		return wire.Errorf(wire.CodeNotFound, "exchange %q not found", name)
+	}
+	delete(b.exchanges, name)
+	b.mu.Unlock()
+	ex.close()
+	b.log.Info("exchange deleted", "exchange", name)
+	return nil
+}
+
+// Exchanges returns a snapshot of every exchange, sorted by name.
+func (b *Broker) Exchanges() []wire.ExchangeInfo {
+	b.mu.RLock()
+	list := make([]*Exchange, 0, len(b.exchanges))
+	for _, ex := range b.exchanges {
+		list = append(list, ex)
+	}
+	b.mu.RUnlock()
+	infos := make([]wire.ExchangeInfo, len(list))
+	for i, ex := range list {
+		infos[i] = ex.Info()
+	}
+	slices.SortFunc(infos, func(a, b wire.ExchangeInfo) int { return cmp.Compare(a.Name, b.Name) })
+	return infos
+}
+
+// SessionCount returns the number of open sessions.
+func (b *Broker) SessionCount() int {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return len(b.sessions)
+}
+
+func (b *Broker) member(id string) *Attachment {
+	b.mu.RLock()
+	a := b.members[id]
+	b.mu.RUnlock()
+	return a
+}
+
+// Open starts a session whose frames go to sink. name appears in logs; the
+// session's id (such as "c7") prefixes the member ids of its attachments.
+func (b *Broker) Open(sink Sink, name string) *Session {
+	n := b.nextSession.Add(1)
+	s := &Session{
+		b:           b,
+		n:           n,
+		id:          fmt.Sprintf("c%d", n),
+		name:        name,
+		sink:        sink,
+		attachments: make(map[uint32]*Attachment),
+		requests:    make(map[uint64]*inflight),
+	}
+	b.mu.Lock()
+	b.sessions[n] = s
+	b.mu.Unlock()
+	return s
+}
+
+func jsonBody(v any) []byte {
+	p, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("broker: marshal %T: %v", v, err))
+	}
+	return p
+}

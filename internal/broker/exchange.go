@@ -1,0 +1,328 @@
+package broker
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/courier-mq/courier/wire"
+)
+
+// Request-response strategies.
+const (
+	Broadcast        = "broadcast"
+	RoundRobin       = "round-robin"
+	Leader           = "leader"
+	LeaderRoundRobin = "leader-round-robin"
+	Sticky           = "sticky"
+	StickyFun        = "sticky-fun"
+	Fun              = "fun"
+	LeastBusy        = "least-busy"
+)
+
+// Strategies lists every request-response strategy.
+var Strategies = []string{Broadcast, RoundRobin, Leader, LeaderRoundRobin, Sticky, StickyFun, Fun, LeastBusy}
+
+// Exchange is a named router with one pattern. Its routing state is an
+// immutable view swapped atomically on membership changes, so routing a
+// request takes no lock.
+type Exchange struct {
+	b     *Broker
+	name  string
+	cfg   wire.ExchangeConfig
+	keyFn KeyFunc
+	route RouteFunc
+
+	mu      sync.Mutex // guards members, closed, and event order
+	members []*Attachment
+	closed  bool
+	view    atomic.Pointer[view]
+
+	subMu  sync.RWMutex // guards subs, cache
+	subs   *topicTree
+	cache  map[string][]*Attachment
+	nsubs  int
+	pendMu sync.Mutex // guards pending
+	// pending holds subscription requests waiting for a controller.
+	pending map[uint64]*subRequest
+
+	requests  atomic.Uint64
+	publishes atomic.Uint64
+}
+
+// view is a snapshot of an exchange's members for routing.
+type view struct {
+	leader *Attachment
+	all    *group
+	byTag  map[string]*group
+}
+
+// group is the handlers of one service tag (or all of them).
+type group struct {
+	members []*Attachment
+	ring    *ring
+	next    atomic.Uint64
+}
+
+func newExchange(b *Broker, name string, spec Spec) (*Exchange, error) {
+	cfg := spec.ExchangeConfig
+	ex := &Exchange{b: b, name: name, cfg: cfg, keyFn: spec.KeyFunc, route: spec.RouteFunc}
+	switch cfg.Pattern {
+	case wire.PatternReqResp:
+		if cfg.Controlled {
+			return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: only pubsub exchanges can be controlled", name)
+		}
+		if cfg.Strategy == "" {
+			ex.cfg.Strategy = Broadcast
+		}
+		if err := ex.compileStrategy(); err != nil {
+			return nil, err
+		}
+	case wire.PatternPubSub:
+		if cfg.Strategy != "" {
+			return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: pubsub exchanges take no strategy (got %q)", name, cfg.Strategy)
+		}
+		if cfg.KeyExpr != "" || cfg.RouteExpr != "" || spec.KeyFunc != nil || spec.RouteFunc != nil {
+			return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: pubsub exchanges take no routing functions", name)
+		}
+		ex.subs = newTopicTree()
+		ex.cache = make(map[string][]*Attachment)
+		ex.pending = make(map[uint64]*subRequest)
+	case "":
+		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: pattern missing (reqresp or pubsub)", name)
+	default:
+		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: unknown pattern %q (reqresp or pubsub)", name, cfg.Pattern)
+	}
+	ex.view.Store(&view{all: &group{}, byTag: map[string]*group{}})
+	return ex, nil
+}
+
+func (ex *Exchange) compileStrategy() error {
+	cfg := ex.cfg
+	known := false
+	for _, s := range Strategies {
+		known = known || s == cfg.Strategy
+	}
+	if !known {
+		return wire.Errorf(wire.CodeBadOptions, "exchange %q: unknown strategy %q (one of %s)", ex.name, cfg.Strategy, strings.Join(Strategies, ", "))
+	}
+	if cfg.KeyExpr != "" && cfg.Strategy != StickyFun {
+		return wire.Errorf(wire.CodeBadOptions, "exchange %q: key_expr needs strategy sticky-fun", ex.name)
+	}
+	if cfg.RouteExpr != "" && cfg.Strategy != Fun {
+		return wire.Errorf(wire.CodeBadOptions, "exchange %q: route_expr needs strategy fun", ex.name)
+	}
+	switch cfg.Strategy {
+	case StickyFun:
+		if ex.keyFn != nil {
+			return nil
+		}
+		if cfg.KeyExpr == "" {
+			return wire.Errorf(wire.CodeBadOptions, "exchange %q: strategy sticky-fun needs a key expression or function", ex.name)
+		}
+		fn, err := compileKeyExpr(cfg.KeyExpr)
+		if err != nil {
+			return wire.Errorf(wire.CodeBadOptions, "exchange %q: key_expr: %v", ex.name, err)
+		}
+		ex.keyFn = fn
+	case Fun:
+		if ex.route != nil {
+			return nil
+		}
+		if cfg.RouteExpr == "" {
+			return wire.Errorf(wire.CodeBadOptions, "exchange %q: strategy fun needs a route expression or function", ex.name)
+		}
+		fn, err := compileRouteExpr(cfg.RouteExpr)
+		if err != nil {
+			return wire.Errorf(wire.CodeBadOptions, "exchange %q: route_expr: %v", ex.name, err)
+		}
+		ex.route = fn
+	}
+	return nil
+}
+
+// matches checks a declaration against this existing exchange.
+func (ex *Exchange) matches(spec Spec) error {
+	c := spec.ExchangeConfig
+	clash := func(what, have, want string) error {
+		return wire.Errorf(wire.CodeClash, "exchange %q exists with %s %q, not %q", ex.name, what, have, want)
+	}
+	switch {
+	case c.Pattern != "" && c.Pattern != ex.cfg.Pattern:
+		return clash("pattern", ex.cfg.Pattern, c.Pattern)
+	case c.Strategy != "" && c.Strategy != ex.cfg.Strategy:
+		return clash("strategy", ex.cfg.Strategy, c.Strategy)
+	case c.KeyExpr != "" && c.KeyExpr != ex.cfg.KeyExpr:
+		return clash("key_expr", ex.cfg.KeyExpr, c.KeyExpr)
+	case c.RouteExpr != "" && c.RouteExpr != ex.cfg.RouteExpr:
+		return clash("route_expr", ex.cfg.RouteExpr, c.RouteExpr)
+	case c.Controlled && !ex.cfg.Controlled:
+		return clash("controlled", "false", "true")
+	}
+	return nil
+}
+
+// Name returns the exchange's name.
+func (ex *Exchange) Name() string { return ex.name }
+
+// Config returns the exchange's configuration.
+func (ex *Exchange) Config() wire.ExchangeConfig { return ex.cfg }
+
+// Info returns a snapshot for listings, built from live counters.
+func (ex *Exchange) Info() wire.ExchangeInfo {
+	ex.mu.Lock()
+	members := make([]wire.Member, len(ex.members))
+	for i, a := range ex.members {
+		members[i] = a.info()
+	}
+	v := ex.view.Load()
+	ex.mu.Unlock()
+	info := wire.ExchangeInfo{
+		Name: ex.name, Pattern: ex.cfg.Pattern, Strategy: ex.cfg.Strategy,
+		KeyExpr: ex.cfg.KeyExpr, RouteExpr: ex.cfg.RouteExpr, Controlled: ex.cfg.Controlled,
+		Members: members, Requests: ex.requests.Load(), Publishes: ex.publishes.Load(),
+	}
+	if v.leader != nil {
+		info.Leader = v.leader.member
+	}
+	if ex.subs != nil {
+		ex.subMu.RLock()
+		info.Subscribers = ex.nsubs
+		ex.subMu.RUnlock()
+	}
+	return info
+}
+
+// isMemberRole reports whether attachments of role join the group that
+// elects a leader: handlers on request-response exchanges, controllers on
+// pub-sub ones.
+func (ex *Exchange) isMemberRole(role uint64) bool {
+	if ex.cfg.Pattern == wire.PatternReqResp {
+		return role == wire.RoleHandler
+	}
+	return role == wire.RoleController
+}
+
+// join adds a member and announces it. The new member gets a leader event
+// with the whole group; the others get member-up, and everyone gets a new
+// leader event if the leader changed.
+func (ex *Exchange) join(a *Attachment) error {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if ex.closed {
+		return wire.Errorf(wire.CodeNotFound, "exchange %q was deleted", ex.name)
+	}
+	old := ex.view.Load().leader
+	ex.members = append(ex.members, a)
+	v := ex.rebuild()
+	body := ex.eventBody(v, a)
+	for _, m := range ex.members {
+		switch {
+		case m == a || v.leader != old:
+			m.event(wire.EventLeader, body)
+		default:
+			m.event(wire.EventMemberUp, body)
+		}
+	}
+	return nil
+}
+
+// leave removes a member and announces it.
+func (ex *Exchange) leave(a *Attachment) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	i := -1
+	for j, m := range ex.members {
+		if m == a {
+			i = j
+		}
+	}
+	if i < 0 {
+		return
+	}
+	old := ex.view.Load().leader
+	ex.members = append(ex.members[:i:i], ex.members[i+1:]...)
+	v := ex.rebuild()
+	body := ex.eventBody(v, a)
+	for _, m := range ex.members {
+		m.event(wire.EventMemberDown, body)
+		if v.leader != old {
+			m.event(wire.EventLeader, body)
+		}
+	}
+	if v.leader != old && v.leader != nil {
+		ex.b.log.Info("leader appointed", "exchange", ex.name, "leader", v.leader.member)
+	}
+}
+
+// rebuild computes and stores a new routing view; ex.mu is held.
+func (ex *Exchange) rebuild() *view {
+	v := &view{all: &group{members: ex.members}, byTag: make(map[string]*group)}
+	if len(ex.members) > 0 {
+		v.leader = ex.members[0]
+	}
+	for _, m := range ex.members {
+		if m.serviceTag == "" {
+			continue
+		}
+		g := v.byTag[m.serviceTag]
+		if g == nil {
+			g = &group{}
+			v.byTag[m.serviceTag] = g
+		}
+		g.members = append(g.members, m)
+	}
+	if ex.cfg.Strategy == Sticky || ex.cfg.Strategy == StickyFun {
+		v.all.ring = newRing(v.all.members)
+		for _, g := range v.byTag {
+			g.ring = newRing(g.members)
+		}
+	}
+	ex.view.Store(v)
+	return v
+}
+
+func (ex *Exchange) eventBody(v *view, changed *Attachment) []byte {
+	e := wire.EventBody{Members: make([]wire.Member, len(ex.members))}
+	for i, m := range ex.members {
+		e.Members[i] = m.info()
+	}
+	if v.leader != nil {
+		e.Leader = v.leader.member
+	}
+	if changed != nil {
+		mi := changed.info()
+		e.Member = &mi
+	}
+	return jsonBody(e)
+}
+
+// close detaches everyone after the exchange was deleted.
+func (ex *Exchange) close() {
+	ex.mu.Lock()
+	ex.closed = true
+	members := ex.members
+	ex.members = nil
+	ex.rebuild()
+	ex.mu.Unlock()
+	var subs []*Attachment
+	if ex.subs != nil {
+		ex.subMu.Lock()
+		subs = ex.subs.all()
+		ex.subs = newTopicTree()
+		ex.cache = make(map[string][]*Attachment)
+		ex.nsubs = 0
+		ex.subMu.Unlock()
+		ex.pendMu.Lock()
+		for t, p := range ex.pending {
+			delete(ex.pending, t)
+			p.s.sendError(p.ref, wire.Errorf(wire.CodeExchangeDeleted, "exchange %q was deleted", ex.name))
+		}
+		ex.pendMu.Unlock()
+	}
+	for _, a := range append(members, subs...) {
+		a.s.forget(a)
+		a.detached(fmt.Sprintf("exchange %q was deleted", ex.name))
+	}
+}

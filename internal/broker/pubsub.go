@@ -1,0 +1,284 @@
+package broker
+
+import (
+	"encoding/json"
+	"errors"
+	"slices"
+
+	"github.com/courier-mq/courier/wire"
+)
+
+var errBadPattern = errors.New("bad pattern")
+
+// maxCache bounds the per-exchange cache of routing key → subscribers.
+const maxCache = 16384
+
+// publish routes a PUBLISH to every matching subscriber, once each, in the
+// order this session published.
+func (s *Session) publish(f *wire.Frame) {
+	ex, err := s.b.lookup(f.Name)
+	if err == nil && ex.subs == nil {
+		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is %s: publish needs a pub-sub exchange", ex.name, ex.cfg.Pattern)
+	}
+	if err != nil {
+		s.sendError(f.Ref, err)
+		f.Release()
+		return
+	}
+	reply, ref := f.Flags&wire.FlagReply != 0, f.Ref
+	ex.publishes.Add(1)
+	s.stats.Publishes.Add(1)
+	subs := ex.match(f.Key)
+	last := len(subs) - 1
+	for i, a := range subs {
+		g := f
+		if i != last {
+			g = f.Clone()
+		}
+		g.Type, g.Flags, g.Ref, g.Attach, g.Name = wire.TypeMessage, 0, 0, a.id, ""
+		a.s.stats.Delivered.Add(1)
+		a.s.sink.Deliver(g)
+	}
+	if last < 0 {
+		f.Release()
+	}
+	if reply {
+		s.reply(ref, nil, nil)
+	}
+}
+
+// match returns the subscribers for key; the slice is shared, read-only.
+func (ex *Exchange) match(key string) []*Attachment {
+	ex.subMu.RLock()
+	subs, ok := ex.cache[key]
+	ex.subMu.RUnlock()
+	if ok {
+		return subs
+	}
+	ex.subMu.Lock()
+	defer ex.subMu.Unlock()
+	if subs, ok = ex.cache[key]; ok {
+		return subs
+	}
+	subs = ex.subs.match(key, nil)
+	if len(ex.cache) >= maxCache {
+		clear(ex.cache)
+	}
+	ex.cache[key] = subs
+	return subs
+}
+
+// addPatterns subscribes a to patterns.
+func (ex *Exchange) addPatterns(a *Attachment, patterns []string) []string {
+	ex.subMu.Lock()
+	defer ex.subMu.Unlock()
+	if a.gone.Load() {
+		return nil
+	}
+	for _, p := range patterns {
+		if slices.Contains(a.patterns, p) {
+			continue
+		}
+		if len(a.patterns) == 0 {
+			ex.nsubs++
+		}
+		a.patterns = append(slices.Clip(a.patterns), p)
+		ex.subs.insert(p, a)
+	}
+	clear(ex.cache)
+	return slices.Clone(a.patterns)
+}
+
+// removePatterns unsubscribes a from patterns.
+func (ex *Exchange) removePatterns(a *Attachment, patterns []string) []string {
+	ex.subMu.Lock()
+	defer ex.subMu.Unlock()
+	for _, p := range patterns {
+		i := slices.Index(a.patterns, p)
+		if i < 0 {
+			continue
+		}
+		a.patterns = slices.Delete(slices.Clone(a.patterns), i, i+1)
+		ex.subs.remove(p, a)
+		if len(a.patterns) == 0 {
+			ex.nsubs--
+		}
+	}
+	clear(ex.cache)
+	return slices.Clone(a.patterns)
+}
+
+// removeAll unsubscribes a from everything, as it goes away.
+func (ex *Exchange) removeAll(a *Attachment) {
+	ex.subMu.Lock()
+	ps := a.patterns
+	ex.subMu.Unlock()
+	ex.removePatterns(a, ps)
+	ex.pendMu.Lock()
+	for t, p := range ex.pending {
+		if p.a == a {
+			delete(ex.pending, t)
+		}
+	}
+	ex.pendMu.Unlock()
+}
+
+// subRequest is a subscription waiting for the controller's decision.
+type subRequest struct {
+	s          *Session
+	a          *Attachment
+	ref        uint64
+	patterns   []string
+	attach     bool // the subscriber's ATTACH waits on it
+	controller *Attachment
+}
+
+// requestSubscription asks the exchange's controller (its leader) whether
+// a may subscribe to patterns. The subscriber's OK waits for the answer.
+func (ex *Exchange) requestSubscription(a *Attachment, ref uint64, patterns []string, attach bool) {
+	p := &subRequest{s: a.s, a: a, ref: ref, patterns: patterns, attach: attach}
+	ex.ask(p)
+}
+
+func (ex *Exchange) ask(p *subRequest) {
+	ctrl := ex.view.Load().leader
+	if ctrl == nil {
+		ex.refuse(p, "no controller is attached to exchange "+ex.name)
+		return
+	}
+	p.controller = ctrl
+	token := ex.b.nextSubReq.Add(1)
+	ex.pendMu.Lock()
+	ex.pending[token] = p
+	ex.pendMu.Unlock()
+	f := wire.NewFrame(wire.TypeSubRequest)
+	f.Ref, f.Attach, f.Name = token, ctrl.id, p.a.member
+	f.Body = jsonBody(wire.SubRequestBody{Member: p.a.info(), Patterns: p.patterns})
+	ctrl.s.sink.Deliver(f)
+}
+
+func (ex *Exchange) refuse(p *subRequest, reason string) {
+	p.s.sendError(p.ref, wire.Errorf(wire.CodeRejected, "subscription refused: %s", reason))
+	if p.attach {
+		p.s.forget(p.a)
+		p.a.gone.Store(true)
+	}
+}
+
+// controllerGone hands the subscription requests a controller left
+// undecided to the new leader.
+func (ex *Exchange) controllerGone(ctrl *Attachment) {
+	var redo []*subRequest
+	ex.pendMu.Lock()
+	for t, p := range ex.pending {
+		if p.controller == ctrl {
+			delete(ex.pending, t)
+			redo = append(redo, p)
+		}
+	}
+	ex.pendMu.Unlock()
+	for _, p := range redo {
+		ex.ask(p)
+	}
+}
+
+// decide applies a controller's DECISION.
+func (s *Session) decide(f *wire.Frame) {
+	defer f.Release()
+	s.mu.Lock()
+	ctrl := s.attachments[f.Attach]
+	s.mu.Unlock()
+	if ctrl == nil || ctrl.role != wire.RoleController {
+		s.sendError(0, wire.Errorf(wire.CodeNotFound, "decision: attachment %d is not a controller", f.Attach))
+		return
+	}
+	ex := ctrl.ex
+	ex.pendMu.Lock()
+	p := ex.pending[f.Ref]
+	delete(ex.pending, f.Ref)
+	ex.pendMu.Unlock()
+	if p == nil {
+		return // the subscriber went away meanwhile
+	}
+	if f.Aux == wire.VerdictRefuse {
+		reason := f.Tag
+		if reason == "" {
+			reason = "refused by the controller"
+		}
+		ex.refuse(p, reason)
+		return
+	}
+	patterns := p.patterns
+	if len(f.Body) > 0 {
+		var pb wire.PatternsBody
+		if err := json.Unmarshal(f.Body, &pb); err != nil {
+			ex.refuse(p, "the controller sent a bad decision")
+			s.sendError(0, wire.Errorf(wire.CodeBadOptions, "decision: bad body: %v", err))
+			return
+		}
+		if err := checkPatterns(pb.Patterns); err != nil {
+			ex.refuse(p, "the controller narrowed to a bad pattern")
+			s.sendError(0, wire.Errorf(wire.CodeBadOptions, "decision: %v", err))
+			return
+		}
+		patterns = pb.Patterns
+	}
+	now := ex.addPatterns(p.a, patterns)
+	if p.attach {
+		p.s.reply(p.ref, jsonBody(wire.AttachResult{Member: p.a.member, Patterns: now}), nil)
+	} else {
+		p.s.reply(p.ref, jsonBody(wire.PatternsBody{Patterns: now}), nil)
+	}
+}
+
+// subscribe handles SUBSCRIBE and UNSUBSCRIBE, for oneself or, from a
+// controller, on behalf of another attachment.
+func (s *Session) subscribe(f *wire.Frame) {
+	defer f.Release()
+	var pb wire.PatternsBody
+	if err := json.Unmarshal(f.Body, &pb); err != nil {
+		s.sendError(f.Ref, wire.Errorf(wire.CodeBadOptions, "%s: bad body: %v", f.Type, err))
+		return
+	}
+	if err := checkPatterns(pb.Patterns); err != nil {
+		s.sendError(f.Ref, wire.Errorf(wire.CodeBadOptions, "%s: %v", f.Type, err))
+		return
+	}
+	s.mu.Lock()
+	self := s.attachments[f.Attach]
+	s.mu.Unlock()
+	if self == nil {
+		s.sendError(f.Ref, wire.Errorf(wire.CodeNotFound, "%s: no attachment %d", f.Type, f.Attach))
+		return
+	}
+	ex := self.ex
+	target := self
+	if f.Name != "" && f.Name != self.member {
+		if self.role != wire.RoleController {
+			s.sendError(f.Ref, wire.Errorf(wire.CodeNotAllowed, "%s: only a controller subscribes others", f.Type))
+			return
+		}
+		target = s.b.member(f.Name)
+		if target == nil || target.ex != ex || target.role != wire.RoleSubscriber {
+			s.sendError(f.Ref, wire.Errorf(wire.CodeNotFound, "%s: %q is not a subscriber of exchange %q", f.Type, f.Name, ex.name))
+			return
+		}
+	} else if self.role != wire.RoleSubscriber {
+		s.sendError(f.Ref, wire.Errorf(wire.CodeNotAllowed, "%s: attachment %d is not a subscriber", f.Type, f.Attach))
+		return
+	}
+	if f.Type == wire.TypeSubscribe && target == self && ex.cfg.Controlled {
+		ex.requestSubscription(self, f.Ref, pb.Patterns, false)
+		return
+	}
+	var now []string
+	if f.Type == wire.TypeSubscribe {
+		now = ex.addPatterns(target, pb.Patterns)
+	} else {
+		now = ex.removePatterns(target, pb.Patterns)
+	}
+	s.reply(f.Ref, jsonBody(wire.PatternsBody{Patterns: now}), nil)
+	if target != self {
+		target.event(wire.EventSubscriptions, jsonBody(wire.EventBody{Patterns: now}))
+	}
+}

@@ -1,0 +1,322 @@
+package broker
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/courier-mq/courier/wire"
+)
+
+// Session is one client of the broker, remote or embedded. Frames from the
+// client go to [Session.Handle]; frames to it go to its Sink.
+type Session struct {
+	b    *Broker
+	n    uint64
+	id   string
+	name string
+	sink Sink
+
+	mu          sync.Mutex // guards attachments, requests, handling, closed
+	attachments map[uint32]*Attachment
+	requests    map[uint64]*inflight // requests this session made, by its ids
+	handling    slab                 // requests delivered to this session's handlers
+	closed      bool
+
+	stats SessionStats
+}
+
+// SessionStats are live counters of a session.
+type SessionStats struct {
+	Requests  atomic.Uint64 // requests made
+	Responses atomic.Uint64 // responses sent as a handler
+	Publishes atomic.Uint64
+	Delivered atomic.Uint64 // messages and requests delivered to it
+}
+
+// ID returns the session id, such as "c7".
+func (s *Session) ID() string { return s.id }
+
+// Name returns the client name given at Open.
+func (s *Session) Name() string { return s.name }
+
+// Stats returns the session's live counters.
+func (s *Session) Stats() *SessionStats { return &s.stats }
+
+// Attachments returns the number of attachments.
+func (s *Session) Attachments() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.attachments)
+}
+
+// Attachment is a session's tie to an exchange in one role.
+type Attachment struct {
+	s          *Session
+	id         uint32
+	member     string
+	ex         *Exchange
+	role       uint64
+	serviceTag string
+	connTag    string
+	options    map[string]string
+	patterns   []string // subscriber patterns, guarded by ex.subMu
+	busy       atomic.Int64
+	gone       atomic.Bool
+}
+
+func (a *Attachment) info() wire.Member {
+	return wire.Member{ID: a.member, Role: wire.RoleName(a.role), ServiceTag: a.serviceTag, ConnTag: a.connTag, Options: a.options}
+}
+
+func (a *Attachment) event(kind uint64, body []byte) {
+	f := wire.NewFrame(wire.TypeEvent)
+	f.Attach, f.Aux, f.Name, f.Body = a.id, kind, a.ex.name, body
+	a.s.sink.Deliver(f)
+}
+
+func (a *Attachment) detached(reason string) {
+	if a.gone.Swap(true) {
+		return
+	}
+	f := wire.NewFrame(wire.TypeEvent)
+	f.Attach, f.Aux, f.Name, f.Tag = a.id, wire.EventDetached, a.ex.name, reason
+	a.s.sink.Deliver(f)
+}
+
+// Handle processes one frame from the client and takes ownership of it.
+// Replies and errors go to the session's sink. Frames of one session may
+// be handled concurrently (an embedded client has many goroutines); the
+// order of frames handled by one goroutine is kept.
+func (s *Session) Handle(f *wire.Frame) {
+	switch f.Type {
+	case wire.TypeRequest:
+		s.request(f)
+	case wire.TypeResponse:
+		s.respond(f)
+	case wire.TypePublish:
+		s.publish(f)
+	case wire.TypeCancel:
+		s.cancel(f.Ref)
+		f.Release()
+	case wire.TypeAsk:
+		s.ask(f)
+	case wire.TypeAnswer:
+		s.answer(f)
+	case wire.TypeDeclare:
+		body, err := s.declare(f)
+		s.reply(f.Ref, body, err)
+	case wire.TypeDelete:
+		s.reply(f.Ref, nil, s.b.Delete(f.Name))
+	case wire.TypeList:
+		s.reply(f.Ref, jsonBody(s.b.Exchanges()), nil)
+	case wire.TypeAttach:
+		s.attach(f)
+	case wire.TypeDetach:
+		s.reply(f.Ref, nil, s.detach(f.Attach))
+	case wire.TypeSubscribe, wire.TypeUnsubscribe:
+		s.subscribe(f)
+	case wire.TypeDecision:
+		s.decide(f)
+	default:
+		s.sendError(f.Ref, wire.Errorf(wire.CodeProtocol, "unexpected %s frame from a client", f.Type))
+	}
+}
+
+func (s *Session) reply(ref uint64, body []byte, err error) {
+	if err != nil {
+		s.sendError(ref, err)
+		return
+	}
+	ok := wire.NewFrame(wire.TypeOK)
+	ok.Ref, ok.Body = ref, body
+	s.sink.Deliver(ok)
+}
+
+func (s *Session) sendError(ref uint64, err error) {
+	e := asWireError(err)
+	f := wire.NewFrame(wire.TypeError)
+	f.Ref, f.Aux, f.Tag = ref, uint64(e.Code), e.Msg
+	s.sink.Deliver(f)
+}
+
+func asWireError(err error) *wire.Error {
+	if e, ok := err.(*wire.Error); ok {
+		return e
+	}
+	return &wire.Error{Code: wire.CodeInternal, Msg: err.Error()}
+}
+
+func (s *Session) declare(f *wire.Frame) ([]byte, error) {
+	var spec Spec
+	if len(f.Body) > 0 {
+		if err := json.Unmarshal(f.Body, &spec.ExchangeConfig); err != nil {
+			return nil, wire.Errorf(wire.CodeBadOptions, "declare %q: bad config: %v", f.Name, err)
+		}
+	}
+	spec.Passive = f.Aux == 1
+	ex, err := s.b.Declare(f.Name, spec)
+	if err != nil {
+		return nil, err
+	}
+	return jsonBody(ex.Info()), nil
+}
+
+// DeclareFuncs declares an exchange whose routing functions are Go funcs.
+// Only embedded clients can call it.
+func (s *Session) DeclareFuncs(name string, spec Spec) (wire.ExchangeInfo, error) {
+	ex, err := s.b.Declare(name, spec)
+	if err != nil {
+		return wire.ExchangeInfo{}, err
+	}
+	return ex.Info(), nil
+}
+
+func (s *Session) attach(f *wire.Frame) {
+	defer f.Release()
+	var spec wire.AttachSpec
+	if len(f.Body) > 0 {
+		if err := json.Unmarshal(f.Body, &spec); err != nil {
+			s.sendError(f.Ref, wire.Errorf(wire.CodeBadOptions, "attach: bad body: %v", err))
+			return
+		}
+	}
+	ex, err := s.b.lookup(f.Name)
+	if err != nil {
+		s.sendError(f.Ref, err)
+		return
+	}
+	if f.Attach == 0 {
+		s.sendError(f.Ref, wire.Errorf(wire.CodeProtocol, "attach: attachment id 0 is reserved"))
+		return
+	}
+	a := &Attachment{
+		s: s, id: f.Attach, member: fmt.Sprintf("%s.%d", s.id, f.Attach), ex: ex, role: f.Aux,
+		serviceTag: f.Tag, connTag: spec.ConnTag, options: spec.Options,
+	}
+	switch {
+	case ex.cfg.Pattern == wire.PatternReqResp && a.role != wire.RoleHandler:
+		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is request-response: attach as a handler", ex.name)
+	case ex.cfg.Pattern == wire.PatternPubSub && a.role != wire.RoleSubscriber && a.role != wire.RoleController:
+		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is pub-sub: attach as a subscriber or controller", ex.name)
+	case a.role == wire.RoleController && !ex.cfg.Controlled:
+		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is not controlled: declare it with controlled to attach a controller", ex.name)
+	}
+	if err == nil && a.role == wire.RoleSubscriber {
+		err = checkPatterns(spec.Patterns)
+	}
+	if err != nil {
+		s.sendError(f.Ref, err)
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	if _, dup := s.attachments[a.id]; dup {
+		s.mu.Unlock()
+		s.sendError(f.Ref, wire.Errorf(wire.CodeProtocol, "attach: attachment id %d already in use", a.id))
+		return
+	}
+	s.attachments[a.id] = a
+	s.mu.Unlock()
+	s.b.mu.Lock()
+	s.b.members[a.member] = a
+	s.b.mu.Unlock()
+
+	if a.role == wire.RoleSubscriber {
+		if ex.cfg.Controlled && len(spec.Patterns) > 0 {
+			// The OK waits for the controller's decision.
+			ex.requestSubscription(a, f.Ref, spec.Patterns, true)
+			return
+		}
+		ex.addPatterns(a, spec.Patterns)
+		s.reply(f.Ref, jsonBody(wire.AttachResult{Member: a.member, Patterns: spec.Patterns}), nil)
+		return
+	}
+	// Reply before the membership events so that the client knows the
+	// attachment when its first event arrives.
+	s.reply(f.Ref, jsonBody(wire.AttachResult{Member: a.member}), nil)
+	if err := ex.join(a); err != nil {
+		s.forget(a)
+		a.detached(err.Error())
+	}
+}
+
+// forget removes a from the session and the member index.
+func (s *Session) forget(a *Attachment) {
+	s.mu.Lock()
+	if s.attachments[a.id] == a {
+		delete(s.attachments, a.id)
+	}
+	s.mu.Unlock()
+	s.b.mu.Lock()
+	if s.b.members[a.member] == a {
+		delete(s.b.members, a.member)
+	}
+	s.b.mu.Unlock()
+}
+
+func (s *Session) detach(id uint32) error {
+	s.mu.Lock()
+	a := s.attachments[id]
+	s.mu.Unlock()
+	if a == nil {
+		return wire.Errorf(wire.CodeNotFound, "detach: no attachment %d", id)
+	}
+	s.forget(a)
+	s.drop(a)
+	return nil
+}
+
+// drop takes a out of its exchange.
+func (s *Session) drop(a *Attachment) {
+	a.gone.Store(true)
+	if a.ex.isMemberRole(a.role) {
+		a.ex.leave(a)
+	}
+	if a.role == wire.RoleSubscriber {
+		a.ex.removeAll(a)
+	}
+	if a.role == wire.RoleController {
+		a.ex.controllerGone(a)
+	}
+}
+
+// Close ends the session: its attachments leave their exchanges (a new
+// leader is appointed where needed), requests it made are cancelled at
+// their handlers, and requests it was handling fail with "handler gone".
+func (s *Session) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	atts := s.attachments
+	s.attachments = map[uint32]*Attachment{}
+	reqs := s.requests
+	s.requests = map[uint64]*inflight{}
+	handling := s.handling.drain()
+	s.mu.Unlock()
+
+	s.b.mu.Lock()
+	delete(s.b.sessions, s.n)
+	for _, a := range atts {
+		if s.b.members[a.member] == a {
+			delete(s.b.members, a.member)
+		}
+	}
+	s.b.mu.Unlock()
+	for _, a := range atts {
+		s.drop(a)
+	}
+	for _, inf := range reqs {
+		inf.cancelTargets(s.b)
+	}
+	for _, h := range handling {
+		h.inf.fail(h.idx, wire.CodeHandlerGone, "the handler's connection closed")
+	}
+}

@@ -1,0 +1,169 @@
+// Package node runs a Courier broker inside the process. A Node hands out
+// in-process connections ([Node.Connect]) that satisfy the same
+// [courier.Conn] API as network clients, and can also serve the network
+// protocol to remote clients.
+//
+//	n, err := node.Start(node.Config{DataDir: "data"})
+//	conn := n.Connect()
+package node
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/wire"
+)
+
+// Config configures a Node.
+type Config struct {
+	// Name names the node in member ids, logs and the management API.
+	// Default: "n1".
+	Name string
+	// DataDir holds the node's durable state. It is created if missing.
+	// Default: "courier-data".
+	DataDir string
+	// Log receives structured logs. Default: slog.Default().
+	Log *slog.Logger
+}
+
+// DefaultConfig returns the configuration a Node starts with.
+func DefaultConfig() Config {
+	return Config{Name: "n1", DataDir: "courier-data"}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.Name == "" {
+		return fmt.Errorf("node: name is empty")
+	}
+	return nil
+}
+
+// Node is an embedded broker.
+type Node struct {
+	cfg    Config
+	broker *broker.Broker
+	closed atomic.Bool
+	mu     sync.Mutex // guards conns
+	conns  map[*localTransport]struct{}
+}
+
+// Start starts a node.
+func Start(cfg Config) (*Node, error) {
+	d := DefaultConfig()
+	if cfg.Name == "" {
+		cfg.Name = d.Name
+	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = d.DataDir
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("node: data dir: %w", err)
+	}
+	n := &Node{
+		cfg:    cfg,
+		broker: broker.New(broker.Config{Node: cfg.Name, Log: cfg.Log}),
+		conns:  make(map[*localTransport]struct{}),
+	}
+	return n, nil
+}
+
+// Name returns the node's name.
+func (n *Node) Name() string { return n.cfg.Name }
+
+// Broker returns the routing core, for the server and the management API
+// inside this module.
+func (n *Node) Broker() *broker.Broker { return n.broker }
+
+// Connect returns a new in-process connection.
+func (n *Node) Connect() *courier.Conn {
+	t := &localTransport{n: n}
+	t.s = n.broker.Open(t, "embedded")
+	n.mu.Lock()
+	n.conns[t] = struct{}{}
+	n.mu.Unlock()
+	c := courier.NewConn(t, courier.ConnOptions{ID: t.s.ID(), Log: n.cfg.Log})
+	t.conn = c
+	return c
+}
+
+// Close closes every in-process connection.
+func (n *Node) Close() error {
+	if n.closed.Swap(true) {
+		return nil
+	}
+	n.mu.Lock()
+	conns := make([]*localTransport, 0, len(n.conns))
+	for t := range n.conns {
+		conns = append(conns, t)
+	}
+	n.mu.Unlock()
+	for _, t := range conns {
+		t.conn.Closed(fmt.Errorf("courier: node %s closed", n.cfg.Name))
+		t.Close()
+	}
+	return nil
+}
+
+// localTransport connects a Conn to the broker in-process: frames change
+// hands without being encoded.
+type localTransport struct {
+	n      *Node
+	s      *broker.Session
+	conn   *courier.Conn
+	recv   func(*wire.Frame)
+	closed atomic.Bool
+}
+
+var (
+	_ courier.Transport    = (*localTransport)(nil)
+	_ courier.FuncDeclarer = (*localTransport)(nil)
+	_ broker.Sink          = (*localTransport)(nil)
+)
+
+func (t *localTransport) Start(recv func(*wire.Frame)) { t.recv = recv }
+
+// Send takes a frame from the Conn to the broker.
+func (t *localTransport) Send(f *wire.Frame) error {
+	if t.closed.Load() {
+		f.Release()
+		return courier.ErrClosed
+	}
+	t.s.Handle(f)
+	return nil
+}
+
+// Deliver takes a frame from the broker to the Conn.
+func (t *localTransport) Deliver(f *wire.Frame) {
+	if t.closed.Load() {
+		f.Release()
+		return
+	}
+	t.recv(f)
+}
+
+func (t *localTransport) DeclareFuncs(name string, spec courier.ExchangeSpec) (wire.ExchangeInfo, error) {
+	return t.s.DeclareFuncs(name, spec)
+}
+
+func (t *localTransport) Close() error {
+	if t.closed.Swap(true) {
+		return nil
+	}
+	t.s.Close()
+	t.n.mu.Lock()
+	delete(t.n.conns, t)
+	t.n.mu.Unlock()
+	return nil
+}

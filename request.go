@@ -1,0 +1,486 @@
+package courier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/courier-mq/courier/wire"
+)
+
+// Response is one handler's answer to a request.
+type Response struct {
+	// Tag is the request tag given to [ReqResp.Go].
+	Tag string
+	// From is the member id of the handler that answered.
+	From   string
+	Header map[string]string
+	Body   []byte
+	// Err is set when this handler failed the request, or when no
+	// handler could take it.
+	Err error
+	// Last is set on the final response to a request.
+	Last bool
+}
+
+// CallOption configures one request.
+type CallOption func(*call)
+
+// AskFunc answers a question a handler asks while serving a request. It
+// runs on a goroutine of its own.
+type AskFunc func(ctx context.Context, question []byte) ([]byte, error)
+
+// OnAsk lets the handler ask this requester questions mid-request; fn
+// answers them. Without it, questions fail.
+func OnAsk(fn AskFunc) CallOption { return func(cl *call) { cl.onAsk = fn } }
+
+// startRequest sends a REQUEST for cl.
+func (e *ReqResp) startRequest(ctx context.Context, cl *call, m *Message, opts []CallOption) error {
+	for _, o := range opts {
+		o(cl)
+	}
+	f := wire.NewFrame(wire.TypeRequest)
+	f.Ref, f.Name, f.Key, f.Header, f.Body, f.Tag = cl.ref, e.name, m.Key, m.Header, m.Body, m.ServiceTag
+	if d, ok := ctx.Deadline(); ok {
+		ms := time.Until(d).Milliseconds()
+		if ms < 1 {
+			f.Release()
+			return fmt.Errorf("courier: request to %q: %w", e.name, context.DeadlineExceeded)
+		}
+		f.Aux = uint64(ms)
+	}
+	if err := e.c.register(cl); err != nil {
+		f.Release()
+		return err
+	}
+	if err := e.c.send(f); err != nil {
+		e.c.unregister(cl)
+		return err
+	}
+	return nil
+}
+
+// abandon gives up on a request: the broker is told to cancel it.
+func (e *ReqResp) abandon(cl *call) {
+	if e.c.unregister(cl) {
+		f := wire.NewFrame(wire.TypeCancel)
+		f.Ref = cl.ref
+		e.c.send(f)
+		cl.release()
+	}
+}
+
+func responseOf(f *wire.Frame) *Response {
+	r := &Response{From: f.Name, Header: f.Header, Body: f.Body, Last: f.Flags&wire.FlagLast != 0}
+	if f.Flags&wire.FlagError != 0 {
+		r.Err = &wire.Error{Code: wire.Code(f.Aux), Msg: f.Tag}
+	}
+	return r
+}
+
+// Request sends a request and returns the first response; on a
+// [Broadcast] exchange the others are discarded (see [ReqResp.RequestAll]).
+// The context's deadline travels with the request. A request that no
+// handler can take fails at once with [ErrNoHandler].
+func (e *ReqResp) Request(ctx context.Context, m Message, opts ...CallOption) (*Response, error) {
+	cl := e.c.newCall()
+	if err := e.startRequest(ctx, cl, &m, opts); err != nil {
+		cl.release()
+		return nil, err
+	}
+	for {
+		f, err := e.c.next(ctx, cl)
+		if err != nil {
+			e.abandon(cl)
+			return nil, e.wrap(err)
+		}
+		if f.Flags&(wire.FlagChunk|wire.FlagEnd) != 0 && f.Flags&wire.FlagError == 0 {
+			f.Release()
+			e.abandon(cl)
+			return nil, fmt.Errorf("courier: request to %q: the handler streams its response: use RequestStream", e.name)
+		}
+		r := responseOf(f)
+		last := r.Last
+		f.Release()
+		if !last {
+			// A broadcast: keep the first answer, let the rest drain.
+			e.abandon(cl)
+		} else {
+			cl.release()
+		}
+		if r.Err != nil {
+			return r, r.Err
+		}
+		return r, nil
+	}
+}
+
+func (e *ReqResp) wrap(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("courier: request to %q: %w (%w)", e.name, ErrTimeout, err)
+	}
+	return fmt.Errorf("courier: request to %q: %w", e.name, err)
+}
+
+// RequestAll sends a request and collects every response, one per handler
+// on a [Broadcast] exchange. Responses that are errors carry Err.
+func (e *ReqResp) RequestAll(ctx context.Context, m Message, opts ...CallOption) ([]*Response, error) {
+	cl := e.c.newCall()
+	if err := e.startRequest(ctx, cl, &m, opts); err != nil {
+		cl.release()
+		return nil, err
+	}
+	var out []*Response
+	for {
+		f, err := e.c.next(ctx, cl)
+		if err != nil {
+			e.abandon(cl)
+			return out, e.wrap(err)
+		}
+		r := responseOf(f)
+		f.Release()
+		out = append(out, r)
+		if r.Last {
+			cl.release()
+			if len(out) == 1 && r.Err != nil {
+				return out, r.Err
+			}
+			return out, nil
+		}
+	}
+}
+
+// Go sends a request and returns at once. Every response arrives on out
+// with Tag set to tag, the final one with Last set. out must have room or
+// a reader: the Conn waits for it.
+func (e *ReqResp) Go(ctx context.Context, m Message, tag string, out chan<- *Response, opts ...CallOption) error {
+	cl := e.c.newCall()
+	if err := e.startRequest(ctx, cl, &m, opts); err != nil {
+		cl.release()
+		return err
+	}
+	go func() {
+		for {
+			f, err := e.c.next(ctx, cl)
+			if err != nil {
+				e.abandon(cl)
+				out <- &Response{Tag: tag, Err: e.wrap(err), Last: true}
+				return
+			}
+			r := responseOf(f)
+			f.Release()
+			r.Tag = tag
+			if r.Last {
+				cl.release()
+			}
+			out <- r
+			if r.Last {
+				return
+			}
+		}
+	}()
+	return nil
+}
+
+// Stream is a chunked response being read.
+type Stream struct {
+	e     *ReqResp
+	ctx   context.Context
+	cl    *call
+	chunk []byte
+	from  string
+	err   error
+	done  bool
+}
+
+// RequestStream sends a request whose handler answers in chunks.
+func (e *ReqResp) RequestStream(ctx context.Context, m Message, opts ...CallOption) (*Stream, error) {
+	cl := e.c.newCall()
+	if err := e.startRequest(ctx, cl, &m, opts); err != nil {
+		cl.release()
+		return nil, err
+	}
+	return &Stream{e: e, ctx: ctx, cl: cl}, nil
+}
+
+// Next waits for the next chunk. It returns false at the end of the
+// stream or on an error; see [Stream.Err].
+func (s *Stream) Next() bool {
+	if s.done {
+		return false
+	}
+	f, err := s.e.c.next(s.ctx, s.cl)
+	if err != nil {
+		s.finish(s.e.wrap(err), true)
+		return false
+	}
+	defer f.Release()
+	s.from = f.Name
+	switch {
+	case f.Flags&wire.FlagError != 0:
+		s.finish(&wire.Error{Code: wire.Code(f.Aux), Msg: f.Tag}, f.Flags&wire.FlagLast == 0)
+		return false
+	case f.Flags&wire.FlagChunk != 0:
+		s.chunk = f.Body
+		return true
+	case f.Flags&wire.FlagEnd != 0:
+		s.finish(nil, f.Flags&wire.FlagLast == 0)
+		return false
+	}
+	// A plain response is a stream of one chunk.
+	s.chunk = f.Body
+	s.finish(nil, f.Flags&wire.FlagLast == 0)
+	s.done = true
+	return true
+}
+
+func (s *Stream) finish(err error, abandon bool) {
+	s.done, s.err = true, err
+	if abandon {
+		s.e.abandon(s.cl)
+	} else {
+		s.cl.release()
+	}
+	s.cl = nil
+}
+
+// Chunk returns the current chunk.
+func (s *Stream) Chunk() []byte { return s.chunk }
+
+// From returns the member id of the handler streaming.
+func (s *Stream) From() string { return s.from }
+
+// Err returns the error that ended the stream, nil at a clean end.
+func (s *Stream) Err() error { return s.err }
+
+// Close cancels the stream if it has not ended; the handler is told.
+func (s *Stream) Close() {
+	if !s.done {
+		s.done = true
+		s.e.abandon(s.cl)
+		s.cl = nil
+	}
+}
+
+// answer runs the requester's AskFunc for a question from a handler.
+func (c *Conn) answer(cl *call, f *wire.Frame) {
+	a := wire.NewFrame(wire.TypeAnswer)
+	a.Ref, a.Aux = f.Ref, f.Aux
+	fn := cl.onAsk
+	if fn == nil {
+		a.Flags, a.Tag = wire.FlagError, "the requester takes no questions"
+	} else {
+		body, err := fn(context.Background(), f.Body)
+		if err != nil {
+			a.Flags, a.Tag = wire.FlagError, err.Error()
+		} else {
+			a.Body = body
+		}
+	}
+	f.Release()
+	c.send(a)
+}
+
+// HandlerFunc serves requests. It may respond before or after it returns,
+// from any goroutine, with [Request.Reply], [Request.Chunk] and
+// [Request.End], or [Request.Fail].
+type HandlerFunc func(r *Request)
+
+// Request is a request being served by a handler.
+type Request struct {
+	a         *Attachment
+	f         *wire.Frame
+	id        uint64
+	arrived   time.Time
+	finished  atomic.Bool
+	cancelled atomic.Bool
+
+	mu     sync.Mutex // guards ctx, cancel, asks, nextAsk
+	ctx    context.Context
+	cancel context.CancelFunc
+	asks   map[uint64]chan *wire.Frame
+	next   uint64
+}
+
+// Body returns the request's payload.
+func (r *Request) Body() []byte { return r.f.Body }
+
+// Key returns the request's key.
+func (r *Request) Key() string { return r.f.Key }
+
+// Header returns the request's headers (nil if none).
+func (r *Request) Header() map[string]string { return r.f.Header }
+
+// ServiceTag returns the service tag the request named, if any.
+func (r *Request) ServiceTag() string { return r.f.Tag }
+
+// From returns the connection id of the requester.
+func (r *Request) From() string { return r.f.Name }
+
+// Attachment returns the attachment the request came through.
+func (r *Request) Attachment() *Attachment { return r.a }
+
+// Deadline returns the request's deadline, if it has one.
+func (r *Request) Deadline() (time.Time, bool) {
+	if r.f.Aux == 0 {
+		return time.Time{}, false
+	}
+	return r.arrived.Add(time.Duration(r.f.Aux) * time.Millisecond), true
+}
+
+// Context returns a context that ends when the request's deadline passes
+// or the requester cancels or goes away.
+func (r *Request) Context() context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ctx == nil {
+		if d, ok := r.Deadline(); ok {
+			r.ctx, r.cancel = context.WithDeadline(context.Background(), d)
+		} else {
+			r.ctx, r.cancel = context.WithCancel(context.Background())
+		}
+		if r.cancelled.Load() {
+			r.cancel()
+		}
+	}
+	return r.ctx
+}
+
+// Cancelled reports whether the requester cancelled or went away.
+func (r *Request) Cancelled() bool { return r.cancelled.Load() }
+
+func (r *Request) cancelCtx() {
+	r.cancelled.Store(true)
+	r.mu.Lock()
+	cancel := r.cancel
+	for _, ch := range r.asks {
+		close(ch)
+	}
+	r.asks = nil
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// ErrResponded is returned when a request is answered twice.
+var ErrResponded = errors.New("courier: request already answered")
+
+func (r *Request) respond(flags wire.Flags, code wire.Code, msg string, body []byte) error {
+	final := flags&wire.FlagChunk == 0
+	if final {
+		if r.finished.Swap(true) {
+			return ErrResponded
+		}
+		r.a.mu.Lock()
+		delete(r.a.active, r.id)
+		r.a.mu.Unlock()
+		r.cancelCtx2()
+	} else if r.finished.Load() {
+		return ErrResponded
+	}
+	f := wire.NewFrame(wire.TypeResponse)
+	f.Ref, f.Flags, f.Aux, f.Tag, f.Body = r.id, flags, uint64(code), msg, body
+	return r.a.c.send(f)
+}
+
+// cancelCtx2 releases the context's resources once the request is done.
+func (r *Request) cancelCtx2() {
+	r.mu.Lock()
+	cancel := r.cancel
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// Reply answers the request with body.
+func (r *Request) Reply(body []byte) error { return r.respond(0, 0, "", body) }
+
+// Chunk sends one chunk of a streamed response.
+func (r *Request) Chunk(body []byte) error { return r.respond(wire.FlagChunk, 0, "", body) }
+
+// End ends a streamed response.
+func (r *Request) End() error { return r.respond(wire.FlagEnd, 0, "", nil) }
+
+// Fail answers the request with an error. A *wire.Error keeps its code;
+// other errors travel as [ErrApplication] with their text.
+func (r *Request) Fail(err error) error {
+	var we *wire.Error
+	if errors.As(err, &we) {
+		return r.respond(wire.FlagError, we.Code, we.Msg, nil)
+	}
+	return r.respond(wire.FlagError, wire.CodeApplication, err.Error(), nil)
+}
+
+// Ask sends the requester a question and waits for its answer, for a
+// handler that needs a confirmation or missing data before it responds.
+func (r *Request) Ask(ctx context.Context, question []byte) ([]byte, error) {
+	ch := make(chan *wire.Frame, 1)
+	r.mu.Lock()
+	if r.cancelled.Load() {
+		r.mu.Unlock()
+		return nil, ErrCancelled
+	}
+	r.next++
+	id := r.next
+	if r.asks == nil {
+		r.asks = make(map[uint64]chan *wire.Frame)
+	}
+	r.asks[id] = ch
+	r.mu.Unlock()
+	f := wire.NewFrame(wire.TypeAsk)
+	f.Ref, f.Aux, f.Body = r.id, id, question
+	if err := r.a.c.send(f); err != nil {
+		return nil, err
+	}
+	select {
+	case a, ok := <-ch:
+		if !ok {
+			return nil, fmt.Errorf("courier: ask: %w", ErrCancelled)
+		}
+		defer a.Release()
+		if a.Flags&wire.FlagError != 0 {
+			return nil, &wire.Error{Code: wire.CodeApplication, Msg: a.Tag}
+		}
+		return a.Body, nil
+	case <-ctx.Done():
+		r.mu.Lock()
+		delete(r.asks, id)
+		r.mu.Unlock()
+		return nil, ctx.Err()
+	}
+}
+
+func (r *Request) answer(f *wire.Frame) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := r.asks[f.Aux]
+	delete(r.asks, f.Aux)
+	if ch == nil {
+		f.Release()
+		return
+	}
+	ch <- f // room for one, never blocks
+}
+
+// serve runs the handler for a delivered REQUEST.
+func (a *Attachment) serve(f *wire.Frame) {
+	r := &Request{a: a, f: f, id: f.Ref}
+	if f.Aux != 0 {
+		r.arrived = time.Now()
+	}
+	a.mu.Lock()
+	a.active[r.id] = r
+	a.mu.Unlock()
+	defer func() {
+		if p := recover(); p != nil {
+			a.c.log.Error("courier: handler panicked", "attachment", a.member, "panic", p)
+			r.Fail(&wire.Error{Code: wire.CodeApplication, Msg: fmt.Sprintf("the handler panicked: %v", p)})
+		}
+	}()
+	a.handler(r)
+}

@@ -1,0 +1,320 @@
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"unicode/utf8"
+)
+
+// Protocol limits.
+const (
+	// Version is the highest protocol version this package speaks.
+	Version = 1
+	// DefaultMaxFrame is the default largest frame, counted after the
+	// length prefix: 4 MiB.
+	DefaultMaxFrame = 4 << 20
+	// HandshakeMaxFrame bounds frames before the handshake completes.
+	HandshakeMaxFrame = 64 << 10
+	// MaxHeaders bounds the number of headers in one frame.
+	MaxHeaders = 256
+	// minFrame is type, flags and fields.
+	minFrame = 3
+)
+
+// Decoding errors. Each is wrapped with detail; test with errors.Is.
+var (
+	ErrFrameTooLarge = errors.New("wire: frame too large")
+	ErrMalformed     = errors.New("wire: malformed frame")
+)
+
+// AppendFrame appends the encoding of f to dst and returns the extended
+// slice. It fails only when the frame would exceed max bytes (0: no limit).
+func AppendFrame(dst []byte, f *Frame, max int) ([]byte, error) {
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0, byte(f.Type), byte(f.Flags), 0)
+	var fields uint8
+	if f.Ref != 0 {
+		fields |= fRef
+		dst = binary.AppendUvarint(dst, f.Ref)
+	}
+	if f.Attach != 0 {
+		fields |= fAttach
+		dst = binary.AppendUvarint(dst, uint64(f.Attach))
+	}
+	if f.Aux != 0 {
+		fields |= fAux
+		dst = binary.AppendUvarint(dst, f.Aux)
+	}
+	if f.Name != "" {
+		fields |= fName
+		dst = appendString(dst, f.Name)
+	}
+	if f.Key != "" {
+		fields |= fKey
+		dst = appendString(dst, f.Key)
+	}
+	if f.Tag != "" {
+		fields |= fTag
+		dst = appendString(dst, f.Tag)
+	}
+	if len(f.Header) != 0 {
+		fields |= fHeader
+		dst = binary.AppendUvarint(dst, uint64(len(f.Header)))
+		for k, v := range f.Header {
+			dst = appendString(dst, k)
+			dst = appendString(dst, v)
+		}
+	}
+	if len(f.Body) != 0 {
+		fields |= fBody
+		dst = append(dst, f.Body...)
+	}
+	n := len(dst) - start - 4
+	if max > 0 && n > max {
+		return dst[:start], fmt.Errorf("%w: %s of %d bytes, limit %d", ErrFrameTooLarge, f.Type, n, max)
+	}
+	dst[start+6] = fields
+	binary.BigEndian.PutUint32(dst[start:], uint32(n))
+	return dst, nil
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+// Decode decodes one frame from p, the bytes after the length prefix, into
+// f. Body aliases p; strings are copied. Decode never panics and never
+// reads outside p.
+func Decode(p []byte, f *Frame) error {
+	return decode(p, f, nil)
+}
+
+func decode(p []byte, f *Frame, intern map[string]string) error {
+	if len(p) < minFrame {
+		return fmt.Errorf("%w: %d bytes, need at least %d", ErrMalformed, len(p), minFrame)
+	}
+	t, flags, fields := Type(p[0]), Flags(p[1]), p[2]
+	if !t.Valid() {
+		return fmt.Errorf("%w: unknown frame type 0x%02x", ErrMalformed, byte(t))
+	}
+	if flags&^allFlags != 0 {
+		return fmt.Errorf("%w: %s: unknown flags 0x%02x", ErrMalformed, t, byte(flags))
+	}
+	*f = Frame{Type: t, Flags: flags}
+	d := decoder{p: p[3:]}
+	if fields&fRef != 0 {
+		f.Ref = d.uvarint("ref")
+	}
+	if fields&fAttach != 0 {
+		a := d.uvarint("attach")
+		if a > 1<<32-1 {
+			d.fail("attach id overflows 32 bits")
+		}
+		f.Attach = uint32(a)
+	}
+	if fields&fAux != 0 {
+		f.Aux = d.uvarint("aux")
+	}
+	if fields&fName != 0 {
+		f.Name = d.str("name", intern)
+	}
+	if fields&fKey != 0 {
+		f.Key = d.str("key", nil)
+	}
+	if fields&fTag != 0 {
+		f.Tag = d.str("tag", intern)
+	}
+	if fields&fHeader != 0 {
+		n := d.uvarint("header count")
+		if n > MaxHeaders {
+			d.fail(fmt.Sprintf("%d headers, limit %d", n, MaxHeaders))
+		} else if d.err == nil {
+			f.Header = make(map[string]string, n)
+			for i := uint64(0); i < n && d.err == nil; i++ {
+				k := d.str("header name", nil)
+				f.Header[k] = d.str("header value", nil)
+			}
+		}
+	}
+	if d.err != nil {
+		return fmt.Errorf("%w: %s: %s", ErrMalformed, t, d.err)
+	}
+	if fields&fBody != 0 {
+		if len(d.p) == 0 {
+			return fmt.Errorf("%w: %s: body flagged but empty", ErrMalformed, t)
+		}
+		f.Body = d.p
+	} else if len(d.p) != 0 {
+		return fmt.Errorf("%w: %s: %d trailing bytes", ErrMalformed, t, len(d.p))
+	}
+	return nil
+}
+
+type decodeError string
+
+func (e decodeError) Error() string { return string(e) }
+
+type decoder struct {
+	p   []byte
+	err error
+}
+
+func (d *decoder) fail(msg string) {
+	if d.err == nil {
+		d.err = decodeError(msg)
+	}
+}
+
+func (d *decoder) uvarint(what string) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.p)
+	if n <= 0 {
+		d.fail("bad varint in " + what)
+		return 0
+	}
+	d.p = d.p[n:]
+	return v
+}
+
+func (d *decoder) str(what string, intern map[string]string) string {
+	n := d.uvarint(what + " length")
+	if d.err != nil {
+		return ""
+	}
+	if n > uint64(len(d.p)) {
+		d.fail(what + " runs past the frame")
+		return ""
+	}
+	b := d.p[:n]
+	d.p = d.p[n:]
+	if !utf8.Valid(b) {
+		d.fail(what + " is not UTF-8")
+		return ""
+	}
+	if intern != nil {
+		if s, ok := intern[string(b)]; ok {
+			return s
+		}
+		s := string(b)
+		if len(intern) < 4096 {
+			intern[s] = s
+		}
+		return s
+	}
+	return string(b)
+}
+
+// Reader reads frames from a stream. It is not safe for concurrent use.
+type Reader struct {
+	r      io.Reader
+	buf    []byte
+	start  int
+	end    int
+	max    int
+	arena  []byte
+	intern map[string]string
+}
+
+// NewReader returns a Reader on r that refuses frames larger than max bytes.
+func NewReader(r io.Reader, max int) *Reader {
+	return &Reader{r: r, buf: make([]byte, 64<<10), max: max, intern: make(map[string]string)}
+}
+
+// SetMax changes the largest accepted frame, as after a handshake.
+func (r *Reader) SetMax(max int) { r.max = max }
+
+// Buffered reports whether a whole frame is already buffered, so that the
+// caller can batch work before a read would block.
+func (r *Reader) Buffered() bool {
+	n := r.end - r.start
+	if n < 4 {
+		return false
+	}
+	return n >= 4+int(binary.BigEndian.Uint32(r.buf[r.start:]))
+}
+
+// Next reads the next frame into f. f.Body is a fresh slice the caller may
+// keep. Errors from the stream are returned as they are; a bad frame gives
+// an error wrapping [ErrMalformed] or [ErrFrameTooLarge], after which the
+// stream is no longer in sync and must be closed.
+func (r *Reader) Next(f *Frame) error {
+	if err := r.fill(4); err != nil {
+		return err
+	}
+	n := int(binary.BigEndian.Uint32(r.buf[r.start:]))
+	if n > r.max {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrFrameTooLarge, n, r.max)
+	}
+	if err := r.fill(4 + n); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	p := r.buf[r.start+4 : r.start+4+n]
+	r.start += 4 + n
+	if err := decode(p, f, r.intern); err != nil {
+		return err
+	}
+	if len(f.Body) > 0 {
+		f.Body = r.carve(f.Body)
+	}
+	return nil
+}
+
+// carve copies b into the arena so that it outlives the read buffer; one
+// allocation serves many small bodies.
+func (r *Reader) carve(b []byte) []byte {
+	if len(b) > 16<<10 {
+		return append([]byte(nil), b...)
+	}
+	if len(r.arena) < len(b) {
+		r.arena = make([]byte, 64<<10)
+	}
+	c := r.arena[:len(b):len(b)]
+	copy(c, b)
+	r.arena = r.arena[len(b):]
+	return c
+}
+
+// fill makes sure at least n bytes are buffered.
+func (r *Reader) fill(n int) error {
+	if r.end-r.start >= n {
+		return nil
+	}
+	if n > len(r.buf) {
+		nb := make([]byte, max(n, 2*len(r.buf)))
+		r.end = copy(nb, r.buf[r.start:r.end])
+		r.start = 0
+		r.buf = nb
+	} else if r.start+n > len(r.buf) {
+		r.end = copy(r.buf, r.buf[r.start:r.end])
+		r.start = 0
+	}
+	for r.end-r.start < n {
+		m, err := r.r.Read(r.buf[r.end:])
+		r.end += m
+		if err != nil {
+			if r.end-r.start >= n {
+				return nil
+			}
+			if err == io.EOF && r.end-r.start > 0 {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	// Give back a large buffer once it has drained.
+	if len(r.buf) > 256<<10 && r.end-r.start < 64<<10 && n <= 64<<10 {
+		nb := make([]byte, 64<<10)
+		r.end = copy(nb, r.buf[r.start:r.end])
+		r.start = 0
+		r.buf = nb
+	}
+	return nil
+}

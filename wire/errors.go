@@ -1,0 +1,78 @@
+package wire
+
+import "fmt"
+
+// Code is a stable error code carried by ERROR frames and by RESPONSE and
+// ANSWER frames with [FlagError]. Codes never change meaning between
+// versions; clients branch on them, never on the message text.
+type Code uint16
+
+// Error codes.
+const (
+	CodeOK              Code = 0
+	CodeProtocol        Code = 1  // malformed frame or frame out of place
+	CodeVersion         Code = 2  // no protocol version in common
+	CodeFrameTooLarge   Code = 3  // frame over the negotiated maximum
+	CodeNotFound        Code = 4  // unknown exchange, attachment or member
+	CodeClash           Code = 5  // exchange exists with another pattern or options
+	CodeBadOptions      Code = 6  // invalid exchange config, pattern or expression
+	CodeNoHandler       Code = 7  // no handler able to take the request
+	CodeTimeout         Code = 8  // the request's deadline passed
+	CodeCancelled       Code = 9  // the requester cancelled
+	CodeRejected        Code = 10 // refused by a routing function or controller
+	CodeHandlerGone     Code = 11 // the handler detached or its connection closed
+	CodeInternal        Code = 12 // a bug in the broker; see its log
+	CodeNotAllowed      Code = 13 // operation does not fit the exchange or role
+	CodeLimit           Code = 14 // a configured limit was reached
+	CodeHeartbeat       Code = 15 // no traffic within the heartbeat timeout
+	CodeShutdown        Code = 16 // the server is shutting down
+	CodeUnauthorized    Code = 17 // bad credentials or missing permission
+	CodeApplication     Code = 18 // the handler failed the request
+	CodeSlowConsumer    Code = 19 // messages dropped for a subscriber that fell behind
+	CodeExchangeDeleted Code = 20 // the exchange of an attachment was deleted
+)
+
+var codeNames = [...]string{
+	CodeOK: "ok", CodeProtocol: "protocol error", CodeVersion: "unsupported version",
+	CodeFrameTooLarge: "frame too large", CodeNotFound: "not found", CodeClash: "clash",
+	CodeBadOptions: "bad options", CodeNoHandler: "no handler", CodeTimeout: "timeout",
+	CodeCancelled: "cancelled", CodeRejected: "rejected", CodeHandlerGone: "handler gone",
+	CodeInternal: "internal error", CodeNotAllowed: "not allowed", CodeLimit: "limit reached",
+	CodeHeartbeat: "heartbeat timeout", CodeShutdown: "shutting down",
+	CodeUnauthorized: "unauthorized", CodeApplication: "application error",
+	CodeSlowConsumer: "slow consumer", CodeExchangeDeleted: "exchange deleted",
+}
+
+// String returns the short name of c, such as "no handler".
+func (c Code) String() string {
+	if int(c) < len(codeNames) && codeNames[c] != "" {
+		return codeNames[c]
+	}
+	return fmt.Sprintf("code %d", uint16(c))
+}
+
+// Error is a protocol error: a stable Code and a human message.
+type Error struct {
+	Code  Code
+	Msg   string
+	Fatal bool // the connection closes after it
+}
+
+// Error returns "courier: <code name>: <message>".
+func (e *Error) Error() string {
+	if e.Msg == "" {
+		return "courier: " + e.Code.String()
+	}
+	return "courier: " + e.Code.String() + ": " + e.Msg
+}
+
+// Is makes errors.Is match any *Error with the same Code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code && (t.Msg == "" || t.Msg == e.Msg)
+}
+
+// Errorf returns an *Error with code and a formatted message.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
+}

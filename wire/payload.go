@@ -1,0 +1,144 @@
+package wire
+
+// Control frames (handshake, declare, attach, events) are rare, so their
+// structured parts travel as JSON in the frame body: easy to read in any
+// language and free to grow. The hot frames (REQUEST, RESPONSE, PUBLISH,
+// MESSAGE) never carry JSON.
+
+// Hello is the JSON body of the client's HELLO frame.
+type Hello struct {
+	// Versions lists the protocol versions the client speaks.
+	Versions []int `json:"versions"`
+	// Name names the client in logs and the management API.
+	Name string `json:"name,omitempty"`
+	// HeartbeatMS is the heartbeat interval the client asks for; the
+	// server may lower it. 0 asks for the server's default.
+	HeartbeatMS int `json:"heartbeat_ms,omitempty"`
+	// MaxFrame is the largest frame the client accepts; 0 for the default.
+	MaxFrame int `json:"max_frame,omitempty"`
+	// User and Password authenticate the client when the server has users.
+	User     string `json:"user,omitempty"`
+	Password string `json:"password,omitempty"`
+}
+
+// Welcome is the JSON body of the server's WELCOME frame.
+type Welcome struct {
+	Version     int    `json:"version"`
+	Server      string `json:"server"`
+	Node        string `json:"node"`
+	Conn        string `json:"conn"`
+	HeartbeatMS int    `json:"heartbeat_ms"`
+	// TimeoutMS is how long either side waits without traffic before it
+	// declares the connection dead.
+	TimeoutMS int `json:"timeout_ms"`
+	MaxFrame  int `json:"max_frame"`
+	// Credit is the initial number of PUBLISH and REQUEST frames the client
+	// may send; CREDIT frames add more.
+	Credit uint64 `json:"credit"`
+}
+
+// Exchange patterns.
+const (
+	PatternReqResp = "reqresp"
+	PatternPubSub  = "pubsub"
+)
+
+// ExchangeConfig is the JSON body of DECLARE.
+type ExchangeConfig struct {
+	Pattern    string `json:"pattern"`
+	Strategy   string `json:"strategy,omitempty"`
+	KeyExpr    string `json:"key_expr,omitempty"`
+	RouteExpr  string `json:"route_expr,omitempty"`
+	Controlled bool   `json:"controlled,omitempty"`
+}
+
+// ExchangeInfo describes an exchange in OK bodies of DECLARE and LIST.
+type ExchangeInfo struct {
+	Name        string   `json:"name"`
+	Pattern     string   `json:"pattern"`
+	Strategy    string   `json:"strategy,omitempty"`
+	KeyExpr     string   `json:"key_expr,omitempty"`
+	RouteExpr   string   `json:"route_expr,omitempty"`
+	Controlled  bool     `json:"controlled,omitempty"`
+	Leader      string   `json:"leader,omitempty"`
+	Members     []Member `json:"members"`
+	Subscribers int      `json:"subscribers"`
+	Requests    uint64   `json:"requests"`
+	Publishes   uint64   `json:"publishes"`
+}
+
+// Attachment roles, the Aux of ATTACH.
+const (
+	RoleHandler    = 1
+	RoleSubscriber = 2
+	RoleController = 3
+)
+
+// RoleName returns the name of an attachment role.
+func RoleName(r uint64) string {
+	switch r {
+	case RoleHandler:
+		return "handler"
+	case RoleSubscriber:
+		return "subscriber"
+	case RoleController:
+		return "controller"
+	}
+	return "unknown"
+}
+
+// Member describes one attachment that takes part in an exchange's group.
+type Member struct {
+	ID         string            `json:"id"`
+	Role       string            `json:"role"`
+	ServiceTag string            `json:"service_tag,omitempty"`
+	ConnTag    string            `json:"conn_tag,omitempty"`
+	Options    map[string]string `json:"options,omitempty"`
+}
+
+// AttachSpec is the JSON body of ATTACH.
+type AttachSpec struct {
+	Patterns []string          `json:"patterns,omitempty"`
+	ConnTag  string            `json:"conn_tag,omitempty"`
+	Options  map[string]string `json:"options,omitempty"`
+}
+
+// AttachResult is the JSON body of the OK answering ATTACH.
+type AttachResult struct {
+	Member   string   `json:"member"`
+	Patterns []string `json:"patterns,omitempty"`
+}
+
+// Event kinds, the Aux of EVENT.
+const (
+	EventLeader        = 1 // Body: Leader and all Members
+	EventMemberUp      = 2 // Body: Member, Leader and all Members
+	EventMemberDown    = 3 // Body: Member, Leader and all Members
+	EventSubscriptions = 4 // Body: Patterns, the attachment's patterns now
+	EventDetached      = 5 // Tag: why; the attachment is gone
+)
+
+// EventBody is the JSON body of EVENT.
+type EventBody struct {
+	Leader   string   `json:"leader,omitempty"`
+	Member   *Member  `json:"member,omitempty"`
+	Members  []Member `json:"members,omitempty"`
+	Patterns []string `json:"patterns,omitempty"`
+}
+
+// SubRequestBody is the JSON body of SUBREQUEST.
+type SubRequestBody struct {
+	Member   Member   `json:"member"`
+	Patterns []string `json:"patterns"`
+}
+
+// PatternsBody is the JSON body of SUBSCRIBE, UNSUBSCRIBE and DECISION.
+type PatternsBody struct {
+	Patterns []string `json:"patterns"`
+}
+
+// Decision verdicts, the Aux of DECISION.
+const (
+	VerdictAccept = 0
+	VerdictRefuse = 1
+)
