@@ -1,0 +1,35 @@
+// Command courier runs the Courier broker (courier server), its load
+// generator (courier bench) and client tools in the style of the nats CLI.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := &cobra.Command{
+		Use:           "courier",
+		Short:         "Courier: a broker for distributed, reactive services",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	for _, add := range commands {
+		root.AddCommand(add())
+	}
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "courier:", err)
+		os.Exit(1)
+	}
+}
+
+// commands holds the constructors of the subcommands; each file adds its
+// own in an init function, so that commands live one per file.
+var commands []func() *cobra.Command
