@@ -1,22 +1,330 @@
 // Package client connects to a Courier server over the network. Dial
 // returns the same [courier.Conn] an embedded node gives, so code written
 // against one runs against the other.
+//
+//	conn, err := client.Dial(ctx, "courier://127.0.0.1:7400", client.Options{})
 package client
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/wire"
 )
+
+// DefaultPort is the port of a courier:// URL that names none.
+const DefaultPort = "7400"
+
+// frameSlack mirrors the server's allowance for routing fields it adds.
+const frameSlack = 64 << 10
 
 // Options configure Dial.
 type Options struct {
 	// Name names the client in the server's logs and management API.
 	Name string
+	// Heartbeat is the heartbeat interval to ask for; the server may
+	// lower it. The connection is declared dead after three silent
+	// intervals. Default: the server's (1s).
+	Heartbeat time.Duration
+	// User and Password authenticate when the server has users. A URL's
+	// userinfo sets them too.
+	User, Password string
+	// OutboxLimit bounds the bytes buffered for sending before senders
+	// wait. Default: 8 MiB.
+	OutboxLimit int
+	// Log receives what the connection cannot return to a caller.
+	// Default: slog.Default().
+	Log *slog.Logger
 }
 
-// Dial connects to a server at url, such as "courier://127.0.0.1:7400".
-func Dial(ctx context.Context, url string, opts Options) (*courier.Conn, error) {
-	return nil, errors.New("client: not written yet")
+// ParseURL checks a courier:// URL and returns its host:port.
+func ParseURL(raw string) (addr string, u *url.URL, err error) {
+	if !strings.Contains(raw, "://") {
+		return "", nil, fmt.Errorf("client: bad URL %q: want courier://host:port", raw)
+	}
+	u, err = url.Parse(raw)
+	if err != nil {
+		return "", nil, fmt.Errorf("client: bad URL %q: %w", raw, err)
+	}
+	if u.Scheme != "courier" {
+		return "", nil, fmt.Errorf("client: bad URL %q: scheme %q, want courier://host:port", raw, u.Scheme)
+	}
+	if u.Hostname() == "" {
+		return "", nil, fmt.Errorf("client: bad URL %q: no host", raw)
+	}
+	port := u.Port()
+	if port == "" {
+		port = DefaultPort
+	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		return "", nil, fmt.Errorf("client: bad URL %q: unexpected path or query", raw)
+	}
+	return net.JoinHostPort(u.Hostname(), port), u, nil
+}
+
+// Dial connects to a server at rawURL, such as "courier://127.0.0.1:7400",
+// and completes the handshake before it returns.
+func Dial(ctx context.Context, rawURL string, opts Options) (*courier.Conn, error) {
+	addr, u, err := ParseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if u.User != nil && opts.User == "" {
+		opts.User = u.User.Username()
+		opts.Password, _ = u.User.Password()
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.OutboxLimit <= 0 {
+		opts.OutboxLimit = 8 << 20
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("client: dial %s: %w", rawURL, err)
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	t := &transport{
+		nc:      nc,
+		out:     wire.NewOutbox(wire.HandshakeMaxFrame, opts.OutboxLimit),
+		r:       wire.NewReader(nc, wire.HandshakeMaxFrame+frameSlack),
+		closing: make(chan struct{}),
+		done:    make(chan struct{}),
+		credit:  make(chan struct{}, 1),
+	}
+	w, err := t.handshake(ctx, opts)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("client: %s: %w", rawURL, err)
+	}
+	t.welcome = w
+	t.conn = courier.NewConn(t, courier.ConnOptions{ID: w.Conn, Log: opts.Log})
+	go t.writeLoop()
+	go t.readLoop()
+	return t.conn, nil
+}
+
+// transport carries a Conn's frames over TCP.
+type transport struct {
+	nc      net.Conn
+	out     *wire.Outbox
+	r       *wire.Reader
+	welcome wire.Welcome
+	conn    *courier.Conn
+	recv    func(*wire.Frame)
+
+	avail  atomic.Int64  // PUBLISH and REQUEST credit left
+	credit chan struct{} // signalled when credit arrives
+
+	seen      atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+	closing   chan struct{}
+	done      chan struct{} // closed when the read loop ended
+}
+
+var _ courier.Transport = (*transport)(nil)
+
+func (t *transport) handshake(ctx context.Context, opts Options) (wire.Welcome, error) {
+	var w wire.Welcome
+	if d, ok := ctx.Deadline(); ok {
+		t.nc.SetDeadline(d)
+	} else {
+		t.nc.SetDeadline(time.Now().Add(10 * time.Second))
+	}
+	defer t.nc.SetDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { t.nc.SetDeadline(time.Now()) })
+	defer stop()
+	h := wire.Hello{
+		Versions: []int{wire.Version}, Name: opts.Name,
+		HeartbeatMS: int(opts.Heartbeat / time.Millisecond),
+		User:        opts.User, Password: opts.Password,
+	}
+	body, _ := json.Marshal(h)
+	p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeHello, Body: body}, 0)
+	if _, err := t.nc.Write(p); err != nil {
+		return w, fmt.Errorf("handshake: %w", err)
+	}
+	var f wire.Frame
+	if err := t.r.Next(&f); err != nil {
+		return w, fmt.Errorf("handshake: %w", err)
+	}
+	switch f.Type {
+	case wire.TypeWelcome:
+	case wire.TypeError:
+		return w, &wire.Error{Code: wire.Code(f.Aux), Msg: f.Tag, Fatal: true}
+	default:
+		return w, fmt.Errorf("handshake: server sent %s before WELCOME", f.Type)
+	}
+	if err := json.Unmarshal(f.Body, &w); err != nil {
+		return w, fmt.Errorf("handshake: bad WELCOME: %w", err)
+	}
+	if w.MaxFrame <= 0 || w.HeartbeatMS <= 0 {
+		return w, fmt.Errorf("handshake: WELCOME lacks max_frame or heartbeat_ms")
+	}
+	t.out.SetMax(w.MaxFrame)
+	t.r.SetMax(w.MaxFrame + frameSlack)
+	t.avail.Store(int64(w.Credit))
+	return w, nil
+}
+
+func (t *transport) Start(recv func(*wire.Frame)) { t.recv = recv }
+
+// Send encodes f for the server. PUBLISH and REQUEST wait for credit.
+func (t *transport) Send(f *wire.Frame) error {
+	defer f.Release()
+	data := false
+	switch f.Type {
+	case wire.TypePublish, wire.TypeRequest:
+		data = true
+		for t.avail.Add(-1) < 0 {
+			t.avail.Add(1)
+			select {
+			case <-t.credit:
+			case <-t.closing:
+				return t.err()
+			}
+		}
+	case wire.TypeResponse, wire.TypeAsk, wire.TypeAnswer:
+		data = true
+	}
+	if err := t.out.Put(f, data, 0); err != nil {
+		if errors.Is(err, wire.ErrOutboxClosed) {
+			return t.err()
+		}
+		return err
+	}
+	return nil
+}
+
+func (t *transport) err() error {
+	select {
+	case <-t.closing:
+		if t.closeErr != nil {
+			return t.closeErr
+		}
+	default:
+	}
+	return courier.ErrClosed
+}
+
+// Close tells the server and closes the connection.
+func (t *transport) Close() error {
+	t.out.Put(&wire.Frame{Type: wire.TypeClose, Tag: "client closed"}, false, 0)
+	t.end(courier.ErrClosed)
+	<-t.done
+	return nil
+}
+
+// end starts closing: the write loop flushes and closes the socket.
+func (t *transport) end(err error) {
+	t.closeOnce.Do(func() {
+		t.closeErr = err
+		close(t.closing)
+	})
+}
+
+func (t *transport) readLoop() {
+	defer close(t.done)
+	defer func() {
+		t.end(courier.ErrClosed)
+		t.conn.Closed(t.closeErr)
+	}()
+	for {
+		f := wire.NewFrame(0)
+		if err := t.r.Next(f); err != nil {
+			f.Release()
+			t.end(fmt.Errorf("%w: %v", courier.ErrClosed, err))
+			return
+		}
+		t.seen.Store(true)
+		switch f.Type {
+		case wire.TypePing:
+			f.Type = wire.TypePong
+			t.out.Put(f, false, 0)
+			f.Release()
+		case wire.TypePong:
+			f.Release()
+		case wire.TypeCredit:
+			t.avail.Add(int64(f.Aux))
+			f.Release()
+			select {
+			case t.credit <- struct{}{}:
+			default:
+			}
+		case wire.TypeClose:
+			t.end(fmt.Errorf("%w: server closed the connection: %s", courier.ErrClosed, f.Tag))
+			f.Release()
+			return
+		case wire.TypeError:
+			if f.Flags&wire.FlagFatal != 0 {
+				t.end(&wire.Error{Code: wire.Code(f.Aux), Msg: f.Tag, Fatal: true})
+				f.Release()
+				return
+			}
+			t.recv(f)
+		default:
+			t.recv(f)
+		}
+	}
+}
+
+// writeLoop writes batches, pings when idle, and ends a connection that
+// stayed silent for three heartbeats.
+func (t *transport) writeLoop() {
+	hb := time.Duration(t.welcome.HeartbeatMS) * time.Millisecond
+	timeout := time.Duration(t.welcome.TimeoutMS) * time.Millisecond
+	if timeout <= 0 {
+		timeout = 3 * hb
+	}
+	tick := time.NewTicker(hb / 2)
+	defer tick.Stop()
+	var spare []byte
+	lastWrite, lastSeen := time.Now(), time.Now()
+	var nonce uint64
+	for {
+		select {
+		case <-t.out.Ready():
+		case now := <-tick.C:
+			if t.seen.Swap(false) {
+				lastSeen = now
+			} else if now.Sub(lastSeen) >= timeout {
+				t.end(&wire.Error{Code: wire.CodeHeartbeat, Msg: fmt.Sprintf("nothing from the server for %s", timeout)})
+			}
+			if now.Sub(lastWrite) >= hb {
+				nonce++
+				t.out.Put(&wire.Frame{Type: wire.TypePing, Ref: nonce}, false, 0)
+			}
+		case <-t.closing:
+			t.out.Close()
+			if buf := t.out.Take(nil); len(buf) > 0 {
+				t.nc.SetWriteDeadline(time.Now().Add(time.Second))
+				t.nc.Write(buf)
+			}
+			t.nc.Close()
+			return
+		}
+		buf := t.out.Take(spare)
+		if len(buf) > 0 {
+			if _, err := t.nc.Write(buf); err != nil {
+				t.end(fmt.Errorf("%w: %v", courier.ErrClosed, err))
+				continue
+			}
+			lastWrite = time.Now()
+		}
+		spare = buf
+	}
 }

@@ -8,14 +8,18 @@
 package node
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/internal/server"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -29,6 +33,15 @@ type Config struct {
 	DataDir string
 	// Log receives structured logs. Default: slog.Default().
 	Log *slog.Logger
+	// Listen, when set, serves the network protocol on this TCP address,
+	// such as "127.0.0.1:7400" (port 0 picks a free one; see [Node.Addr]).
+	// Default: "" (in-process only).
+	Listen string
+	// Heartbeat is the network heartbeat interval; a client silent for
+	// three intervals is disconnected. Default: 1s.
+	Heartbeat time.Duration
+	// MaxFrame bounds a network frame in bytes. Default: 4 MiB.
+	MaxFrame int
 }
 
 // DefaultConfig returns the configuration a Node starts with.
@@ -48,6 +61,9 @@ func (c Config) Validate() error {
 type Node struct {
 	cfg    Config
 	broker *broker.Broker
+	srv    *server.Server
+	addr   net.Addr
+	served chan struct{}
 	closed atomic.Bool
 	mu     sync.Mutex // guards conns
 	conns  map[*localTransport]struct{}
@@ -76,7 +92,37 @@ func Start(cfg Config) (*Node, error) {
 		broker: broker.New(broker.Config{Node: cfg.Name, Log: cfg.Log}),
 		conns:  make(map[*localTransport]struct{}),
 	}
+	if cfg.Listen != "" {
+		srv, err := server.New(server.Config{
+			Listen: cfg.Listen, Heartbeat: cfg.Heartbeat, MaxFrame: cfg.MaxFrame, Log: cfg.Log,
+		}, n.broker)
+		if err != nil {
+			return nil, err
+		}
+		ln, err := srv.Listen()
+		if err != nil {
+			return nil, err
+		}
+		n.srv, n.addr, n.served = srv, ln.Addr(), make(chan struct{})
+		go func() {
+			defer close(n.served)
+			if err := srv.Serve(ln); err != nil && err != server.ErrServerClosed {
+				cfg.Log.Error("server stopped", "err", err)
+			}
+		}()
+	}
 	return n, nil
+}
+
+// Addr returns the network address served, or nil without Listen.
+func (n *Node) Addr() net.Addr { return n.addr }
+
+// URL returns the courier:// URL of the network address served, or "".
+func (n *Node) URL() string {
+	if n.addr == nil {
+		return ""
+	}
+	return "courier://" + n.addr.String()
 }
 
 // Name returns the node's name.
@@ -98,10 +144,17 @@ func (n *Node) Connect() *courier.Conn {
 	return c
 }
 
-// Close closes every in-process connection.
+// Close stops serving the network, telling remote clients, and closes
+// every in-process connection.
 func (n *Node) Close() error {
 	if n.closed.Swap(true) {
 		return nil
+	}
+	if n.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		n.srv.Shutdown(ctx)
+		cancel()
+		<-n.served
 	}
 	n.mu.Lock()
 	conns := make([]*localTransport, 0, len(n.conns))

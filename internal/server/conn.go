@@ -1,0 +1,300 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/wire"
+)
+
+// FrameSlack is how much larger than the negotiated maximum a frame from
+// the server may be: the broker adds routing fields (member ids) to frames
+// it forwards.
+const FrameSlack = 64 << 10
+
+// conn is one client connection: a read loop (serve) that hands frames to
+// the broker session, and a write loop that batches what the broker sends.
+type conn struct {
+	s    *Server
+	nc   net.Conn
+	peer string
+	out  *wire.Outbox
+	r    *wire.Reader
+	sess *broker.Session
+
+	heartbeat atomic.Int64 // agreed interval in ns, set by the handshake
+	seen      atomic.Bool  // a frame arrived since the last heartbeat tick
+
+	closeOnce sync.Once
+	closing   chan struct{} // closed when the connection is to end
+	wdone     chan struct{} // closed when the write loop ended
+
+	// owned by the read loop
+	used, granted uint64
+}
+
+func newConn(s *Server, nc net.Conn) *conn {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	return &conn{
+		s: s, nc: nc, peer: nc.RemoteAddr().String(),
+		out:     wire.NewOutbox(wire.HandshakeMaxFrame, s.cfg.OutboxLimit),
+		r:       wire.NewReader(nc, wire.HandshakeMaxFrame),
+		closing: make(chan struct{}),
+		wdone:   make(chan struct{}),
+	}
+}
+
+// clientTypes are the frame types a client may send after the handshake.
+var clientTypes = func() (t [256]bool) {
+	for _, ty := range []wire.Type{
+		wire.TypePing, wire.TypePong, wire.TypeClose,
+		wire.TypeDeclare, wire.TypeDelete, wire.TypeList, wire.TypeAttach, wire.TypeDetach,
+		wire.TypeSubscribe, wire.TypeUnsubscribe, wire.TypeDecision,
+		wire.TypeRequest, wire.TypeResponse, wire.TypeCancel, wire.TypeAsk, wire.TypeAnswer,
+		wire.TypePublish,
+	} {
+		t[ty] = true
+	}
+	return t
+}()
+
+// serve runs the connection to its end.
+func (c *conn) serve() {
+	log := c.s.log.With("peer", c.peer)
+	go c.writeLoop()
+	defer func() {
+		c.fail(nil, false)
+		<-c.wdone
+		c.nc.Close()
+		if c.sess != nil {
+			c.sess.Close()
+			log.Info("connection closed", "conn", c.sess.ID())
+		}
+	}()
+	if err := c.handshake(); err != nil {
+		log.Info("handshake failed", "err", err)
+		return
+	}
+	log.Info("connection open", "conn", c.sess.ID(), "name", c.sess.Name())
+	if err := c.readLoop(); err != nil {
+		log.Info("connection ended", "conn", c.sess.ID(), "err", err)
+	}
+}
+
+func (c *conn) handshake() error {
+	c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.HandshakeTimeout))
+	f := wire.NewFrame(0)
+	defer f.Release()
+	if err := c.r.Next(f); err != nil {
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			c.fail(wire.Errorf(wire.CodeProtocol, "no HELLO within %s", c.s.cfg.HandshakeTimeout), false)
+			return err
+		}
+		c.badInput(err)
+		return err
+	}
+	c.nc.SetReadDeadline(time.Time{})
+	if f.Type != wire.TypeHello {
+		err := wire.Errorf(wire.CodeProtocol, "expected HELLO as the first frame, got %s", f.Type)
+		c.fail(err, false)
+		return err
+	}
+	var h wire.Hello
+	if err := json.Unmarshal(f.Body, &h); err != nil {
+		e := wire.Errorf(wire.CodeProtocol, "bad HELLO body: %v", err)
+		c.fail(e, false)
+		return e
+	}
+	if !slices.Contains(h.Versions, wire.Version) {
+		e := wire.Errorf(wire.CodeVersion, "client speaks versions %v, server speaks %d", h.Versions, wire.Version)
+		c.fail(e, false)
+		return e
+	}
+	heartbeat := c.s.cfg.Heartbeat
+	if hb := time.Duration(h.HeartbeatMS) * time.Millisecond; hb > 0 && hb < heartbeat {
+		heartbeat = max(hb, 10*time.Millisecond)
+	}
+	maxFrame := c.s.cfg.MaxFrame
+	name := h.Name
+	if name == "" {
+		name = c.peer
+	}
+	c.sess = c.s.b.Open(c, name)
+	c.granted = c.s.cfg.Credit
+	w := wire.Welcome{
+		Version: wire.Version, Server: c.s.cfg.Version, Node: c.s.b.Node(), Conn: c.sess.ID(),
+		HeartbeatMS: int(heartbeat / time.Millisecond), TimeoutMS: int(3 * heartbeat / time.Millisecond),
+		MaxFrame: maxFrame, Credit: c.granted,
+	}
+	body, _ := json.Marshal(w)
+	c.out.Put(&wire.Frame{Type: wire.TypeWelcome, Body: body}, false, 0)
+	c.out.SetMax(maxFrame + FrameSlack)
+	c.r.SetMax(maxFrame)
+	c.heartbeat.Store(int64(heartbeat))
+	return nil
+}
+
+// readLoop hands frames to the broker until the connection ends.
+func (c *conn) readLoop() error {
+	half := c.s.cfg.Credit / 2
+	for {
+		f := wire.NewFrame(0)
+		if err := c.r.Next(f); err != nil {
+			f.Release()
+			c.badInput(err)
+			return err
+		}
+		c.seen.Store(true)
+		if !clientTypes[f.Type] {
+			err := wire.Errorf(wire.CodeProtocol, "a client may not send %s", f.Type)
+			f.Release()
+			c.fail(err, false)
+			return err
+		}
+		switch f.Type {
+		case wire.TypePing:
+			f.Type = wire.TypePong
+			c.Deliver(f)
+		case wire.TypePong:
+			f.Release()
+		case wire.TypeClose:
+			reason := f.Tag
+			f.Release()
+			c.fail(nil, false)
+			return fmt.Errorf("client closed: %s", reason)
+		case wire.TypePublish, wire.TypeRequest:
+			c.used++
+			if c.used > c.granted {
+				err := wire.Errorf(wire.CodeLimit, "%s sent without credit (window %d)", f.Type, c.s.cfg.Credit)
+				f.Release()
+				c.fail(err, false)
+				return err
+			}
+			c.sess.Handle(f)
+			if c.granted-c.used <= half {
+				c.granted += half
+				cr := wire.NewFrame(wire.TypeCredit)
+				cr.Aux = half
+				c.Deliver(cr)
+			}
+		default:
+			c.sess.Handle(f)
+		}
+	}
+}
+
+// badInput ends the connection after a read error, telling the client
+// why when the error is its fault.
+func (c *conn) badInput(err error) {
+	switch {
+	case errors.Is(err, wire.ErrFrameTooLarge):
+		c.fail(wire.Errorf(wire.CodeFrameTooLarge, "%v", err), false)
+	case errors.Is(err, wire.ErrMalformed):
+		c.fail(wire.Errorf(wire.CodeProtocol, "%v", err), false)
+	default:
+		c.fail(nil, false)
+	}
+}
+
+// isData tells the frames that may wait for a slow reader.
+func isData(t wire.Type) bool {
+	switch t {
+	case wire.TypeRequest, wire.TypeResponse, wire.TypeMessage, wire.TypeAsk, wire.TypeAnswer:
+		return true
+	}
+	return false
+}
+
+// Deliver sends a frame from the broker to the client (broker.Sink).
+func (c *conn) Deliver(f *wire.Frame) {
+	err := c.out.Put(f, isData(f.Type), c.s.cfg.SlowTimeout)
+	t := f.Type
+	f.Release()
+	switch {
+	case err == nil, errors.Is(err, wire.ErrOutboxClosed):
+	case errors.Is(err, wire.ErrOutboxFull):
+		c.s.log.Warn("slow consumer disconnected", "peer", c.peer, "waited", c.s.cfg.SlowTimeout)
+		c.fail(wire.Errorf(wire.CodeSlowConsumer, "not reading for %s", c.s.cfg.SlowTimeout), false)
+	default:
+		c.s.log.Warn("frame dropped", "peer", c.peer, "type", t, "err", err)
+	}
+}
+
+// fail ends the connection. With e, the client first gets a fatal ERROR
+// (or, when graceful, a CLOSE) saying why.
+func (c *conn) fail(e *wire.Error, graceful bool) {
+	c.closeOnce.Do(func() {
+		if e != nil {
+			f := &wire.Frame{Type: wire.TypeError, Flags: wire.FlagFatal, Aux: uint64(e.Code), Tag: e.Msg}
+			if graceful {
+				f = &wire.Frame{Type: wire.TypeClose, Aux: uint64(e.Code), Tag: e.Msg}
+			}
+			c.out.Put(f, false, 0)
+		}
+		close(c.closing)
+	})
+}
+
+// writeLoop writes what the outbox holds, sends heartbeats when idle and
+// ends a connection that stayed silent for three heartbeats.
+func (c *conn) writeLoop() {
+	defer close(c.wdone)
+	hb := c.s.cfg.Heartbeat
+	tick := time.NewTicker(hb / 2)
+	defer tick.Stop()
+	var spare []byte
+	lastWrite, lastSeen := time.Now(), time.Now()
+	var nonce uint64
+	for {
+		select {
+		case <-c.out.Ready():
+		case now := <-tick.C:
+			if agreed := time.Duration(c.heartbeat.Load()); agreed > 0 && agreed != hb {
+				hb = agreed
+				tick.Reset(hb / 2)
+			}
+			if c.seen.Swap(false) {
+				lastSeen = now
+			} else if now.Sub(lastSeen) >= 3*hb {
+				c.fail(wire.Errorf(wire.CodeHeartbeat, "nothing received for %s", 3*hb), false)
+			}
+			if c.heartbeat.Load() > 0 && now.Sub(lastWrite) >= hb {
+				nonce++
+				c.out.Put(&wire.Frame{Type: wire.TypePing, Ref: nonce}, false, 0)
+			}
+		case <-c.closing:
+			c.out.Close()
+			buf := c.out.Take(nil)
+			if len(buf) > 0 {
+				c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+				c.nc.Write(buf)
+			}
+			// Half-close so the client reads the last frames, then let the
+			// read loop see the end.
+			if tc, ok := c.nc.(*net.TCPConn); ok {
+				tc.CloseWrite()
+			}
+			c.nc.SetReadDeadline(time.Now().Add(time.Second))
+			return
+		}
+		buf := c.out.Take(spare)
+		if len(buf) > 0 {
+			if _, err := c.nc.Write(buf); err != nil {
+				c.fail(nil, false)
+				c.nc.Close()
+				return
+			}
+			lastWrite = time.Now()
+		}
+		spare = buf
+	}
+}

@@ -1,0 +1,259 @@
+// Package server serves the Courier wire protocol over TCP: it accepts
+// connections, runs the handshake, and gives each connection a read loop
+// that hands frames to the broker and a write loop that batches what the
+// broker sends back. Heartbeats find half-open connections; credit slows
+// publishers; bad input closes only the connection that sent it.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/wire"
+)
+
+// ErrServerClosed is returned by [Server.Serve] after [Server.Shutdown].
+var ErrServerClosed = errors.New("server: closed")
+
+// Config configures a Server.
+type Config struct {
+	// Listen is the TCP address to listen on. Default: "127.0.0.1:7400".
+	Listen string
+	// MaxFrame is the largest frame accepted after the handshake.
+	// Default: wire.DefaultMaxFrame (4 MiB).
+	MaxFrame int
+	// Heartbeat is the highest heartbeat interval; clients may ask for
+	// less. A connection silent for three intervals is closed.
+	// Default: 1s.
+	Heartbeat time.Duration
+	// HandshakeTimeout bounds the wait for HELLO. Default: 5s.
+	HandshakeTimeout time.Duration
+	// Credit is the window of PUBLISH and REQUEST frames a client may have
+	// unprocessed. Default: 65536.
+	Credit uint64
+	// OutboxLimit is the bytes buffered for a client beyond which data
+	// frames wait for it to read. Default: 8 MiB.
+	OutboxLimit int
+	// SlowTimeout is how long data frames wait for a client that does not
+	// read before it is disconnected as a slow consumer. Default: 10s.
+	SlowTimeout time.Duration
+	// MaxConns bounds open connections. Default: 65536.
+	MaxConns int
+	// Log receives structured logs. Default: slog.Default().
+	Log *slog.Logger
+	// Version is reported in WELCOME. Default: "courier".
+	Version string
+}
+
+// DefaultConfig returns the defaults documented on [Config].
+func DefaultConfig() Config {
+	return Config{
+		Listen:           "127.0.0.1:7400",
+		MaxFrame:         wire.DefaultMaxFrame,
+		Heartbeat:        time.Second,
+		HandshakeTimeout: 5 * time.Second,
+		Credit:           65536,
+		OutboxLimit:      8 << 20,
+		SlowTimeout:      10 * time.Second,
+		MaxConns:         65536,
+		Version:          "courier",
+	}
+}
+
+func (c *Config) setDefaults() {
+	d := DefaultConfig()
+	if c.Listen == "" {
+		c.Listen = d.Listen
+	}
+	if c.MaxFrame <= 0 {
+		c.MaxFrame = d.MaxFrame
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = d.Heartbeat
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if c.Credit == 0 {
+		c.Credit = d.Credit
+	}
+	if c.OutboxLimit <= 0 {
+		c.OutboxLimit = d.OutboxLimit
+	}
+	if c.SlowTimeout <= 0 {
+		c.SlowTimeout = d.SlowTimeout
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = d.MaxConns
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.Version == "" {
+		c.Version = d.Version
+	}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.MaxFrame > 1<<30 {
+		return fmt.Errorf("server: max frame %d over 1 GiB", c.MaxFrame)
+	}
+	if c.Credit < 2 {
+		return fmt.Errorf("server: credit %d below 2", c.Credit)
+	}
+	return nil
+}
+
+// Server accepts client connections for one broker.
+type Server struct {
+	cfg Config
+	b   *broker.Broker
+	log *slog.Logger
+
+	mu       sync.Mutex // guards ln, conns, shutdown
+	ln       net.Listener
+	conns    map[*conn]struct{}
+	shutdown bool
+	wg       sync.WaitGroup
+}
+
+// New returns a server for b.
+func New(cfg Config, b *broker.Broker) (*Server, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Server{cfg: cfg, b: b, log: cfg.Log, conns: make(map[*conn]struct{})}, nil
+}
+
+// Listen opens the configured address; Serve then accepts on it.
+func (s *Server) Listen() (net.Listener, error) {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("server: listen %s: %w", s.cfg.Listen, err)
+	}
+	return ln, nil
+}
+
+// Addr returns the address being served, once Serve runs.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return nil
+	}
+	return s.ln.Addr()
+}
+
+// Serve accepts connections on ln until Shutdown; it then returns
+// ErrServerClosed.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		ln.Close()
+		return ErrServerClosed
+	}
+	s.ln = ln
+	s.mu.Unlock()
+	s.log.Info("listening", "addr", ln.Addr().String())
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			down := s.shutdown
+			s.mu.Unlock()
+			if down {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.log.Warn("accept failed; retrying", "err", err, "in", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return fmt.Errorf("server: accept: %w", err)
+		}
+		backoff = 0
+		s.accept(nc)
+	}
+}
+
+func (s *Server) accept(nc net.Conn) {
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		nc.Close()
+		return
+	}
+	if len(s.conns) >= s.cfg.MaxConns {
+		s.mu.Unlock()
+		s.log.Warn("connection refused: limit reached", "peer", nc.RemoteAddr().String(), "max_conns", s.cfg.MaxConns)
+		refuse(nc, wire.Errorf(wire.CodeLimit, "server has %d connections, its limit", s.cfg.MaxConns))
+		return
+	}
+	c := newConn(s, nc)
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		c.serve()
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+	}()
+}
+
+// refuse writes one fatal ERROR frame and closes nc.
+func refuse(nc net.Conn, e *wire.Error) {
+	f := &wire.Frame{Type: wire.TypeError, Flags: wire.FlagFatal, Aux: uint64(e.Code), Tag: e.Msg}
+	p, _ := wire.AppendFrame(nil, f, 0)
+	nc.SetWriteDeadline(time.Now().Add(time.Second))
+	nc.Write(p)
+	nc.Close()
+}
+
+// Conns returns the number of open connections.
+func (s *Server) Conns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+// Shutdown stops accepting, tells every client the server is going (a
+// CLOSE frame), closes their connections and waits for their goroutines,
+// or until ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.shutdown = true
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.fail(&wire.Error{Code: wire.CodeShutdown, Msg: "the server is shutting down"}, true)
+	}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
