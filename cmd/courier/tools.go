@@ -1,0 +1,398 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/client"
+)
+
+func init() {
+	commands = append(commands, pubCmd, subCmd, reqCmd, replyCmd, exchangesCmd)
+}
+
+// conn flags shared by the client tools.
+type connFlags struct {
+	url     string
+	timeout time.Duration
+}
+
+func (c *connFlags) add(cmd *cobra.Command) {
+	def := os.Getenv("COURIER_URL")
+	if def == "" {
+		def = "courier://127.0.0.1:7400"
+	}
+	cmd.Flags().StringVar(&c.url, "url", def, "server URL (env COURIER_URL)")
+	cmd.Flags().DurationVar(&c.timeout, "timeout", 5*time.Second, "time limit for connecting and each request")
+}
+
+func (c *connFlags) dial(ctx context.Context) (*courier.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	return client.Dial(ctx, c.url, client.Options{Name: "courier-cli"})
+}
+
+func parseHeaders(kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	h := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("bad header %q: want name=value", kv)
+		}
+		h[k] = v
+	}
+	return h, nil
+}
+
+// bodyArg returns the body argument, or stdin when it is "-".
+func bodyArg(args []string, i int) ([]byte, error) {
+	if len(args) <= i {
+		return nil, nil
+	}
+	if args[i] == "-" {
+		return io.ReadAll(io.LimitReader(os.Stdin, 64<<20))
+	}
+	return []byte(args[i]), nil
+}
+
+func pubCmd() *cobra.Command {
+	var cf connFlags
+	var count int
+	var headers []string
+	cmd := &cobra.Command{
+		Use:   "pub <exchange> <routing-key> [body|-]",
+		Short: "Publish a message to a pub-sub exchange",
+		Args:  cobra.RangeArgs(2, 3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body, err := bodyArg(args, 2)
+			if err != nil {
+				return err
+			}
+			h, err := parseHeaders(headers)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			conn, err := cf.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			ps, err := conn.PubSub(ctx, args[0], courier.Passive())
+			if err != nil {
+				return err
+			}
+			for i := range count {
+				if err := ps.PublishSync(ctx, courier.Message{Key: args[1], Header: h, Body: body}); err != nil {
+					return fmt.Errorf("publish %d: %w", i+1, err)
+				}
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "published %d message(s) to %s with key %q\n", count, args[0], args[1])
+			return nil
+		},
+	}
+	cf.add(cmd)
+	cmd.Flags().IntVar(&count, "count", 1, "how many times to publish")
+	cmd.Flags().StringArrayVarP(&headers, "header", "H", nil, "header name=value (repeatable)")
+	return cmd
+}
+
+func subCmd() *cobra.Command {
+	var cf connFlags
+	var count int
+	var create bool
+	cmd := &cobra.Command{
+		Use:   "sub <exchange> <pattern>...",
+		Short: "Subscribe to a pub-sub exchange and print messages",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			conn, err := cf.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			var opts []courier.ExchangeOption
+			if !create {
+				opts = append(opts, courier.Passive())
+			}
+			ps, err := conn.PubSub(ctx, args[0], opts...)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			got := make(chan struct{}, 1024)
+			n := 0
+			sub, err := ps.Subscribe(ctx, args[1], func(d *courier.Delivery) {
+				n++
+				fmt.Fprintf(out, "[#%d] %s: %s\n", n, d.Key, d.Body)
+				got <- struct{}{}
+			}, courier.Patterns(args[2:]...))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "subscribed to %s on %s as %s\n", strings.Join(sub.Patterns(), ", "), args[0], sub.ID())
+			for seen := 0; count == 0 || seen < count; {
+				select {
+				case <-got:
+					seen++
+				case <-sub.Done():
+					return sub.Err()
+				case <-conn.Done():
+					return conn.Err()
+				case <-ctx.Done():
+					return nil
+				}
+			}
+			return nil
+		},
+	}
+	cf.add(cmd)
+	cmd.Flags().IntVar(&count, "count", 0, "exit after this many messages (0: never)")
+	cmd.Flags().BoolVar(&create, "create", false, "create the exchange if it does not exist")
+	return cmd
+}
+
+func reqCmd() *cobra.Command {
+	var cf connFlags
+	var key, tag string
+	var all, stream bool
+	var headers []string
+	cmd := &cobra.Command{
+		Use:   "req <exchange> [body|-]",
+		Short: "Send a request and print the response(s)",
+		Args:  cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			body, err := bodyArg(args, 1)
+			if err != nil {
+				return err
+			}
+			h, err := parseHeaders(headers)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			conn, err := cf.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			ex, err := conn.ReqResp(ctx, args[0], courier.Passive())
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(ctx, cf.timeout)
+			defer cancel()
+			m := courier.Message{Key: key, Header: h, Body: body, ServiceTag: tag}
+			out := cmd.OutOrStdout()
+			switch {
+			case stream:
+				s, err := ex.RequestStream(ctx, m)
+				if err != nil {
+					return err
+				}
+				defer s.Close()
+				for s.Next() {
+					fmt.Fprintf(out, "%s\n", s.Chunk())
+				}
+				return s.Err()
+			case all:
+				rs, err := ex.RequestAll(ctx, m)
+				for _, r := range rs {
+					if r.Err != nil {
+						fmt.Fprintf(out, "%s: error: %v\n", r.From, r.Err)
+					} else {
+						fmt.Fprintf(out, "%s: %s\n", r.From, r.Body)
+					}
+				}
+				return err
+			}
+			r, err := ex.Request(ctx, m)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "%s\n", r.Body)
+			return nil
+		},
+	}
+	cf.add(cmd)
+	cmd.Flags().StringVar(&key, "key", "", "request key (for sticky exchanges)")
+	cmd.Flags().StringVar(&tag, "tag", "", "service tag: only handlers of this tag")
+	cmd.Flags().BoolVar(&all, "all", false, "collect every response (broadcast)")
+	cmd.Flags().BoolVar(&stream, "stream", false, "read a chunked response")
+	cmd.Flags().StringArrayVarP(&headers, "header", "H", nil, "header name=value (repeatable)")
+	return cmd
+}
+
+func replyCmd() *cobra.Command {
+	var cf connFlags
+	var tag, connTag string
+	var echo bool
+	var count int
+	cmd := &cobra.Command{
+		Use:   "reply <exchange> [body]",
+		Short: "Handle requests on an exchange with a fixed body (or --echo)",
+		Args:  cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 2 && !echo {
+				return errors.New("give a reply body or --echo")
+			}
+			ctx := cmd.Context()
+			conn, err := cf.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			ex, err := conn.ReqResp(ctx, args[0], courier.Passive())
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			served := make(chan struct{}, 1024)
+			n := 0
+			att, err := ex.Handle(ctx, func(r *courier.Request) {
+				n++
+				fmt.Fprintf(out, "[#%d] request from %s: %s\n", n, r.From(), r.Body())
+				if echo {
+					r.Reply(r.Body())
+				} else {
+					r.Reply([]byte(args[1]))
+				}
+				served <- struct{}{}
+			}, courier.ServiceTag(tag), courier.ConnTag(connTag))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "handling requests on %s as %s\n", args[0], att.ID())
+			for seen := 0; count == 0 || seen < count; {
+				select {
+				case <-served:
+					seen++
+				case <-att.Done():
+					return att.Err()
+				case <-conn.Done():
+					return conn.Err()
+				case <-ctx.Done():
+					return nil
+				}
+			}
+			return nil
+		},
+	}
+	cf.add(cmd)
+	cmd.Flags().StringVar(&tag, "tag", "", "service tag of this handler")
+	cmd.Flags().StringVar(&connTag, "conn-tag", "", "connection tag of this handler")
+	cmd.Flags().BoolVar(&echo, "echo", false, "reply with the request's body")
+	cmd.Flags().IntVar(&count, "count", 0, "exit after this many requests (0: never)")
+	return cmd
+}
+
+func exchangesCmd() *cobra.Command {
+	var cf connFlags
+	var asJSON bool
+	list := func(cmd *cobra.Command, _ []string) error {
+		ctx := cmd.Context()
+		conn, err := cf.dial(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		exs, err := conn.Exchanges(ctx)
+		if err != nil {
+			return err
+		}
+		out := cmd.OutOrStdout()
+		if asJSON {
+			enc := json.NewEncoder(out)
+			enc.SetIndent("", "  ")
+			return enc.Encode(exs)
+		}
+		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tPATTERN\tSTRATEGY\tMEMBERS\tSUBSCRIBERS\tLEADER\tREQUESTS\tPUBLISHES")
+		for _, e := range exs {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\n", e.Name, e.Pattern, dash(e.Strategy), len(e.Members), e.Subscribers, dash(e.Leader), e.Requests, e.Publishes)
+		}
+		return tw.Flush()
+	}
+	cmd := &cobra.Command{
+		Use:   "exchanges",
+		Short: "List, create and delete exchanges",
+		Args:  cobra.NoArgs,
+		RunE:  list,
+	}
+	cf.add(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+
+	lc := &cobra.Command{Use: "list", Short: "List exchanges", Args: cobra.NoArgs, RunE: list}
+	cf.add(lc)
+	lc.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+
+	var spec courier.ExchangeSpec
+	cc := &cobra.Command{
+		Use:   "create <name>",
+		Short: "Create an exchange (--pattern reqresp|pubsub, --strategy for reqresp)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			conn, err := cf.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			info, err := conn.Declare(ctx, args[0], spec)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "exchange %s: %s %s\n", info.Name, info.Pattern, info.Strategy)
+			return nil
+		},
+	}
+	cf.add(cc)
+	cc.Flags().StringVar(&spec.Pattern, "pattern", "reqresp", "reqresp or pubsub")
+	cc.Flags().StringVar(&spec.Strategy, "strategy", "", "broadcast, round-robin, leader, leader-round-robin, sticky, sticky-fun, fun, least-busy")
+	cc.Flags().StringVar(&spec.KeyExpr, "key-expr", "", "sticky-fun key expression")
+	cc.Flags().StringVar(&spec.RouteExpr, "route-expr", "", "fun routing expression")
+	cc.Flags().BoolVar(&spec.Controlled, "controlled", false, "pub-sub: a controller decides on subscriptions")
+
+	dc := &cobra.Command{
+		Use:   "delete <name>",
+		Short: "Delete an exchange",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			conn, err := cf.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			if err := conn.DeleteExchange(ctx, args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "exchange %s deleted\n", args[0])
+			return nil
+		},
+	}
+	cf.add(dc)
+	cmd.AddCommand(lc, cc, dc)
+	return cmd
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
