@@ -114,8 +114,9 @@ type Attachment struct {
 
 	in inbox
 
-	mu       sync.Mutex // guards leader, members, patterns, active, err
+	mu       sync.Mutex // guards leader, members, patterns, active, err, leaving
 	leader   string
+	leaving  bool // Detach was called: no longer a leader, whatever events say
 	members  []Member
 	patterns []string
 	active   map[uint64]*Request
@@ -137,7 +138,14 @@ func (a *Attachment) ConnTag() string { return a.cfg.spec.ConnTag }
 func (a *Attachment) IsLeader() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.leader != "" && a.leader == a.member
+	return a.leads()
+}
+
+// leads reports whether the attachment leads; a.mu is held. An attachment
+// that is detaching or has ended leads no more, so that it never overlaps
+// with the leader appointed after it.
+func (a *Attachment) leads() bool {
+	return a.err == nil && !a.leaving && a.leader != "" && a.leader == a.member
 }
 
 // Leader returns the member id of the group's leader ("" if none known).
@@ -209,6 +217,9 @@ func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg att
 // Detach ends the attachment: it leaves the exchange's group (a new
 // leader is appointed if it led) and receives nothing more.
 func (a *Attachment) Detach(ctx context.Context) error {
+	a.mu.Lock()
+	a.leaving = true // resign before the broker appoints another
+	a.mu.Unlock()
 	f := wire.NewFrame(wire.TypeDetach)
 	f.Attach = a.id
 	err := a.c.roundTrip(ctx, f, nil)
@@ -333,7 +344,7 @@ func (a *Attachment) event(f *wire.Frame) {
 	case EventSubscriptions:
 		a.patterns = body.Patterns
 	}
-	ev.IsLeader = a.leader != "" && a.leader == a.member
+	ev.IsLeader = a.leads()
 	a.mu.Unlock()
 	if ev.Kind == EventDetached {
 		a.c.mu.Lock()

@@ -204,7 +204,9 @@ func (s *Session) attach(f *wire.Frame) {
 		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is not controlled: declare it with controlled to attach a controller", ex.name)
 	}
 	if err == nil && a.role == wire.RoleSubscriber {
-		err = checkPatterns(spec.Patterns)
+		if perr := checkPatterns(spec.Patterns); perr != nil {
+			err = wire.Errorf(wire.CodeBadOptions, "attach: %v", perr)
+		}
 	}
 	if err != nil {
 		s.sendError(f.Ref, err)
