@@ -122,6 +122,9 @@ type Attachment struct {
 	active   map[uint64]*Request
 	err      error
 	done     chan struct{}
+	// attached is closed once ATTACH has its answer: the goroutine waits
+	// for it so that the first event sees the member id.
+	attached chan struct{}
 }
 
 // ID returns the attachment's member id, such as "c7.3".
@@ -183,8 +186,9 @@ func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg att
 	a := &Attachment{
 		c: c, id: c.nextAttach.Add(1), exchange: exchange, role: role, cfg: cfg,
 		handler: h, onMsg: m, control: ctl,
-		active: make(map[uint64]*Request),
-		done:   make(chan struct{}),
+		active:   make(map[uint64]*Request),
+		done:     make(chan struct{}),
+		attached: make(chan struct{}),
 	}
 	a.in.init()
 	c.mu.Lock()
@@ -200,17 +204,22 @@ func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg att
 	f.Attach, f.Name, f.Aux, f.Tag = a.id, exchange, role, cfg.serviceTag
 	f.Body, _ = json.Marshal(cfg.spec)
 	var res wire.AttachResult
-	if err := c.roundTrip(ctx, f, &res); err != nil {
+	err := c.roundTrip(ctx, f, &res)
+	if err != nil {
 		c.mu.Lock()
 		delete(c.atts, a.id)
 		c.mu.Unlock()
 		a.stop(err)
+	} else {
+		a.mu.Lock()
+		a.member = res.Member
+		a.patterns = res.Patterns
+		a.mu.Unlock()
+	}
+	close(a.attached)
+	if err != nil {
 		return nil, err
 	}
-	a.mu.Lock()
-	a.member = res.Member
-	a.patterns = res.Patterns
-	a.mu.Unlock()
 	return a, nil
 }
 
@@ -287,6 +296,7 @@ func (a *Attachment) stop(err error) {
 // the user's functions, one at a time, in order.
 func (a *Attachment) run() {
 	defer close(a.done)
+	<-a.attached
 	var batch []*wire.Frame
 	var d Delivery
 	for {

@@ -64,8 +64,10 @@ type Broker struct {
 	cfg Config
 	log *slog.Logger
 
-	mu        sync.RWMutex // guards exchanges, members, sessions
-	exchanges map[string]*Exchange
+	// exchanges maps names to *Exchange; reads take no lock, writes hold mu.
+	exchanges sync.Map
+
+	mu        sync.RWMutex // guards members, sessions, and exchange writes
 	members   map[string]*Attachment // by member id
 	sessions  map[uint64]*Session
 
@@ -79,7 +81,6 @@ func New(cfg Config) *Broker {
 	return &Broker{
 		cfg:       cfg,
 		log:       cfg.Log,
-		exchanges: make(map[string]*Exchange),
 		members:   make(map[string]*Attachment),
 		sessions:  make(map[uint64]*Session),
 	}
@@ -106,10 +107,7 @@ func (b *Broker) Declare(name string, spec Spec) (*Exchange, error) {
 	if !ValidName(name) {
 		return nil, wire.Errorf(wire.CodeBadOptions, "invalid exchange name %q: use dot-separated words of letters, digits, '_', '-', ':'", name)
 	}
-	b.mu.RLock()
-	ex := b.exchanges[name]
-	b.mu.RUnlock()
-	if ex != nil {
+	if ex := b.Exchange(name); ex != nil {
 		return ex, ex.matches(spec)
 	}
 	if spec.Passive {
@@ -120,11 +118,10 @@ func (b *Broker) Declare(name string, spec Spec) (*Exchange, error) {
 		return nil, err
 	}
 	b.mu.Lock()
-	if old := b.exchanges[name]; old != nil {
+	if old, loaded := b.exchanges.LoadOrStore(name, ex); loaded {
 		b.mu.Unlock()
-		return old, old.matches(spec)
+		return old.(*Exchange), old.(*Exchange).matches(spec)
 	}
-	b.exchanges[name] = ex
 	b.mu.Unlock()
 	b.log.Info("exchange declared", "exchange", name, "pattern", ex.cfg.Pattern, "strategy", ex.cfg.Strategy)
 	return ex, nil
@@ -132,10 +129,10 @@ func (b *Broker) Declare(name string, spec Spec) (*Exchange, error) {
 
 // Exchange returns the exchange name, or nil.
 func (b *Broker) Exchange(name string) *Exchange {
-	b.mu.RLock()
-	ex := b.exchanges[name]
-	b.mu.RUnlock()
-	return ex
+	if ex, ok := b.exchanges.Load(name); ok {
+		return ex.(*Exchange)
+	}
+	return nil
 }
 
 func (b *Broker) lookup(name string) (*Exchange, error) {
@@ -148,13 +145,12 @@ func (b *Broker) lookup(name string) (*Exchange, error) {
 // Delete removes an exchange; its attachments receive EVENT detached.
 func (b *Broker) Delete(name string) error {
 	b.mu.Lock()
-	ex := b.exchanges[name]
-	if ex == nil {
-		b.mu.Unlock()
+	v, ok := b.exchanges.LoadAndDelete(name)
+	b.mu.Unlock()
+	if !ok {
 		return wire.Errorf(wire.CodeNotFound, "exchange %q not found", name)
 	}
-	delete(b.exchanges, name)
-	b.mu.Unlock()
+	ex := v.(*Exchange)
 	ex.close()
 	b.log.Info("exchange deleted", "exchange", name)
 	return nil
@@ -162,12 +158,11 @@ func (b *Broker) Delete(name string) error {
 
 // Exchanges returns a snapshot of every exchange, sorted by name.
 func (b *Broker) Exchanges() []wire.ExchangeInfo {
-	b.mu.RLock()
-	list := make([]*Exchange, 0, len(b.exchanges))
-	for _, ex := range b.exchanges {
-		list = append(list, ex)
-	}
-	b.mu.RUnlock()
+	var list []*Exchange
+	b.exchanges.Range(func(_, v any) bool {
+		list = append(list, v.(*Exchange))
+		return true
+	})
 	infos := make([]wire.ExchangeInfo, len(list))
 	for i, ex := range list {
 		infos[i] = ex.Info()
@@ -201,7 +196,6 @@ func (b *Broker) Open(sink Sink, name string) *Session {
 		name:        name,
 		sink:        sink,
 		attachments: make(map[uint32]*Attachment),
-		requests:    make(map[uint64]*inflight),
 	}
 	b.mu.Lock()
 	b.sessions[n] = s

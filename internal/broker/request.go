@@ -1,83 +1,159 @@
 package broker
 
 import (
+	"sync"
+
 	"github.com/courier-mq/courier/wire"
 )
 
-// inflight is one request between its requester and its handlers. The
-// requester session's mu guards remaining and targets[i].done.
+// A request in flight is recorded twice: the requester's session keeps a
+// pending entry under the id the requester chose (for CANCEL, ANSWER and
+// cleanup when the requester goes), and each handler's session keeps a
+// slot under an id the broker chose (for RESPONSE, ASK and cleanup when
+// the handler goes). A unicast request needs no other record, so routing
+// it allocates nothing; a broadcast shares one inflight among its targets.
+
+// pending is a requester's record of one request.
+type pending struct {
+	inf *inflight   // broadcast: the shared record; nil for unicast
+	a   *Attachment // unicast: the handler
+	id  uint64      // unicast: the id in the handler's session
+}
+
+// inflight is a broadcast request. The requester's shard lock for reqID
+// guards remaining and targets[i].done.
 type inflight struct {
 	requester *Session
 	reqID     uint64
 	remaining int
 	targets   []target
-	one       [1]target
 }
 
-// target is one handler a request went to, with the id the request has in
-// that handler's session.
+// target is one handler a broadcast went to.
 type target struct {
 	a    *Attachment
 	id   uint64
 	done bool
 }
 
-// slot is an entry of a session's handling table.
+// slot is a handler session's record of one request it serves.
 type slot struct {
-	inf *inflight
-	idx int
-	gen uint32
+	r     *Session // the requester
+	reqID uint64
+	a     *Attachment
+	inf   *inflight // broadcast only
+	idx   int
+	gen   uint32
 }
 
-// slab maps the ids a session's handlers see to requests in flight. Ids
-// carry a generation so that a stale id never finds a reused slot.
-type slab struct {
-	slots []slot
-	free  []uint32
-	n     int
+const shards = 8 // power of two
+
+// requestTable is a session's pending requests, sharded by request id so
+// that the goroutines of one embedded client do not queue on one lock.
+type requestTable struct {
+	shard [shards]reqShard
 }
 
-func (t *slab) put(inf *inflight, idx int) uint64 {
-	var i uint32
-	if k := len(t.free); k > 0 {
-		i = t.free[k-1]
-		t.free = t.free[:k-1]
-	} else {
-		t.slots = append(t.slots, slot{})
-		i = uint32(len(t.slots) - 1)
-	}
-	sl := &t.slots[i]
-	sl.gen++
-	sl.inf, sl.idx = inf, idx
-	t.n++
-	return uint64(sl.gen)<<32 | uint64(i+1)
+type reqShard struct {
+	mu     sync.Mutex // guards m, closed
+	m      map[uint64]pending
+	closed bool
+	_      [40]byte // keep shards on separate cache lines
 }
 
-func (t *slab) get(id uint64) (*inflight, int) {
-	i := uint32(id) - 1
-	if int(i) >= len(t.slots) || t.slots[i].gen != uint32(id>>32) || t.slots[i].inf == nil {
-		return nil, 0
-	}
-	return t.slots[i].inf, t.slots[i].idx
+// lock locks and returns the shard of reqID.
+func (t *requestTable) lock(reqID uint64) *reqShard {
+	sh := &t.shard[reqID&(shards-1)]
+	sh.mu.Lock()
+	return sh
 }
 
-func (t *slab) remove(id uint64) {
-	i := uint32(id) - 1
-	if int(i) < len(t.slots) && t.slots[i].gen == uint32(id>>32) && t.slots[i].inf != nil {
-		t.slots[i].inf = nil
-		t.free = append(t.free, i)
-		t.n--
-	}
-}
-
-func (t *slab) drain() []slot {
-	var out []slot
-	for i := range t.slots {
-		if t.slots[i].inf != nil {
-			out = append(out, t.slots[i])
+// drain closes the table and returns every pending request.
+func (t *requestTable) drain() map[uint64]pending {
+	out := make(map[uint64]pending)
+	for i := range t.shard {
+		sh := &t.shard[i]
+		sh.mu.Lock()
+		sh.closed = true
+		for id, p := range sh.m {
+			out[id] = p
 		}
+		sh.m = nil
+		sh.mu.Unlock()
 	}
-	*t = slab{}
+	return out
+}
+
+// slotTable is a session's requests being handled, sharded; an id carries
+// its shard, its index and a generation, so a stale id never finds a
+// reused slot.
+type slotTable struct {
+	shard [shards]slotShard
+}
+
+type slotShard struct {
+	mu     sync.Mutex // guards slots, free, closed
+	slots  []slot
+	free   []uint32
+	closed bool
+	_      [24]byte
+}
+
+// put stores sl and returns its id; ok is false once the session closed.
+func (t *slotTable) put(sl slot, hint uint64) (id uint64, ok bool) {
+	si := hint & (shards - 1)
+	sh := &t.shard[si]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.closed {
+		return 0, false
+	}
+	var i uint32
+	if k := len(sh.free); k > 0 {
+		i = sh.free[k-1]
+		sh.free = sh.free[:k-1]
+	} else {
+		sh.slots = append(sh.slots, slot{})
+		i = uint32(len(sh.slots) - 1)
+	}
+	p := &sh.slots[i]
+	sl.gen = p.gen + 1
+	*p = sl
+	return uint64(sl.gen)<<32 | uint64(i)<<3 | si, true
+}
+
+// get returns the slot of id; with remove, the slot is freed.
+func (t *slotTable) get(id uint64, remove bool) (slot, bool) {
+	sh := &t.shard[id&(shards-1)]
+	i := uint32(id) >> 3
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if int(i) >= len(sh.slots) || sh.slots[i].gen != uint32(id>>32) || sh.slots[i].a == nil {
+		return slot{}, false
+	}
+	sl := sh.slots[i]
+	if remove {
+		sh.slots[i] = slot{gen: sl.gen}
+		sh.free = append(sh.free, i)
+	}
+	return sl, true
+}
+
+// drain closes the table and returns every live slot.
+func (t *slotTable) drain() []slot {
+	var out []slot
+	for si := range t.shard {
+		sh := &t.shard[si]
+		sh.mu.Lock()
+		sh.closed = true
+		for _, sl := range sh.slots {
+			if sl.a != nil {
+				out = append(out, sl)
+			}
+		}
+		sh.slots, sh.free = nil, nil
+		sh.mu.Unlock()
+	}
 	return out
 }
 
@@ -113,9 +189,8 @@ func (s *Session) request(f *wire.Frame) {
 // failRequest answers a request that reached no handler.
 func (s *Session) failRequest(f *wire.Frame, err error) {
 	e := asWireError(err)
-	r := f // reuse the frame
-	*r = wire.Frame{Type: wire.TypeResponse, Flags: wire.FlagError | wire.FlagLast, Ref: f.Ref, Aux: uint64(e.Code), Tag: e.Msg}
-	s.sink.Deliver(r)
+	*f = wire.Frame{Type: wire.TypeResponse, Flags: wire.FlagError | wire.FlagLast, Ref: f.Ref, Aux: uint64(e.Code), Tag: e.Msg}
+	s.sink.Deliver(f)
 }
 
 // dispatch picks the handlers of ex for f and sends it to them. It returns
@@ -200,24 +275,53 @@ func (s *Session) routeFun(ex *Exchange, g *group, f *wire.Frame) (string, error
 	return "", s.sendOne(f, g.members[(g.next.Add(1)-1)%uint64(len(g.members))])
 }
 
+// register records a pending request; it fails on a closed session, a
+// duplicate id or too many requests in flight.
+func (s *Session) register(reqID uint64, p pending) error {
+	sh := s.requests.lock(reqID)
+	defer sh.mu.Unlock()
+	switch {
+	case sh.closed:
+		return wire.Errorf(wire.CodeCancelled, "the requester's connection closed")
+	case s.inflight.Add(1) > int64(s.b.cfg.MaxInflight):
+		s.inflight.Add(-1)
+		return wire.Errorf(wire.CodeLimit, "%d requests in flight on this connection, the limit", s.b.cfg.MaxInflight)
+	}
+	if sh.m == nil {
+		sh.m = make(map[uint64]pending)
+	}
+	if _, dup := sh.m[reqID]; dup {
+		s.inflight.Add(-1)
+		return wire.Errorf(wire.CodeProtocol, "request id %d is already in flight", reqID)
+	}
+	sh.m[reqID] = p
+	return nil
+}
+
+// take removes and returns the pending request reqID if match accepts it.
+func (s *Session) take(reqID uint64, match func(pending) bool) (pending, bool) {
+	sh := s.requests.lock(reqID)
+	defer sh.mu.Unlock()
+	p, ok := sh.m[reqID]
+	if !ok || (match != nil && !match(p)) {
+		return pending{}, false
+	}
+	delete(sh.m, reqID)
+	s.inflight.Add(-1)
+	return p, true
+}
+
 // sendOne sends f to one handler, reusing f as the delivered frame.
 func (s *Session) sendOne(f *wire.Frame, a *Attachment) error {
-	inf := &inflight{requester: s, reqID: f.Ref, remaining: 1}
-	inf.one[0].a = a
-	inf.targets = inf.one[:]
-	if err := s.register(inf); err != nil {
-		return err
-	}
 	h := a.s
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
-		s.unregister(inf)
+	id, ok := h.handling.put(slot{r: s, reqID: f.Ref, a: a}, f.Ref)
+	if !ok {
 		return wire.Errorf(wire.CodeHandlerGone, "the handler's connection closed")
 	}
-	id := h.handling.put(inf, 0)
-	h.mu.Unlock()
-	inf.targets[0].id = id
+	if err := s.register(f.Ref, pending{a: a, id: id}); err != nil {
+		h.handling.get(id, true)
+		return err
+	}
 	a.busy.Add(1)
 	h.stats.Delivered.Add(1)
 	f.Ref, f.Attach, f.Name = id, a.id, s.id
@@ -231,27 +335,29 @@ func (s *Session) send(f *wire.Frame, list []*Attachment) error {
 		return s.sendOne(f, list[0])
 	}
 	inf := &inflight{requester: s, reqID: f.Ref, remaining: len(list), targets: make([]target, len(list))}
-	if err := s.register(inf); err != nil {
+	if err := s.register(f.Ref, pending{inf: inf}); err != nil {
 		return err
 	}
 	for i, a := range list {
 		inf.targets[i].a = a
-		h := a.s
-		h.mu.Lock()
-		if h.closed {
-			h.mu.Unlock()
-			inf.fail(i, wire.CodeHandlerGone, "the handler's connection closed")
+		id, ok := a.s.handling.put(slot{r: s, reqID: f.Ref, a: a, inf: inf, idx: i}, f.Ref)
+		if !ok {
+			s.finish(inf, i, wire.CodeHandlerGone, "the handler's connection closed")
 			continue
 		}
-		inf.targets[i].id = h.handling.put(inf, i)
-		h.mu.Unlock()
+		sh := s.requests.lock(f.Ref)
+		inf.targets[i].id = id
+		sh.mu.Unlock()
 	}
 	for i, a := range list {
-		if inf.targets[i].id == 0 {
+		sh := s.requests.lock(f.Ref)
+		id := inf.targets[i].id
+		sh.mu.Unlock()
+		if id == 0 {
 			continue
 		}
 		g := f.Clone()
-		g.Ref, g.Attach, g.Name = inf.targets[i].id, a.id, s.id
+		g.Ref, g.Attach, g.Name = id, a.id, s.id
 		a.busy.Add(1)
 		a.s.stats.Delivered.Add(1)
 		a.s.sink.Deliver(g)
@@ -260,36 +366,11 @@ func (s *Session) send(f *wire.Frame, list []*Attachment) error {
 	return nil
 }
 
-func (s *Session) register(inf *inflight) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case s.closed:
-		return wire.Errorf(wire.CodeCancelled, "the requester's connection closed")
-	case len(s.requests) >= s.b.cfg.MaxInflight:
-		return wire.Errorf(wire.CodeLimit, "%d requests in flight on this connection, the limit", s.b.cfg.MaxInflight)
-	}
-	if _, dup := s.requests[inf.reqID]; dup {
-		return wire.Errorf(wire.CodeProtocol, "request id %d is already in flight", inf.reqID)
-	}
-	s.requests[inf.reqID] = inf
-	return nil
-}
-
-func (s *Session) unregister(inf *inflight) {
-	s.mu.Lock()
-	if s.requests[inf.reqID] == inf {
-		delete(s.requests, inf.reqID)
-	}
-	s.mu.Unlock()
-}
-
-// finish marks target idx done. It reports whether the target was still
-// live and whether it was the last one.
-func (inf *inflight) finish(idx int) (live, last bool) {
-	r := inf.requester
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// finishTarget marks target idx of a broadcast done. It reports whether
+// the target was still live and whether it was the last one.
+func (s *Session) finishTarget(inf *inflight, idx int) (live, last bool) {
+	sh := s.requests.lock(inf.reqID)
+	defer sh.mu.Unlock()
 	t := &inf.targets[idx]
 	if t.done {
 		return false, false
@@ -297,133 +378,164 @@ func (inf *inflight) finish(idx int) (live, last bool) {
 	t.done = true
 	inf.remaining--
 	if inf.remaining == 0 {
-		if r.requests[inf.reqID] == inf {
-			delete(r.requests, inf.reqID)
+		if p, ok := sh.m[inf.reqID]; ok && p.inf == inf {
+			delete(sh.m, inf.reqID)
+			s.inflight.Add(-1)
 		}
 		return true, true
 	}
 	return true, false
 }
 
-// fail ends target idx with an error response to the requester.
-func (inf *inflight) fail(idx int, code wire.Code, msg string) {
-	live, last := inf.finish(idx)
+// finish ends target idx of a broadcast with an error response.
+func (s *Session) finish(inf *inflight, idx int, code wire.Code, msg string) {
+	live, last := s.finishTarget(inf, idx)
 	if !live {
 		return
 	}
-	inf.targets[idx].a.busy.Add(-1)
+	s.sendFailure(inf.reqID, inf.targets[idx].a.member, last, code, msg)
+}
+
+func (s *Session) sendFailure(reqID uint64, from string, last bool, code wire.Code, msg string) {
 	f := wire.NewFrame(wire.TypeResponse)
 	f.Flags = wire.FlagError
 	if last {
 		f.Flags |= wire.FlagLast
 	}
-	f.Ref, f.Aux, f.Tag, f.Name = inf.reqID, uint64(code), msg, inf.targets[idx].a.member
-	inf.requester.sink.Deliver(f)
+	f.Ref, f.Aux, f.Tag, f.Name = reqID, uint64(code), msg, from
+	s.sink.Deliver(f)
 }
 
-// cancelTargets tells every handler still working on inf to stop.
-func (inf *inflight) cancelTargets(b *Broker) {
-	r := inf.requester
+// handlerGone fails a request whose handler went away.
+func (sl slot) handlerGone() {
+	sl.a.busy.Add(-1)
+	r := sl.r
+	const msg = "the handler's connection closed"
+	if sl.inf != nil {
+		r.finish(sl.inf, sl.idx, wire.CodeHandlerGone, msg)
+		return
+	}
+	if _, ok := r.take(sl.reqID, func(p pending) bool { return p.a == sl.a }); ok {
+		r.sendFailure(sl.reqID, sl.a.member, true, wire.CodeHandlerGone, msg)
+	}
+}
+
+// cancelPending tells the handlers of a request this session gave up on.
+func (s *Session) cancelPending(reqID uint64, p pending) {
+	if p.inf == nil {
+		cancelAt(p.a, p.id)
+		return
+	}
 	var live []target
-	r.mu.Lock()
-	for i := range inf.targets {
-		if !inf.targets[i].done {
-			inf.targets[i].done = true
-			live = append(live, inf.targets[i])
+	sh := s.requests.lock(reqID)
+	for i := range p.inf.targets {
+		if t := &p.inf.targets[i]; !t.done {
+			t.done = true
+			if t.id != 0 {
+				live = append(live, *t)
+			}
 		}
 	}
-	inf.remaining = 0
-	r.mu.Unlock()
+	p.inf.remaining = 0
+	sh.mu.Unlock()
 	for _, t := range live {
-		h := t.a.s
-		h.mu.Lock()
-		h.handling.remove(t.id)
-		h.mu.Unlock()
-		t.a.busy.Add(-1)
-		c := wire.NewFrame(wire.TypeCancel)
-		c.Ref, c.Attach = t.id, t.a.id
-		h.sink.Deliver(c)
+		cancelAt(t.a, t.id)
 	}
+}
+
+// cancelAt removes request id from a handler and tells it.
+func cancelAt(a *Attachment, id uint64) {
+	if _, ok := a.s.handling.get(id, true); !ok {
+		return
+	}
+	a.busy.Add(-1)
+	c := wire.NewFrame(wire.TypeCancel)
+	c.Ref, c.Attach = id, a.id
+	a.s.sink.Deliver(c)
 }
 
 // respond forwards a RESPONSE from a handler of this session.
 func (s *Session) respond(f *wire.Frame) {
 	final := f.Flags&wire.FlagChunk == 0
-	s.mu.Lock()
-	inf, idx := s.handling.get(f.Ref)
-	if inf != nil && final {
-		s.handling.remove(f.Ref)
-	}
-	s.mu.Unlock()
-	if inf == nil {
+	sl, ok := s.handling.get(f.Ref, final)
+	if !ok {
 		// Cancelled or timed out meanwhile: the requester is not waiting.
 		f.Release()
 		return
 	}
 	s.stats.Responses.Add(1)
-	t := inf.targets[idx]
+	r := sl.r
 	last := false
 	if final {
-		var live bool
-		if live, last = inf.finish(idx); !live {
-			f.Release()
-			return
+		sl.a.busy.Add(-1)
+		if sl.inf != nil {
+			var live bool
+			if live, last = r.finishTarget(sl.inf, sl.idx); !live {
+				f.Release()
+				return
+			}
+		} else {
+			id := f.Ref
+			if _, ok := r.take(sl.reqID, func(p pending) bool { return p.id == id && p.a == sl.a }); !ok {
+				f.Release()
+				return
+			}
+			last = true
 		}
-		t.a.busy.Add(-1)
 	}
-	f.Ref, f.Attach, f.Name = inf.reqID, 0, t.a.member
+	f.Ref, f.Attach, f.Name = sl.reqID, 0, sl.a.member
 	f.Flags &^= wire.FlagLast
 	if last {
 		f.Flags |= wire.FlagLast
 	}
-	inf.requester.sink.Deliver(f)
+	r.sink.Deliver(f)
 }
 
 // cancel handles a CANCEL from the requester.
 func (s *Session) cancel(reqID uint64) {
-	s.mu.Lock()
-	inf := s.requests[reqID]
-	delete(s.requests, reqID)
-	s.mu.Unlock()
-	if inf != nil {
-		inf.cancelTargets(s.b)
+	if p, ok := s.take(reqID, nil); ok {
+		s.cancelPending(reqID, p)
 	}
 }
 
 // ask forwards a handler's question to the requester. The token the
 // requester answers with encodes the target index and the handler's ask id.
 func (s *Session) ask(f *wire.Frame) {
-	s.mu.Lock()
-	inf, idx := s.handling.get(f.Ref)
-	s.mu.Unlock()
-	if inf == nil || f.Aux > 1<<32-1 {
+	sl, ok := s.handling.get(f.Ref, false)
+	if !ok || f.Aux > 1<<32-1 {
 		a := wire.NewFrame(wire.TypeAnswer)
-		a.Ref, a.Aux, a.Flags = f.Ref, f.Aux, wire.FlagError
+		a.Ref, a.Aux, a.Attach, a.Flags = f.Ref, f.Aux, f.Attach, wire.FlagError
 		a.Tag = "the request is no longer in flight"
 		f.Release()
 		s.sink.Deliver(a)
 		return
 	}
-	f.Aux = uint64(idx)<<32 | f.Aux
-	f.Ref, f.Attach, f.Name = inf.reqID, 0, inf.targets[idx].a.member
-	inf.requester.sink.Deliver(f)
+	f.Aux = uint64(sl.idx)<<32 | f.Aux
+	f.Ref, f.Attach, f.Name = sl.reqID, 0, sl.a.member
+	sl.r.sink.Deliver(f)
 }
 
 // answer forwards the requester's answer to the handler that asked.
 func (s *Session) answer(f *wire.Frame) {
 	idx := int(f.Aux >> 32)
-	s.mu.Lock()
-	inf := s.requests[f.Ref]
-	var t target
-	ok := inf != nil && idx < len(inf.targets) && !inf.targets[idx].done
-	if ok {
-		t = inf.targets[idx]
+	sh := s.requests.lock(f.Ref)
+	p, ok := sh.m[f.Ref]
+	var a *Attachment
+	var id uint64
+	switch {
+	case !ok:
+	case p.inf == nil:
+		a, id, ok = p.a, p.id, idx == 0
+	case idx < len(p.inf.targets) && !p.inf.targets[idx].done:
+		a, id = p.inf.targets[idx].a, p.inf.targets[idx].id
+	default:
+		ok = false
 	}
-	s.mu.Unlock()
+	sh.mu.Unlock()
 	if !ok {
 		f.Release()
 		return
 	}
-	f.Ref, f.Aux, f.Attach = t.id, f.Aux&(1<<32-1), t.a.id
-	t.a.s.sink.Deliver(f)
+	f.Ref, f.Aux, f.Attach = id, f.Aux&(1<<32-1), a.id
+	a.s.sink.Deliver(f)
 }

@@ -18,11 +18,13 @@ type Session struct {
 	name string
 	sink Sink
 
-	mu          sync.Mutex // guards attachments, requests, handling, closed
+	mu          sync.Mutex // guards attachments, closed
 	attachments map[uint32]*Attachment
-	requests    map[uint64]*inflight // requests this session made, by its ids
-	handling    slab                 // requests delivered to this session's handlers
 	closed      bool
+
+	requests requestTable // requests this session made, by its ids
+	handling slotTable    // requests delivered to this session's handlers
+	inflight atomic.Int64 // len(requests)
 
 	stats SessionStats
 }
@@ -238,13 +240,15 @@ func (s *Session) attach(f *wire.Frame) {
 		s.reply(f.Ref, jsonBody(wire.AttachResult{Member: a.member, Patterns: spec.Patterns}), nil)
 		return
 	}
-	// Reply before the membership events so that the client knows the
-	// attachment when its first event arrives.
-	s.reply(f.Ref, jsonBody(wire.AttachResult{Member: a.member}), nil)
+	// Join before the OK, so that once the client has its OK every request
+	// routed afterwards can reach the new handler. The client holds the
+	// events that arrive first until the OK.
 	if err := ex.join(a); err != nil {
 		s.forget(a)
-		a.detached(err.Error())
+		s.sendError(f.Ref, err)
+		return
 	}
+	s.reply(f.Ref, jsonBody(wire.AttachResult{Member: a.member}), nil)
 }
 
 // forget removes a from the session and the member index.
@@ -299,10 +303,9 @@ func (s *Session) Close() {
 	s.closed = true
 	atts := s.attachments
 	s.attachments = map[uint32]*Attachment{}
-	reqs := s.requests
-	s.requests = map[uint64]*inflight{}
-	handling := s.handling.drain()
 	s.mu.Unlock()
+	reqs := s.requests.drain()
+	handling := s.handling.drain()
 
 	s.b.mu.Lock()
 	delete(s.b.sessions, s.n)
@@ -315,10 +318,10 @@ func (s *Session) Close() {
 	for _, a := range atts {
 		s.drop(a)
 	}
-	for _, inf := range reqs {
-		inf.cancelTargets(s.b)
+	for id, p := range reqs {
+		s.cancelPending(id, p)
 	}
-	for _, h := range handling {
-		h.inf.fail(h.idx, wire.CodeHandlerGone, "the handler's connection closed")
+	for _, sl := range handling {
+		sl.handlerGone()
 	}
 }

@@ -1,0 +1,68 @@
+package node
+
+import (
+	"context"
+	"testing"
+
+	"github.com/courier-mq/courier"
+)
+
+// benchPingPong starts a node with one handler answering pong on its own
+// connection (and so its own goroutine, as an independent service would
+// be) and returns the requester's exchange.
+func benchPingPong(b *testing.B) *courier.ReqResp {
+	n, err := Start(Config{DataDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { n.Close() })
+	ctx := context.Background()
+	h := n.Connect()
+	hx, err := h.ReqResp(ctx, "ping", courier.RoundRobin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pong := []byte("pong")
+	if _, err := hx.Handle(ctx, func(r *courier.Request) { r.Reply(pong) }); err != nil {
+		b.Fatal(err)
+	}
+	ex, err := n.Connect().ReqResp(ctx, "ping")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ex
+}
+
+// BenchmarkRequestSequential measures embedded request-response cycles
+// from one requester goroutine.
+func BenchmarkRequestSequential(b *testing.B) {
+	ex := benchPingPong(b)
+	ctx := context.Background()
+	msg := courier.Message{Body: []byte("ping")}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ex.Request(ctx, msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
+}
+
+// BenchmarkRequestParallel10 measures cycles with 10 requester goroutines
+// sharing one handler.
+func BenchmarkRequestParallel10(b *testing.B) {
+	ex := benchPingPong(b)
+	ctx := context.Background()
+	msg := courier.Message{Body: []byte("ping")}
+	b.ReportAllocs()
+	b.SetParallelism(5) // × GOMAXPROCS 2 = 10 goroutines
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := ex.Request(ctx, msg); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
+}
