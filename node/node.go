@@ -10,8 +10,8 @@ package node
 import (
 	"context"
 	"fmt"
-	"net"
 	"log/slog"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"

@@ -67,9 +67,9 @@ type Broker struct {
 	// exchanges maps names to *Exchange; reads take no lock, writes hold mu.
 	exchanges sync.Map
 
-	mu        sync.RWMutex // guards members, sessions, and exchange writes
-	members   map[string]*Attachment // by member id
-	sessions  map[uint64]*Session
+	mu       sync.RWMutex           // guards members, sessions, and exchange writes
+	members  map[string]*Attachment // by member id
+	sessions map[uint64]*Session
 
 	nextSession atomic.Uint64
 	nextSubReq  atomic.Uint64
@@ -79,10 +79,10 @@ type Broker struct {
 func New(cfg Config) *Broker {
 	cfg.setDefaults()
 	return &Broker{
-		cfg:       cfg,
-		log:       cfg.Log,
-		members:   make(map[string]*Attachment),
-		sessions:  make(map[uint64]*Session),
+		cfg:      cfg,
+		log:      cfg.Log,
+		members:  make(map[string]*Attachment),
+		sessions: make(map[uint64]*Session),
 	}
 }
 
