@@ -1,0 +1,226 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/client"
+	"github.com/courier-mq/courier/node"
+)
+
+// courierDriver runs scenarios on an embedded node or over TCP against a
+// Courier server; the scenario code is the same, only the Conns differ.
+type courierDriver struct {
+	cfg     *Config
+	node    *node.Node // nil for a server
+	tempDir string     // the embedded node's, removed at close
+
+	mu      sync.Mutex // guards conns, reqConn, rr, pong, ps, asyncErr
+	conns   []*courier.Conn
+	reqConn *courier.Conn
+	rr      *courier.ReqResp
+	pong    []byte
+	ps      string // the pub-sub exchange's name, once declared
+	async   []string
+}
+
+var _ driver = (*courierDriver)(nil)
+
+func newCourierDriver(ctx context.Context, cfg *Config) (*courierDriver, error) {
+	d := &courierDriver{cfg: cfg}
+	if cfg.Target.Kind != KindEmbedded {
+		return d, nil
+	}
+	dir := cfg.DataDir
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "courier-bench-"); err != nil {
+			return nil, fmt.Errorf("bench: embedded node: %w", err)
+		}
+		d.tempDir = dir
+	}
+	n, err := node.Start(node.Config{Name: "bench", DataDir: dir, Log: cfg.Log})
+	if err != nil {
+		d.close()
+		return nil, fmt.Errorf("bench: embedded node: %w", err)
+	}
+	d.node = n
+	return d, nil
+}
+
+// connect opens a Conn: in-process for an embedded node, else over TCP.
+func (d *courierDriver) connect(ctx context.Context, name string) (*courier.Conn, error) {
+	var c *courier.Conn
+	if d.node != nil {
+		c = d.node.Connect()
+	} else {
+		var err error
+		c, err = client.Dial(ctx, d.cfg.Target.URL, client.Options{Name: name, Log: d.cfg.Log})
+		if err != nil {
+			return nil, fmt.Errorf("bench: connect to %s: %w", redact(d.cfg.Target.URL), err)
+		}
+	}
+	c.OnError(func(err error) {
+		d.mu.Lock()
+		if len(d.async) < 10 {
+			d.async = append(d.async, fmt.Sprintf("%s: %v", name, err))
+		}
+		d.mu.Unlock()
+	})
+	d.mu.Lock()
+	d.conns = append(d.conns, c)
+	d.mu.Unlock()
+	return c, nil
+}
+
+func (d *courierDriver) serve(ctx context.Context, pong []byte) error {
+	hc, err := d.connect(ctx, "bench-handler")
+	if err != nil {
+		return err
+	}
+	name := names("reqresp")
+	rr, err := hc.ReqResp(ctx, name, courier.RoundRobin)
+	if err != nil {
+		return fmt.Errorf("bench: declare %s: %w", name, err)
+	}
+	// The handler runs on its attachment's goroutine, one request at a
+	// time, and answers at once.
+	if _, err := rr.Handle(ctx, func(r *courier.Request) { r.Reply(pong) }); err != nil {
+		return fmt.Errorf("bench: attach handler: %w", err)
+	}
+	// One connection for all requesters.
+	rc, err := d.connect(ctx, "bench-requesters")
+	if err != nil {
+		return err
+	}
+	rrq, err := rc.ReqResp(ctx, name, courier.RoundRobin)
+	if err != nil {
+		return fmt.Errorf("bench: open %s: %w", name, err)
+	}
+	d.mu.Lock()
+	d.reqConn, d.rr, d.pong = rc, rrq, pong
+	d.mu.Unlock()
+	return nil
+}
+
+type courierRequester struct {
+	rr   *courier.ReqResp
+	pong []byte
+}
+
+func (d *courierDriver) requester(ctx context.Context) (requester, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.rr == nil {
+		return nil, errors.New("bench: requester before serve")
+	}
+	return &courierRequester{rr: d.rr, pong: d.pong}, nil
+}
+
+func (r *courierRequester) request(ctx context.Context, body []byte) error {
+	resp, err := r.rr.Request(ctx, courier.Message{Body: body})
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(resp.Body, r.pong) {
+		return fmt.Errorf("bench: unexpected response %.20q", resp.Body)
+	}
+	return nil
+}
+
+func (r *courierRequester) close() error { return nil }
+
+func (d *courierDriver) subscribe(ctx context.Context, n int, fn func(int, []byte)) error {
+	name := names("pubsub")
+	for i := range n {
+		c, err := d.connect(ctx, fmt.Sprintf("bench-sub-%d", i))
+		if err != nil {
+			return err
+		}
+		ps, err := c.PubSub(ctx, name)
+		if err != nil {
+			return fmt.Errorf("bench: declare %s: %w", name, err)
+		}
+		if _, err := ps.Subscribe(ctx, "bench", func(m *courier.Delivery) { fn(i, m.Body) }); err != nil {
+			return fmt.Errorf("bench: subscribe: %w", err)
+		}
+	}
+	d.mu.Lock()
+	d.ps = name
+	d.mu.Unlock()
+	return nil
+}
+
+type courierPublisher struct {
+	ps *courier.PubSub
+}
+
+func (d *courierDriver) publisher(ctx context.Context) (publisher, error) {
+	d.mu.Lock()
+	name := d.ps
+	d.mu.Unlock()
+	if name == "" {
+		name = names("pubsub")
+	}
+	c, err := d.connect(ctx, "bench-publisher")
+	if err != nil {
+		return nil, err
+	}
+	ps, err := c.PubSub(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("bench: declare %s: %w", name, err)
+	}
+	return &courierPublisher{ps: ps}, nil
+}
+
+func (p *courierPublisher) publish(ctx context.Context, body []byte) error {
+	return p.ps.Publish(ctx, "bench", body)
+}
+
+// flush waits for a routed round trip, under a key no subscriber
+// matches: the broker handles one connection's frames in order, so
+// everything published before has been routed when it returns.
+func (p *courierPublisher) flush(ctx context.Context) error {
+	return p.ps.PublishSync(ctx, courier.Message{Key: "bench.flush"})
+}
+
+func (d *courierDriver) notes() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for _, e := range d.async {
+		out = append(out, "asynchronous error: "+e)
+	}
+	return out
+}
+
+func (d *courierDriver) close() error {
+	d.mu.Lock()
+	conns := d.conns
+	d.conns = nil
+	d.mu.Unlock()
+	// Leave no exchanges behind on a server.
+	if len(conns) > 0 && d.node == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		for _, name := range []string{names("reqresp"), names("pubsub")} {
+			conns[0].DeleteExchange(ctx, name)
+		}
+		cancel()
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	if d.node != nil {
+		d.node.Close()
+	}
+	if d.tempDir != "" {
+		os.RemoveAll(d.tempDir)
+	}
+	return nil
+}

@@ -1,0 +1,177 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// natsDriver runs scenarios on NATS core: request-reply with
+// Subscribe + Msg.Respond and Conn.Request, pub-sub on a plain subject.
+// Core NATS is at-most-once: a subscriber that falls behind loses
+// messages (client pending limits, or the server cutting a slow consumer).
+type natsDriver struct {
+	cfg *Config
+
+	mu      sync.Mutex // guards conns, reqConn, pong, events
+	conns   []*nats.Conn
+	reqConn *nats.Conn
+	pong    []byte
+	events  map[string]int // errors and disconnects seen, by text
+}
+
+var _ driver = (*natsDriver)(nil)
+
+func newNATSDriver(cfg *Config) *natsDriver {
+	return &natsDriver{cfg: cfg, events: map[string]int{}}
+}
+
+func (d *natsDriver) event(what string) {
+	d.mu.Lock()
+	d.events[what]++
+	d.mu.Unlock()
+}
+
+func (d *natsDriver) connect(name string) (*nats.Conn, error) {
+	nc, err := nats.Connect(d.cfg.Target.URL,
+		nats.Name(name),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			d.event(name + ": " + err.Error())
+		}),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				d.event(name + ": disconnected: " + err.Error())
+			}
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("bench: connect to %s: %w", redact(d.cfg.Target.URL), err)
+	}
+	d.mu.Lock()
+	d.conns = append(d.conns, nc)
+	d.mu.Unlock()
+	return nc, nil
+}
+
+func (d *natsDriver) serve(ctx context.Context, pong []byte) error {
+	hc, err := d.connect("bench-handler")
+	if err != nil {
+		return err
+	}
+	if _, err := hc.Subscribe(names("reqresp"), func(m *nats.Msg) { m.Respond(pong) }); err != nil {
+		return fmt.Errorf("bench: subscribe handler: %w", err)
+	}
+	// The subscription is in place once the server answered a PING.
+	if err := hc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("bench: flush: %w", err)
+	}
+	rc, err := d.connect("bench-requesters")
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.reqConn, d.pong = rc, pong
+	d.mu.Unlock()
+	return nil
+}
+
+type natsRequester struct {
+	nc      *nats.Conn
+	subject string
+	pong    []byte
+}
+
+func (d *natsDriver) requester(ctx context.Context) (requester, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.reqConn == nil {
+		return nil, errors.New("bench: requester before serve")
+	}
+	return &natsRequester{nc: d.reqConn, subject: names("reqresp"), pong: d.pong}, nil
+}
+
+func (r *natsRequester) request(ctx context.Context, body []byte) error {
+	m, err := r.nc.RequestWithContext(ctx, r.subject, body)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(m.Data, r.pong) {
+		return fmt.Errorf("bench: unexpected response %.20q", m.Data)
+	}
+	return nil
+}
+
+func (r *natsRequester) close() error { return nil }
+
+func (d *natsDriver) subscribe(ctx context.Context, n int, fn func(int, []byte)) error {
+	subject := names("pubsub")
+	for i := range n {
+		nc, err := d.connect(fmt.Sprintf("bench-sub-%d", i))
+		if err != nil {
+			return err
+		}
+		sub, err := nc.Subscribe(subject, func(m *nats.Msg) { fn(i, m.Data) })
+		if err != nil {
+			return fmt.Errorf("bench: subscribe: %w", err)
+		}
+		// Generous client-side limits (the defaults are 512Ki messages and
+		// 64 MiB): a subscriber that falls behind then loses messages only
+		// where the server cuts it off.
+		if err := sub.SetPendingLimits(10_000_000, 2<<30); err != nil {
+			return fmt.Errorf("bench: pending limits: %w", err)
+		}
+		if err := nc.FlushWithContext(ctx); err != nil {
+			return fmt.Errorf("bench: flush: %w", err)
+		}
+	}
+	return nil
+}
+
+type natsPublisher struct {
+	nc      *nats.Conn
+	subject string
+}
+
+func (d *natsDriver) publisher(ctx context.Context) (publisher, error) {
+	nc, err := d.connect("bench-publisher")
+	if err != nil {
+		return nil, err
+	}
+	return &natsPublisher{nc: nc, subject: names("pubsub")}, nil
+}
+
+func (p *natsPublisher) publish(ctx context.Context, body []byte) error {
+	return p.nc.Publish(p.subject, body)
+}
+
+func (p *natsPublisher) flush(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return p.nc.FlushWithContext(ctx)
+}
+
+func (d *natsDriver) notes() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for what, n := range d.events {
+		out = append(out, fmt.Sprintf("%dx %s", n, what))
+	}
+	return out
+}
+
+func (d *natsDriver) close() error {
+	d.mu.Lock()
+	conns := d.conns
+	d.conns = nil
+	d.mu.Unlock()
+	for _, nc := range conns {
+		nc.Close()
+	}
+	return nil
+}
