@@ -196,7 +196,7 @@ func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg att
 		c.mu.Unlock()
 		return nil, c.err
 	}
-	c.atts[a.id] = a
+	c.atts.Store(a.id, a)
 	c.mu.Unlock()
 	go a.run()
 
@@ -206,9 +206,7 @@ func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg att
 	var res wire.AttachResult
 	err := c.roundTrip(ctx, f, &res)
 	if err != nil {
-		c.mu.Lock()
-		delete(c.atts, a.id)
-		c.mu.Unlock()
+		c.atts.Delete(a.id)
 		a.stop(err)
 	} else {
 		a.mu.Lock()
@@ -232,9 +230,7 @@ func (a *Attachment) Detach(ctx context.Context) error {
 	f := wire.NewFrame(wire.TypeDetach)
 	f.Attach = a.id
 	err := a.c.roundTrip(ctx, f, nil)
-	a.c.mu.Lock()
-	delete(a.c.atts, a.id)
-	a.c.mu.Unlock()
+	a.c.atts.Delete(a.id)
 	a.stop(fmt.Errorf("courier: attachment %s detached", a.member))
 	return err
 }
@@ -289,7 +285,11 @@ func (a *Attachment) stop(err error) {
 	for _, r := range active {
 		r.cancelCtx()
 	}
-	a.in.close()
+	// Requests still queued get an answer, so no requester waits for a
+	// handler that is gone.
+	for _, f := range a.in.close() {
+		a.c.orphan(f)
+	}
 }
 
 // run is the attachment's goroutine: it takes frames in batches and calls
@@ -357,9 +357,7 @@ func (a *Attachment) event(f *wire.Frame) {
 	ev.IsLeader = a.leads()
 	a.mu.Unlock()
 	if ev.Kind == EventDetached {
-		a.c.mu.Lock()
-		delete(a.c.atts, a.id)
-		a.c.mu.Unlock()
+		a.c.atts.Delete(a.id)
 		defer a.stop(fmt.Errorf("courier: attachment detached: %s", ev.Reason))
 	}
 	if a.cfg.onEvent != nil {
@@ -456,22 +454,21 @@ func (b *inbox) take(buf []*wire.Frame) []*wire.Frame {
 	}
 }
 
-func (b *inbox) close() {
+// close ends the inbox and returns the frames still queued.
+func (b *inbox) close() []*wire.Frame {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return
+		return nil
 	}
 	b.closed = true
 	q := b.q
 	b.q = nil
 	close(b.room)
 	b.mu.Unlock()
-	for _, f := range q {
-		f.Release()
-	}
 	select {
 	case b.wake <- struct{}{}:
 	default:
 	}
+	return q
 }

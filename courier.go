@@ -55,9 +55,10 @@ type Conn struct {
 	nextRef    atomic.Uint64
 	nextAttach atomic.Uint32
 
-	mu     sync.Mutex // guards calls, atts, err
-	calls  map[uint64]*call
-	atts   map[uint32]*Attachment
+	calls callTable
+	atts  sync.Map // attachment id → *Attachment
+
+	mu     sync.Mutex // guards err
 	err    error
 	closed chan struct{}
 
@@ -81,8 +82,6 @@ func NewConn(t Transport, opts ConnOptions) *Conn {
 	}
 	c := &Conn{
 		t: t, id: opts.ID, log: opts.Log,
-		calls:  make(map[uint64]*call),
-		atts:   make(map[uint32]*Attachment),
 		closed: make(chan struct{}),
 	}
 	t.Start(c.receive)
@@ -130,18 +129,22 @@ func (c *Conn) shutdown(err error) {
 		return
 	}
 	c.err = err
-	calls := c.calls
-	c.calls = map[uint64]*call{}
-	atts := c.atts
-	c.atts = map[uint32]*Attachment{}
 	close(c.closed)
 	c.mu.Unlock()
-	for _, cl := range calls {
-		cl.push(nil)
+	c.calls.close()
+	c.atts.Range(func(id, a any) bool {
+		c.atts.Delete(id)
+		a.(*Attachment).stop(err)
+		return true
+	})
+}
+
+// attachment returns the attachment id, or nil.
+func (c *Conn) attachment(id uint32) *Attachment {
+	if a, ok := c.atts.Load(id); ok {
+		return a.(*Attachment)
 	}
-	for _, a := range atts {
-		a.stop(err)
-	}
+	return nil
 }
 
 func (c *Conn) report(err error) {
@@ -176,19 +179,14 @@ func (c *Conn) receive(f *wire.Frame) {
 		f.Release()
 		c.report(err)
 	case wire.TypeRequest, wire.TypeMessage, wire.TypeEvent, wire.TypeSubRequest:
-		c.mu.Lock()
-		a := c.atts[f.Attach]
-		c.mu.Unlock()
+		a := c.attachment(f.Attach)
 		if a == nil {
 			c.orphan(f)
 			return
 		}
 		a.in.push(f, f.Type == wire.TypeRequest || f.Type == wire.TypeMessage)
 	case wire.TypeCancel, wire.TypeAnswer:
-		c.mu.Lock()
-		a := c.atts[f.Attach]
-		c.mu.Unlock()
-		if a != nil {
+		if a := c.attachment(f.Attach); a != nil {
 			a.inline(f)
 		} else {
 			f.Release()
@@ -210,25 +208,61 @@ func (c *Conn) orphan(f *wire.Frame) {
 
 // toCall routes a frame to the call waiting on its Ref.
 func (c *Conn) toCall(f *wire.Frame) bool {
-	c.mu.Lock()
-	cl := c.calls[f.Ref]
+	sh := c.calls.lock(f.Ref)
+	cl := sh.m[f.Ref]
 	if cl == nil {
-		c.mu.Unlock()
+		sh.mu.Unlock()
 		f.Release()
 		return false
 	}
-	done := f.Type != wire.TypeAsk && (f.Type != wire.TypeResponse || f.Flags&wire.FlagLast != 0)
-	if done {
-		delete(c.calls, f.Ref)
-	}
 	if f.Type == wire.TypeAsk {
-		c.mu.Unlock()
+		sh.mu.Unlock()
 		go c.answer(cl, f)
 		return true
 	}
+	if f.Type != wire.TypeResponse || f.Flags&wire.FlagLast != 0 {
+		delete(sh.m, f.Ref)
+	}
 	cl.push(f)
-	c.mu.Unlock()
+	sh.mu.Unlock()
 	return true
+}
+
+const callShards = 8 // power of two
+
+// callTable holds the calls in flight by Ref, sharded so that many
+// goroutines of one Conn do not queue on one lock. A call is touched by
+// the receiving side only under its shard's lock, and only while it is
+// in the table; whoever removes it owns it.
+type callTable struct {
+	shard [callShards]callShard
+}
+
+type callShard struct {
+	mu     sync.Mutex // guards m, closed
+	m      map[uint64]*call
+	closed bool
+	_      [40]byte
+}
+
+func (t *callTable) lock(ref uint64) *callShard {
+	sh := &t.shard[ref&(callShards-1)]
+	sh.mu.Lock()
+	return sh
+}
+
+// close fails every call in flight and refuses new ones.
+func (t *callTable) close() {
+	for i := range t.shard {
+		sh := &t.shard[i]
+		sh.mu.Lock()
+		sh.closed = true
+		for ref, cl := range sh.m {
+			delete(sh.m, ref)
+			cl.push(nil)
+		}
+		sh.mu.Unlock()
+	}
 }
 
 // call is one operation waiting for frames with its Ref.
@@ -266,21 +300,25 @@ func (cl *call) push(f *wire.Frame) {
 
 // register adds cl to the calls in flight; it fails once the Conn closed.
 func (c *Conn) register(cl *call) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err != nil {
-		return c.err
+	sh := c.calls.lock(cl.ref)
+	if sh.closed {
+		sh.mu.Unlock()
+		return c.Err()
 	}
-	c.calls[cl.ref] = cl
+	if sh.m == nil {
+		sh.m = make(map[uint64]*call)
+	}
+	sh.m[cl.ref] = cl
+	sh.mu.Unlock()
 	return nil
 }
 
 // unregister removes cl; it reports whether cl was still registered.
 func (c *Conn) unregister(cl *call) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.calls[cl.ref] == cl {
-		delete(c.calls, cl.ref)
+	sh := c.calls.lock(cl.ref)
+	defer sh.mu.Unlock()
+	if sh.m[cl.ref] == cl {
+		delete(sh.m, cl.ref)
 		return true
 	}
 	return false
@@ -306,9 +344,14 @@ func (c *Conn) next(ctx context.Context, cl *call) (*wire.Frame, error) {
 		if closed {
 			return nil, c.Err()
 		}
+		done := ctx.Done()
+		if done == nil {
+			<-cl.ready
+			continue
+		}
 		select {
 		case <-cl.ready:
-		case <-ctx.Done():
+		case <-done:
 			return nil, ctx.Err()
 		}
 	}
