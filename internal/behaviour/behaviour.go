@@ -56,6 +56,7 @@ func Run(t *testing.T, newConn func(t *testing.T) *courier.Conn) {
 	t.Run("Stream", s.testStream)
 	t.Run("Ask", s.testAsk)
 	t.Run("HandlerPanic", s.testHandlerPanic)
+	t.Run("HandlerGone", s.testHandlerGone)
 	t.Run("PubSub", s.testPubSub)
 	t.Run("Inverted", s.testInverted)
 	t.Run("Leader", s.testLeader)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -510,4 +512,115 @@ func (s *suite) testHandlerPanic(t *testing.T) {
 		t.Fatalf("the attachment ended after panics: %v", h.Err())
 	default:
 	}
+}
+
+// testHandlerGone checks that a request whose handler goes away fails
+// with ErrHandlerGone instead of waiting for its deadline.
+func (s *suite) testHandlerGone(t *testing.T) {
+	held := func(e *env, name string) (*courier.Conn, *courier.Attachment, chan *courier.Request) {
+		c := e.conn()
+		ex, err := c.ReqResp(e.ctx, name)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		ch := make(chan *courier.Request, 1)
+		a, err := ex.Handle(e.ctx, func(r *courier.Request) { ch <- r })
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		return c, a, ch
+	}
+	for _, how := range []string{"Detach", "ConnClose", "ExchangeDeleted"} {
+		t.Run(how, func(t *testing.T) {
+			e := s.env(t)
+			ex := e.reqresp(courier.RoundRobin)
+			c, a, ch := held(e, ex.Name())
+			errc := make(chan error, 1)
+			go func() {
+				_, err := ex.Request(e.ctx, courier.Message{}) // deadline far off
+				errc <- err
+			}()
+			testutil.Recv(t, ch, wait)
+			switch how {
+			case "Detach":
+				if err := a.Detach(e.ctx); err != nil {
+					t.Fatal(err)
+				}
+			case "ConnClose":
+				c.Close()
+			case "ExchangeDeleted":
+				if err := e.c.DeleteExchange(e.ctx, ex.Name()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case err := <-errc:
+				mustErr(t, err, courier.ErrHandlerGone, "request whose handler left")
+			case <-time.After(wait):
+				t.Fatalf("the request still waits %v after its handler left (%s)", wait, how)
+			}
+		})
+	}
+	t.Run("Churn", func(t *testing.T) {
+		// Handlers come and go while requests flow: every request ends,
+		// answered or with ErrHandlerGone, none waits for its deadline.
+		e := s.env(t)
+		ex := e.reqresp(courier.RoundRobin)
+		stay := e.handle(ex.Name(), whoami)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		errs := make(chan error, 16)
+		var answered, gone atomic.Int64
+		for range 8 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					ctx, cancel := context.WithTimeout(e.ctx, wait)
+					_, err := ex.Request(ctx, courier.Message{})
+					cancel()
+					switch {
+					case err == nil:
+						answered.Add(1)
+					case errors.Is(err, courier.ErrHandlerGone):
+						gone.Add(1)
+					default:
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		for i := range 30 {
+			c := e.conn()
+			rx, err := c.ReqResp(e.ctx, ex.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := rx.Handle(e.ctx, whoami)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := answered.Load()
+			testutil.WaitFor(t, wait, func() bool { return answered.Load() > n+10 })
+			if i%2 == 0 {
+				c.Close()
+			} else if err := a.Detach(e.ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		close(stop)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("request during churn: %v", err)
+		}
+		if stay.Err() != nil {
+			t.Fatalf("the staying handler ended: %v", stay.Err())
+		}
+		t.Logf("%d answered, %d handler gone", answered.Load(), gone.Load())
+	})
 }

@@ -324,5 +324,10 @@ func (ex *Exchange) close() {
 	for _, a := range append(members, subs...) {
 		a.s.forget(a)
 		a.detached(fmt.Sprintf("exchange %q was deleted", ex.name))
+		if a.role == wire.RoleHandler {
+			for _, sl := range a.s.handling.takeAttachment(a) {
+				sl.handlerGone(fmt.Sprintf("exchange %q was deleted", ex.name))
+			}
+		}
 	}
 }

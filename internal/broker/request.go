@@ -139,6 +139,24 @@ func (t *slotTable) get(id uint64, remove bool) (slot, bool) {
 	return sl, true
 }
 
+// takeAttachment removes and returns the live slots of attachment a.
+func (t *slotTable) takeAttachment(a *Attachment) []slot {
+	var out []slot
+	for si := range t.shard {
+		sh := &t.shard[si]
+		sh.mu.Lock()
+		for i := range sh.slots {
+			if sl := sh.slots[i]; sl.a == a {
+				out = append(out, sl)
+				sh.slots[i] = slot{gen: sl.gen}
+				sh.free = append(sh.free, uint32(i))
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}
+
 // drain closes the table and returns every live slot.
 func (t *slotTable) drain() []slot {
 	var out []slot
@@ -318,11 +336,23 @@ func (s *Session) sendOne(f *wire.Frame, a *Attachment) error {
 	if !ok {
 		return wire.Errorf(wire.CodeHandlerGone, "the handler's connection closed")
 	}
+	a.busy.Add(1)
 	if err := s.register(f.Ref, pending{a: a, id: id}); err != nil {
-		h.handling.get(id, true)
+		if _, ok := h.handling.get(id, true); ok {
+			a.busy.Add(-1)
+		}
 		return err
 	}
-	a.busy.Add(1)
+	if _, live := h.handling.get(id, false); !live {
+		// The handler went away between put and register, so whoever
+		// took the slot could not find the request to fail it; unless a
+		// CANCEL took it meanwhile, that is left to us.
+		if _, ok := s.take(f.Ref, func(p pending) bool { return p.id == id && p.a == a }); ok {
+			return wire.Errorf(wire.CodeHandlerGone, "the handler left")
+		}
+		f.Release()
+		return nil
+	}
 	h.stats.Delivered.Add(1)
 	f.Ref, f.Attach, f.Name = id, a.id, s.id
 	h.sink.Deliver(f)
@@ -407,10 +437,9 @@ func (s *Session) sendFailure(reqID uint64, from string, last bool, code wire.Co
 }
 
 // handlerGone fails a request whose handler went away.
-func (sl slot) handlerGone() {
+func (sl slot) handlerGone(msg string) {
 	sl.a.busy.Add(-1)
 	r := sl.r
-	const msg = "the handler's connection closed"
 	if sl.inf != nil {
 		r.finish(sl.inf, sl.idx, wire.CodeHandlerGone, msg)
 		return

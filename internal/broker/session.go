@@ -283,6 +283,12 @@ func (s *Session) drop(a *Attachment) {
 	if a.ex.isMemberRole(a.role) {
 		a.ex.leave(a)
 	}
+	if a.role == wire.RoleHandler {
+		// Requests it was serving will get no answer.
+		for _, sl := range s.handling.takeAttachment(a) {
+			sl.handlerGone("the handler detached")
+		}
+	}
 	if a.role == wire.RoleSubscriber {
 		a.ex.removeAll(a)
 	}
@@ -322,6 +328,6 @@ func (s *Session) Close() {
 		s.cancelPending(id, p)
 	}
 	for _, sl := range handling {
-		sl.handlerGone()
+		sl.handlerGone("the handler's connection closed")
 	}
 }
