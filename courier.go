@@ -163,6 +163,10 @@ func (c *Conn) send(f *wire.Frame) error {
 		return c.Err()
 	default:
 	}
+	if err := f.Check(); err != nil {
+		f.Release()
+		return fmt.Errorf("courier: %w", err)
+	}
 	return c.t.Send(f)
 }
 

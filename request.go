@@ -292,8 +292,13 @@ type HandlerFunc func(r *Request)
 // Request is a request being served by a handler.
 type Request struct {
 	a         *Attachment
-	f         *wire.Frame
 	id        uint64
+	key       string
+	header    map[string]string
+	body      []byte
+	tag       string
+	from      string
+	timeout   uint64 // ms, 0 for none
 	arrived   time.Time
 	finished  atomic.Bool
 	cancelled atomic.Bool
@@ -306,29 +311,29 @@ type Request struct {
 }
 
 // Body returns the request's payload.
-func (r *Request) Body() []byte { return r.f.Body }
+func (r *Request) Body() []byte { return r.body }
 
 // Key returns the request's key.
-func (r *Request) Key() string { return r.f.Key }
+func (r *Request) Key() string { return r.key }
 
 // Header returns the request's headers (nil if none).
-func (r *Request) Header() map[string]string { return r.f.Header }
+func (r *Request) Header() map[string]string { return r.header }
 
 // ServiceTag returns the service tag the request named, if any.
-func (r *Request) ServiceTag() string { return r.f.Tag }
+func (r *Request) ServiceTag() string { return r.tag }
 
 // From returns the connection id of the requester.
-func (r *Request) From() string { return r.f.Name }
+func (r *Request) From() string { return r.from }
 
 // Attachment returns the attachment the request came through.
 func (r *Request) Attachment() *Attachment { return r.a }
 
 // Deadline returns the request's deadline, if it has one.
 func (r *Request) Deadline() (time.Time, bool) {
-	if r.f.Aux == 0 {
+	if r.timeout == 0 {
 		return time.Time{}, false
 	}
-	return r.arrived.Add(time.Duration(r.f.Aux) * time.Millisecond), true
+	return r.arrived.Add(time.Duration(r.timeout) * time.Millisecond), true
 }
 
 // Context returns a context that ends when the request's deadline passes
@@ -433,7 +438,7 @@ func (r *Request) Ask(ctx context.Context, question []byte) ([]byte, error) {
 	r.asks[id] = ch
 	r.mu.Unlock()
 	f := wire.NewFrame(wire.TypeAsk)
-	f.Ref, f.Aux, f.Body = r.id, id, question
+	f.Ref, f.Attach, f.Aux, f.Body = r.id, r.a.id, id, question
 	if err := r.a.c.send(f); err != nil {
 		return nil, err
 	}
@@ -469,10 +474,11 @@ func (r *Request) answer(f *wire.Frame) {
 
 // serve runs the handler for a delivered REQUEST.
 func (a *Attachment) serve(f *wire.Frame) {
-	r := &Request{a: a, f: f, id: f.Ref}
+	r := &Request{a: a, id: f.Ref, key: f.Key, header: f.Header, body: f.Body, tag: f.Tag, from: f.Name, timeout: f.Aux}
 	if f.Aux != 0 {
 		r.arrived = time.Now()
 	}
+	f.Release()
 	a.mu.Lock()
 	a.active[r.id] = r
 	a.mu.Unlock()

@@ -296,9 +296,15 @@ func (r *Reader) fill(n int) error {
 		r.end = copy(r.buf, r.buf[r.start:r.end])
 		r.start = 0
 	}
-	for r.end-r.start < n {
+	for empty := 0; r.end-r.start < n; {
 		m, err := r.r.Read(r.buf[r.end:])
 		r.end += m
+		if m == 0 && err == nil {
+			if empty++; empty == 100 {
+				return io.ErrNoProgress
+			}
+			continue
+		}
 		if err != nil {
 			if r.end-r.start >= n {
 				return nil
@@ -315,6 +321,33 @@ func (r *Reader) fill(n int) error {
 		r.end = copy(nb, r.buf[r.start:r.end])
 		r.start = 0
 		r.buf = nb
+	}
+	return nil
+}
+
+// Check reports whether f would decode on the other side: a known type
+// and flags, UTF-8 strings and at most [MaxHeaders] headers. Senders call
+// it so that a bad frame fails where it was made, not at the peer, where
+// it would close the connection.
+func (f *Frame) Check() error {
+	switch {
+	case !f.Type.Valid():
+		return fmt.Errorf("%w: unknown frame type 0x%02x", ErrMalformed, byte(f.Type))
+	case f.Flags&^allFlags != 0:
+		return fmt.Errorf("%w: %s: unknown flags 0x%02x", ErrMalformed, f.Type, byte(f.Flags))
+	case !utf8.ValidString(f.Name):
+		return fmt.Errorf("%w: %s: name is not UTF-8", ErrMalformed, f.Type)
+	case !utf8.ValidString(f.Key):
+		return fmt.Errorf("%w: %s: key is not UTF-8", ErrMalformed, f.Type)
+	case !utf8.ValidString(f.Tag):
+		return fmt.Errorf("%w: %s: tag is not UTF-8", ErrMalformed, f.Type)
+	case len(f.Header) > MaxHeaders:
+		return fmt.Errorf("%w: %s: %d headers, limit %d", ErrMalformed, f.Type, len(f.Header), MaxHeaders)
+	}
+	for k, v := range f.Header {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return fmt.Errorf("%w: %s: header %q is not UTF-8", ErrMalformed, f.Type, k)
+		}
 	}
 	return nil
 }

@@ -35,7 +35,7 @@ func (s *Session) publish(f *wire.Frame) {
 		if i != last {
 			g = f.Clone()
 		}
-		g.Type, g.Flags, g.Ref, g.Attach, g.Name = wire.TypeMessage, 0, 0, a.id, ""
+		g.Type, g.Flags, g.Ref, g.Attach, g.Aux, g.Name, g.Tag = wire.TypeMessage, 0, 0, a.id, 0, "", ""
 		a.s.stats.Delivered.Add(1)
 		a.s.sink.Deliver(g)
 	}
@@ -114,13 +114,18 @@ func (ex *Exchange) removeAll(a *Attachment) {
 	ps := a.patterns
 	ex.subMu.Unlock()
 	ex.removePatterns(a, ps)
+	var gone []*subRequest
 	ex.pendMu.Lock()
 	for t, p := range ex.pending {
 		if p.a == a {
 			delete(ex.pending, t)
+			gone = append(gone, p)
 		}
 	}
 	ex.pendMu.Unlock()
+	for _, p := range gone {
+		p.s.sendError(p.ref, wire.Errorf(wire.CodeNotFound, "attachment %s detached before the controller decided", a.member))
+	}
 }
 
 // subRequest is a subscription waiting for the controller's decision.
@@ -199,6 +204,11 @@ func (s *Session) decide(f *wire.Frame) {
 	ex.pendMu.Unlock()
 	if p == nil {
 		return // the subscriber went away meanwhile
+	}
+	if f.Aux != wire.VerdictAccept && f.Aux != wire.VerdictRefuse {
+		ex.refuse(p, "the controller sent an unknown verdict")
+		s.sendError(0, wire.Errorf(wire.CodeBadOptions, "decision: unknown verdict %d (0 accept, 1 refuse)", f.Aux))
+		return
 	}
 	if f.Aux == wire.VerdictRefuse {
 		reason := f.Tag

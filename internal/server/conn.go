@@ -262,7 +262,8 @@ func (c *conn) writeLoop() {
 				hb = agreed
 				tick.Reset(hb / 2)
 			}
-			if c.seen.Swap(false) {
+			if c.seen.Swap(false) || c.heartbeat.Load() == 0 {
+				// Before the handshake ends, HandshakeTimeout applies.
 				lastSeen = now
 			} else if now.Sub(lastSeen) >= 3*hb {
 				c.fail(wire.Errorf(wire.CodeHeartbeat, "nothing received for %s", 3*hb), false)
