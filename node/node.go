@@ -166,6 +166,7 @@ func (n *Node) Close() error {
 		t.conn.Closed(fmt.Errorf("courier: node %s closed", n.cfg.Name))
 		t.Close()
 	}
+	n.broker.Close()
 	return nil
 }
 

@@ -23,6 +23,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/wire"
@@ -73,17 +74,60 @@ type Broker struct {
 
 	nextSession atomic.Uint64
 	nextSubReq  atomic.Uint64
+
+	closeOnce sync.Once
+	stop      chan struct{}
+	stopped   chan struct{}
 }
 
 // New returns a broker with no exchanges.
 func New(cfg Config) *Broker {
 	cfg.setDefaults()
-	return &Broker{
+	b := &Broker{
 		cfg:      cfg,
 		log:      cfg.Log,
 		members:  make(map[string]*Attachment),
 		sessions: make(map[uint64]*Session),
+		stop:     make(chan struct{}),
+		stopped:  make(chan struct{}),
 	}
+	go b.sweep()
+	return b
+}
+
+// sweepEvery is how often requests past their deadline are expired.
+const sweepEvery = 100 * time.Millisecond
+
+// sweep expires requests whose deadline passed, until Close.
+func (b *Broker) sweep() {
+	defer close(b.stopped)
+	t := time.NewTicker(sweepEvery)
+	defer t.Stop()
+	var list []*Session
+	for {
+		select {
+		case <-b.stop:
+			return
+		case now := <-t.C:
+			b.mu.RLock()
+			list = list[:0]
+			for _, s := range b.sessions {
+				if s.inflight.Load() > 0 {
+					list = append(list, s)
+				}
+			}
+			b.mu.RUnlock()
+			for _, s := range list {
+				s.expire(now.UnixNano())
+			}
+		}
+	}
+}
+
+// Close stops the broker's background work. Sessions stay usable.
+func (b *Broker) Close() {
+	b.closeOnce.Do(func() { close(b.stop) })
+	<-b.stopped
 }
 
 // Node returns the node name.

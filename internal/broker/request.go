@@ -2,6 +2,7 @@ package broker
 
 import (
 	"sync"
+	"time"
 
 	"github.com/courier-mq/courier/wire"
 )
@@ -15,9 +16,18 @@ import (
 
 // pending is a requester's record of one request.
 type pending struct {
-	inf *inflight   // broadcast: the shared record; nil for unicast
-	a   *Attachment // unicast: the handler
-	id  uint64      // unicast: the id in the handler's session
+	inf      *inflight   // broadcast: the shared record; nil for unicast
+	a        *Attachment // unicast: the handler
+	id       uint64      // unicast: the id in the handler's session
+	deadline int64       // unix ns after which the broker gives up; 0: none
+}
+
+// deadlineOf turns a REQUEST's timeout in ms into an absolute deadline.
+func deadlineOf(f *wire.Frame) int64 {
+	if f.Aux == 0 {
+		return 0
+	}
+	return time.Now().UnixNano() + int64(f.Aux)*int64(time.Millisecond)
 }
 
 // inflight is a broadcast request. The requester's shard lock for reqID
@@ -337,7 +347,7 @@ func (s *Session) sendOne(f *wire.Frame, a *Attachment) error {
 		return wire.Errorf(wire.CodeHandlerGone, "the handler's connection closed")
 	}
 	a.busy.Add(1)
-	if err := s.register(f.Ref, pending{a: a, id: id}); err != nil {
+	if err := s.register(f.Ref, pending{a: a, id: id, deadline: deadlineOf(f)}); err != nil {
 		if _, ok := h.handling.get(id, true); ok {
 			a.busy.Add(-1)
 		}
@@ -365,7 +375,7 @@ func (s *Session) send(f *wire.Frame, list []*Attachment) error {
 		return s.sendOne(f, list[0])
 	}
 	inf := &inflight{requester: s, reqID: f.Ref, remaining: len(list), targets: make([]target, len(list))}
-	if err := s.register(f.Ref, pending{inf: inf}); err != nil {
+	if err := s.register(f.Ref, pending{inf: inf, deadline: deadlineOf(f)}); err != nil {
 		return err
 	}
 	for i, a := range list {
@@ -567,4 +577,31 @@ func (s *Session) answer(f *wire.Frame) {
 	}
 	f.Ref, f.Aux, f.Attach = id, f.Aux&(1<<32-1), a.id
 	a.s.sink.Deliver(f)
+}
+
+// expire fails the requests of this session whose deadline passed before
+// now: the requester gets a timeout, the handlers a CANCEL. Clients cancel
+// on their own deadline too; this is for those that do not.
+func (s *Session) expire(now int64) {
+	type due struct {
+		reqID uint64
+		p     pending
+	}
+	var late []due
+	for i := range s.requests.shard {
+		sh := &s.requests.shard[i]
+		sh.mu.Lock()
+		for id, p := range sh.m {
+			if p.deadline != 0 && p.deadline < now {
+				delete(sh.m, id)
+				s.inflight.Add(-1)
+				late = append(late, due{id, p})
+			}
+		}
+		sh.mu.Unlock()
+	}
+	for _, d := range late {
+		s.cancelPending(d.reqID, d.p)
+		s.sendFailure(d.reqID, "", true, wire.CodeTimeout, "the request's deadline passed")
+	}
 }

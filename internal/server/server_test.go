@@ -365,3 +365,45 @@ func TestClientWaitsForCredit(t *testing.T) {
 		t.Fatalf("third publish arrived as %d", got)
 	}
 }
+
+// TestDeadlineEnforced: a requester that never cancels still gets a
+// timeout when its request's deadline passes, and the handler is told.
+func TestDeadlineEnforced(t *testing.T) {
+	n := startNode(t, 0)
+	ctx := context.Background()
+	h, err := client.Dial(ctx, n.URL(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	slow, err := h.ReqResp(ctx, "slow", courier.RoundRobin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancelled := make(chan struct{})
+	if _, err := slow.Handle(ctx, func(r *courier.Request) {
+		go func() {
+			// The deadline alone ends r.Context(); Cancelled proves the
+			// broker's CANCEL arrived.
+			for !r.Cancelled() {
+				time.Sleep(time.Millisecond)
+			}
+			close(cancelled)
+		}()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c := dialRaw(t, n)
+	c.hello()
+	c.send(&wire.Frame{Type: wire.TypeRequest, Ref: 7, Name: "slow", Aux: 100})
+	f := c.next()
+	if f == nil || f.Type != wire.TypeResponse || f.Ref != 7 || f.Flags&wire.FlagError == 0 ||
+		f.Flags&wire.FlagLast == 0 || wire.Code(f.Aux) != wire.CodeTimeout {
+		t.Fatalf("want a timeout response to request 7, got %+v", f)
+	}
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler was not told the request expired")
+	}
+}
