@@ -272,8 +272,9 @@ func (t *callTable) close() {
 // call is one operation waiting for frames with its Ref.
 type call struct {
 	ref   uint64
-	mu    sync.Mutex // guards q, closed
+	mu    sync.Mutex // guards q, head, closed
 	q     []*wire.Frame
+	head  int // q[head:] are waiting
 	ready chan struct{}
 	onAsk AskFunc
 	// closed: the Conn closed under the call (a nil frame was pushed).
@@ -333,12 +334,12 @@ func (c *Conn) unregister(cl *call) bool {
 func (c *Conn) next(ctx context.Context, cl *call) (*wire.Frame, error) {
 	for {
 		cl.mu.Lock()
-		if len(cl.q) > 0 {
-			f := cl.q[0]
-			cl.q[0] = nil
-			cl.q = cl.q[1:]
-			if len(cl.q) == 0 {
-				cl.q = cl.q[:0:0]
+		if cl.head < len(cl.q) {
+			f := cl.q[cl.head]
+			cl.q[cl.head] = nil
+			cl.head++
+			if cl.head == len(cl.q) {
+				cl.q, cl.head = cl.q[:0], 0
 			}
 			cl.mu.Unlock()
 			return f, nil
@@ -364,10 +365,11 @@ func (c *Conn) next(ctx context.Context, cl *call) (*wire.Frame, error) {
 // release returns a finished call to the pool. The call must no longer
 // be registered.
 func (cl *call) release() {
-	for _, f := range cl.q {
+	for _, f := range cl.q[cl.head:] {
 		f.Release()
 	}
-	cl.q = cl.q[:0]
+	clear(cl.q)
+	cl.q, cl.head = cl.q[:0], 0
 	cl.closed = false
 	cl.onAsk = nil
 	select {

@@ -302,6 +302,7 @@ type Request struct {
 	arrived   time.Time
 	finished  atomic.Bool
 	cancelled atomic.Bool
+	hasCtx    atomic.Bool // Context was called
 
 	mu     sync.Mutex // guards ctx, cancel, asks, nextAsk
 	ctx    context.Context
@@ -342,6 +343,7 @@ func (r *Request) Context() context.Context {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ctx == nil {
+		r.hasCtx.Store(true)
 		if d, ok := r.Deadline(); ok {
 			r.ctx, r.cancel = context.WithDeadline(context.Background(), d)
 		} else {
@@ -394,6 +396,9 @@ func (r *Request) respond(flags wire.Flags, code wire.Code, msg string, body []b
 
 // cancelCtx2 releases the context's resources once the request is done.
 func (r *Request) cancelCtx2() {
+	if !r.hasCtx.Load() {
+		return
+	}
 	r.mu.Lock()
 	cancel := r.cancel
 	r.mu.Unlock()

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/courier-mq/courier/wire"
@@ -99,6 +100,15 @@ func (t *requestTable) drain() map[uint64]pending {
 // reused slot.
 type slotTable struct {
 	shard [shards]slotShard
+	// epoch counts the sweeps that take slots away (drain,
+	// takeAttachment); it lets sendOne skip a check when none ran.
+	epoch atomic.Uint64
+}
+
+// live reports whether id still has its slot.
+func (t *slotTable) live(id uint64) bool {
+	_, ok := t.get(id, false)
+	return ok
 }
 
 type slotShard struct {
@@ -151,6 +161,7 @@ func (t *slotTable) get(id uint64, remove bool) (slot, bool) {
 
 // takeAttachment removes and returns the live slots of attachment a.
 func (t *slotTable) takeAttachment(a *Attachment) []slot {
+	t.epoch.Add(1)
 	var out []slot
 	for si := range t.shard {
 		sh := &t.shard[si]
@@ -169,6 +180,7 @@ func (t *slotTable) takeAttachment(a *Attachment) []slot {
 
 // drain closes the table and returns every live slot.
 func (t *slotTable) drain() []slot {
+	t.epoch.Add(1)
 	var out []slot
 	for si := range t.shard {
 		sh := &t.shard[si]
@@ -342,6 +354,7 @@ func (s *Session) take(reqID uint64, match func(pending) bool) (pending, bool) {
 // sendOne sends f to one handler, reusing f as the delivered frame.
 func (s *Session) sendOne(f *wire.Frame, a *Attachment) error {
 	h := a.s
+	epoch := h.handling.epoch.Load()
 	id, ok := h.handling.put(slot{r: s, reqID: f.Ref, a: a}, f.Ref)
 	if !ok {
 		return wire.Errorf(wire.CodeHandlerGone, "the handler's connection closed")
@@ -353,7 +366,7 @@ func (s *Session) sendOne(f *wire.Frame, a *Attachment) error {
 		}
 		return err
 	}
-	if _, live := h.handling.get(id, false); !live {
+	if h.handling.epoch.Load() != epoch && !h.handling.live(id) {
 		// The handler went away between put and register, so whoever
 		// took the slot could not find the request to fail it; unless a
 		// CANCEL took it meanwhile, that is left to us.
