@@ -99,7 +99,7 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*courier.Conn, erro
 	}
 	t := &transport{
 		nc:      nc,
-		out:     wire.NewOutbox(wire.HandshakeMaxFrame, opts.OutboxLimit),
+		out:     wire.NewOutbox(nc, wire.HandshakeMaxFrame, opts.OutboxLimit),
 		r:       wire.NewReader(nc, wire.HandshakeMaxFrame+frameSlack),
 		closing: make(chan struct{}),
 		done:    make(chan struct{}),
@@ -186,10 +186,13 @@ func (t *transport) Start(recv func(*wire.Frame)) { t.recv = recv }
 // Send encodes f for the server. PUBLISH and REQUEST wait for credit.
 func (t *transport) Send(f *wire.Frame) error {
 	defer f.Release()
-	data := false
+	mode := wire.Control
 	switch f.Type {
 	case wire.TypePublish, wire.TypeRequest:
-		data = true
+		mode = wire.Data
+		if f.Type == wire.TypeRequest {
+			mode = wire.Urgent
+		}
 		for t.avail.Add(-1) < 0 {
 			t.avail.Add(1)
 			select {
@@ -199,9 +202,9 @@ func (t *transport) Send(f *wire.Frame) error {
 			}
 		}
 	case wire.TypeResponse, wire.TypeAsk, wire.TypeAnswer:
-		data = true
+		mode = wire.Urgent
 	}
-	if err := t.out.Put(f, data, 0); err != nil {
+	if err := t.out.Put(f, mode, 0); err != nil {
 		if errors.Is(err, wire.ErrOutboxClosed) {
 			return t.err()
 		}
@@ -223,7 +226,7 @@ func (t *transport) err() error {
 
 // Close tells the server and closes the connection.
 func (t *transport) Close() error {
-	t.out.Put(&wire.Frame{Type: wire.TypeClose, Tag: "client closed"}, false, 0)
+	t.out.Put(&wire.Frame{Type: wire.TypeClose, Tag: "client closed"}, wire.Control, 0)
 	t.end(courier.ErrClosed)
 	<-t.done
 	return nil
@@ -254,7 +257,7 @@ func (t *transport) readLoop() {
 		switch f.Type {
 		case wire.TypePing:
 			f.Type = wire.TypePong
-			t.out.Put(f, false, 0)
+			t.out.Put(f, wire.Control, 0)
 			f.Release()
 		case wire.TypePong:
 			f.Release()
@@ -292,39 +295,35 @@ func (t *transport) writeLoop() {
 	}
 	tick := time.NewTicker(hb / 2)
 	defer tick.Stop()
-	var spare []byte
 	lastWrite, lastSeen := time.Now(), time.Now()
+	writes := t.out.Writes()
 	var nonce uint64
 	for {
 		select {
 		case <-t.out.Ready():
+			if _, err := t.out.Flush(); err != nil {
+				t.end(fmt.Errorf("%w: %v", courier.ErrClosed, err))
+			}
 		case now := <-tick.C:
 			if t.seen.Swap(false) {
 				lastSeen = now
 			} else if now.Sub(lastSeen) >= timeout {
 				t.end(&wire.Error{Code: wire.CodeHeartbeat, Msg: fmt.Sprintf("nothing from the server for %s", timeout)})
 			}
+			if w := t.out.Writes(); w != writes {
+				writes, lastWrite = w, now
+			}
 			if now.Sub(lastWrite) >= hb {
 				nonce++
-				t.out.Put(&wire.Frame{Type: wire.TypePing, Ref: nonce}, false, 0)
+				t.out.Put(&wire.Frame{Type: wire.TypePing, Ref: nonce}, wire.Control, 0)
 			}
 		case <-t.closing:
-			t.out.Close()
-			if buf := t.out.Take(nil); len(buf) > 0 {
+			if rest := t.out.Close(); len(rest) > 0 {
 				t.nc.SetWriteDeadline(time.Now().Add(time.Second))
-				t.nc.Write(buf)
+				t.nc.Write(rest)
 			}
 			t.nc.Close()
 			return
 		}
-		buf := t.out.Take(spare)
-		if len(buf) > 0 {
-			if _, err := t.nc.Write(buf); err != nil {
-				t.end(fmt.Errorf("%w: %v", courier.ErrClosed, err))
-				continue
-			}
-			lastWrite = time.Now()
-		}
-		spare = buf
 	}
 }

@@ -3,7 +3,9 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,26 +16,47 @@ var ErrOutboxFull = errors.New("wire: peer is not reading (outbox full)")
 // ErrOutboxClosed is returned by [Outbox.Put] after [Outbox.Close].
 var ErrOutboxClosed = errors.New("wire: connection closed")
 
-// Outbox buffers encoded frames between many producers and the one
-// goroutine that writes them to a connection, which takes everything
-// buffered in one write. Data frames wait while more than a limit is
-// buffered; control frames never wait, so the buffer is bounded by the
-// limit plus the control frames in flight.
+// Mode says how [Outbox.Put] treats a frame.
+type Mode uint8
+
+const (
+	// Control frames never wait for room.
+	Control Mode = iota
+	// Data frames wait while the outbox is over its limit.
+	Data
+	// Urgent frames are data frames on a latency path (requests and
+	// responses): when nothing is being written, the producer writes them
+	// itself rather than hand them to the write loop.
+	Urgent
+)
+
+// Outbox buffers encoded frames between many producers and a connection.
+// The write loop takes everything buffered in one write ([Outbox.Flush]);
+// an urgent frame put while the connection is idle is written at once by
+// its producer, saving a goroutine handoff. Data frames wait while more
+// than a limit is buffered; control frames never wait, so the buffer is
+// bounded by the limit plus the control frames in flight.
 type Outbox struct {
-	mu      sync.Mutex // guards buf, closed, waiters, room
+	w      io.Writer
+	writes atomic.Uint64 // completed writes, for heartbeat decisions
+
+	mu      sync.Mutex // guards buf, spare, writing, closed, err, waiters, room
 	buf     []byte
+	spare   []byte
+	writing bool // someone is in w.Write
 	closed  bool
+	err     error
 	waiters int
-	room    chan struct{} // closed and replaced when the writer takes
+	room    chan struct{} // closed and replaced when room is made
 	ready   chan struct{}
 	max     int
 	limit   int
 }
 
-// NewOutbox returns an outbox for frames of at most maxFrame bytes that
-// holds data frames back while more than limit bytes wait.
-func NewOutbox(maxFrame, limit int) *Outbox {
-	return &Outbox{room: make(chan struct{}), ready: make(chan struct{}, 1), max: maxFrame, limit: limit}
+// NewOutbox returns an outbox writing to w frames of at most maxFrame
+// bytes, holding data frames back while more than limit bytes wait.
+func NewOutbox(w io.Writer, maxFrame, limit int) *Outbox {
+	return &Outbox{w: w, room: make(chan struct{}), ready: make(chan struct{}, 1), max: maxFrame, limit: limit}
 }
 
 // SetMax changes the largest frame accepted, after a handshake.
@@ -46,29 +69,11 @@ func (o *Outbox) SetMax(maxFrame int) {
 // Put encodes f into the outbox; it does not take ownership of f. A data
 // frame waits while the outbox is over its limit, at most timeout (zero:
 // as long as it takes).
-func (o *Outbox) Put(f *Frame, data bool, timeout time.Duration) error {
+func (o *Outbox) Put(f *Frame, mode Mode, timeout time.Duration) error {
 	o.mu.Lock()
-	if data && len(o.buf) > o.limit && !o.closed {
-		var deadline <-chan time.Time
-		if timeout > 0 {
-			t := time.NewTimer(timeout)
-			defer t.Stop()
-			deadline = t.C
-		}
-		for len(o.buf) > o.limit && !o.closed {
-			room := o.room
-			o.waiters++
-			o.mu.Unlock()
-			select {
-			case <-room:
-			case <-deadline:
-				o.mu.Lock()
-				o.waiters--
-				o.mu.Unlock()
-				return ErrOutboxFull
-			}
-			o.mu.Lock()
-			o.waiters--
+	if mode != Control && len(o.buf) > o.limit && !o.closed {
+		if err := o.waitRoom(timeout); err != nil {
+			return err
 		}
 	}
 	if o.closed {
@@ -78,47 +83,121 @@ func (o *Outbox) Put(f *Frame, data bool, timeout time.Duration) error {
 	was := len(o.buf)
 	var err error
 	o.buf, err = AppendFrame(o.buf, f, o.max)
-	kick := was == 0 && len(o.buf) > 0
-	o.mu.Unlock()
 	if err != nil {
+		o.mu.Unlock()
 		return fmt.Errorf("put %s: %w", f.Type, err)
 	}
-	if kick {
+	if was != 0 || o.writing {
+		o.mu.Unlock()
+		return nil // the writer in progress, or the kick already sent, covers it
+	}
+	if mode == Urgent {
+		o.writeLocked()
+		return nil
+	}
+	o.mu.Unlock()
+	o.kick()
+	return nil
+}
+
+// waitRoom waits, with o.mu held (and held again on a nil return), until
+// the buffer is under its limit.
+func (o *Outbox) waitRoom(timeout time.Duration) error {
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		deadline = t.C
+	}
+	for len(o.buf) > o.limit && !o.closed {
+		room := o.room
+		o.waiters++
+		o.mu.Unlock()
 		select {
-		case o.ready <- struct{}{}:
-		default:
+		case <-room:
+		case <-deadline:
+			o.mu.Lock()
+			o.waiters--
+			o.mu.Unlock()
+			return ErrOutboxFull
 		}
+		o.mu.Lock()
+		o.waiters--
 	}
 	return nil
 }
 
-// Ready receives a value when the outbox goes from empty to non-empty.
-func (o *Outbox) Ready() <-chan struct{} { return o.ready }
+func (o *Outbox) kick() {
+	select {
+	case o.ready <- struct{}{}:
+	default:
+	}
+}
 
-// Take moves everything buffered out and returns it; spare, emptied, is
-// kept as the next buffer so that two slices alternate without garbage.
-func (o *Outbox) Take(spare []byte) []byte {
-	o.mu.Lock()
-	out := o.buf
-	o.buf = spare[:0]
+// writeLocked writes what is buffered; o.mu is held on entry and released
+// on return. What others add meanwhile is left to the write loop.
+func (o *Outbox) writeLocked() {
+	p := o.buf
+	o.buf, o.spare = o.spare[:0], nil
+	o.writing = true
 	if o.waiters > 0 {
 		close(o.room)
 		o.room = make(chan struct{})
 	}
 	o.mu.Unlock()
-	return out
+	_, err := o.w.Write(p)
+	o.writes.Add(1)
+	o.mu.Lock()
+	o.writing = false
+	o.spare = p[:0]
+	if err != nil && o.err == nil {
+		o.err = err
+	}
+	more := len(o.buf) > 0 || err != nil
+	o.mu.Unlock()
+	if more {
+		o.kick()
+	}
 }
 
-// Close makes Put fail from now on and wakes any waiting producer.
-func (o *Outbox) Close() {
+// Writes returns how many writes completed so far.
+func (o *Outbox) Writes() uint64 { return o.writes.Load() }
+
+// Ready receives a value when there is something for [Outbox.Flush].
+func (o *Outbox) Ready() <-chan struct{} { return o.ready }
+
+// Flush writes everything buffered, unless a producer is writing (it
+// kicks the write loop again when done). It returns the first write error
+// the outbox met, and whether it wrote anything.
+func (o *Outbox) Flush() (wrote bool, err error) {
+	o.mu.Lock()
+	if o.err != nil {
+		err = o.err
+		o.mu.Unlock()
+		return false, err
+	}
+	if o.writing || len(o.buf) == 0 {
+		o.mu.Unlock()
+		return false, nil
+	}
+	o.writeLocked()
+	o.mu.Lock()
+	err = o.err
+	o.mu.Unlock()
+	return true, err
+}
+
+// Close makes Put fail from now on, wakes any waiting producer and
+// returns what was still buffered, for a last write.
+func (o *Outbox) Close() []byte {
 	o.mu.Lock()
 	if !o.closed {
 		o.closed = true
 		close(o.room)
 	}
+	rest := o.buf
+	o.buf = nil
 	o.mu.Unlock()
-	select {
-	case o.ready <- struct{}{}:
-	default:
-	}
+	o.kick()
+	return rest
 }

@@ -46,7 +46,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	}
 	return &conn{
 		s: s, nc: nc, peer: nc.RemoteAddr().String(),
-		out:     wire.NewOutbox(wire.HandshakeMaxFrame, s.cfg.OutboxLimit),
+		out:     wire.NewOutbox(nc, wire.HandshakeMaxFrame, s.cfg.OutboxLimit),
 		r:       wire.NewReader(nc, wire.HandshakeMaxFrame),
 		closing: make(chan struct{}),
 		wdone:   make(chan struct{}),
@@ -136,7 +136,7 @@ func (c *conn) handshake() error {
 		MaxFrame: maxFrame, Credit: c.granted,
 	}
 	body, _ := json.Marshal(w)
-	c.out.Put(&wire.Frame{Type: wire.TypeWelcome, Body: body}, false, 0)
+	c.out.Put(&wire.Frame{Type: wire.TypeWelcome, Body: body}, wire.Control, 0)
 	c.out.SetMax(maxFrame + FrameSlack)
 	c.r.SetMax(maxFrame)
 	c.heartbeat.Store(int64(heartbeat))
@@ -205,18 +205,22 @@ func (c *conn) badInput(err error) {
 	}
 }
 
-// isData tells the frames that may wait for a slow reader.
-func isData(t wire.Type) bool {
+// modeOf tells how a frame to the client is written: requests and
+// responses go out at once when the connection is idle, messages are
+// batched, and control frames never wait for a slow reader.
+func modeOf(t wire.Type) wire.Mode {
 	switch t {
-	case wire.TypeRequest, wire.TypeResponse, wire.TypeMessage, wire.TypeAsk, wire.TypeAnswer:
-		return true
+	case wire.TypeRequest, wire.TypeResponse, wire.TypeAsk, wire.TypeAnswer:
+		return wire.Urgent
+	case wire.TypeMessage:
+		return wire.Data
 	}
-	return false
+	return wire.Control
 }
 
 // Deliver sends a frame from the broker to the client (broker.Sink).
 func (c *conn) Deliver(f *wire.Frame) {
-	err := c.out.Put(f, isData(f.Type), c.s.cfg.SlowTimeout)
+	err := c.out.Put(f, modeOf(f.Type), c.s.cfg.SlowTimeout)
 	t := f.Type
 	f.Release()
 	switch {
@@ -238,7 +242,7 @@ func (c *conn) fail(e *wire.Error, graceful bool) {
 			if graceful {
 				f = &wire.Frame{Type: wire.TypeClose, Aux: uint64(e.Code), Tag: e.Msg}
 			}
-			c.out.Put(f, false, 0)
+			c.out.Put(f, wire.Control, 0)
 		}
 		close(c.closing)
 	})
@@ -251,12 +255,17 @@ func (c *conn) writeLoop() {
 	hb := c.s.cfg.Heartbeat
 	tick := time.NewTicker(hb / 2)
 	defer tick.Stop()
-	var spare []byte
-	lastWrite, lastSeen := time.Now(), time.Now()
+	lastSeen, lastWrite := time.Now(), time.Now()
+	writes := c.out.Writes()
 	var nonce uint64
 	for {
 		select {
 		case <-c.out.Ready():
+			if _, err := c.out.Flush(); err != nil {
+				c.fail(nil, false)
+				c.nc.Close()
+				return
+			}
 		case now := <-tick.C:
 			if agreed := time.Duration(c.heartbeat.Load()); agreed > 0 && agreed != hb {
 				hb = agreed
@@ -268,16 +277,17 @@ func (c *conn) writeLoop() {
 			} else if now.Sub(lastSeen) >= 3*hb {
 				c.fail(wire.Errorf(wire.CodeHeartbeat, "nothing received for %s", 3*hb), false)
 			}
+			if w := c.out.Writes(); w != writes {
+				writes, lastWrite = w, now
+			}
 			if c.heartbeat.Load() > 0 && now.Sub(lastWrite) >= hb {
 				nonce++
-				c.out.Put(&wire.Frame{Type: wire.TypePing, Ref: nonce}, false, 0)
+				c.out.Put(&wire.Frame{Type: wire.TypePing, Ref: nonce}, wire.Control, 0)
 			}
 		case <-c.closing:
-			c.out.Close()
-			buf := c.out.Take(nil)
-			if len(buf) > 0 {
+			if rest := c.out.Close(); len(rest) > 0 {
 				c.nc.SetWriteDeadline(time.Now().Add(time.Second))
-				c.nc.Write(buf)
+				c.nc.Write(rest)
 			}
 			// Half-close so the client reads the last frames, then let the
 			// read loop see the end.
@@ -287,15 +297,5 @@ func (c *conn) writeLoop() {
 			c.nc.SetReadDeadline(time.Now().Add(time.Second))
 			return
 		}
-		buf := c.out.Take(spare)
-		if len(buf) > 0 {
-			if _, err := c.nc.Write(buf); err != nil {
-				c.fail(nil, false)
-				c.nc.Close()
-				return
-			}
-			lastWrite = time.Now()
-		}
-		spare = buf
 	}
 }
