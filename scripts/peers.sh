@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# peers.sh start|stop|status runs the brokers Courier is measured against,
-# on loopback only, with their state in a scratch directory:
+# peers.sh start|stop|status [nats|rabbitmq] runs the brokers Courier is
+# measured against, on loopback only, with their state in a scratch
+# directory:
 #
 #   nats-server      127.0.0.1:4222, JetStream on (-js)
 #   rabbitmq-server  127.0.0.1:5672 (AMQP), guest/guest; epmd and the
@@ -11,9 +12,17 @@
 # stop. RabbitMQ runs as the invoking user (root here) with HOME pointed
 # at the scratch directory, so it needs neither the rabbitmq user nor
 # /var/lib/rabbitmq.
+#
+# NATS_BIN picks another nats-server binary, such as a newer one built with
+# `GOBIN=/tmp/natsbin go install github.com/nats-io/nats-server/v2@latest`;
+# run it beside Debian's with its own port and directory:
+#
+#   NATS_BIN=/tmp/natsbin/nats-server NATS_PORT=4223 \
+#     PEERS_DIR=/tmp/courier-peers-nats2 scripts/peers.sh start nats
 set -euo pipefail
 
 PEERS_DIR=${PEERS_DIR:-${TMPDIR:-/tmp}/courier-peers}
+NATS_BIN=${NATS_BIN:-nats-server}
 NATS_PORT=${NATS_PORT:-4222}
 AMQP_PORT=${AMQP_PORT:-5672}
 RABBIT_NODE=${RABBIT_NODE:-courier-bench@localhost}
@@ -55,11 +64,11 @@ start_nats() {
 		return 1
 	fi
 	mkdir -p "$dir/jetstream"
-	setsid nats-server -js -a 127.0.0.1 -p "$NATS_PORT" -sd "$dir/jetstream" \
+	setsid "$NATS_BIN" -js -a 127.0.0.1 -p "$NATS_PORT" -sd "$dir/jetstream" \
 		-P "$dir/nats.pid" -l "$dir/nats.log" </dev/null &
 	for _ in $(seq 1 100); do
 		if port_open "$NATS_PORT"; then
-			echo "nats-server $(nats-server --version | awk '{print $2}') on 127.0.0.1:$NATS_PORT (pid $(cat "$dir/nats.pid"), log $dir/nats.log)"
+			echo "nats-server $("$NATS_BIN" --version | awk '{print $2}') on 127.0.0.1:$NATS_PORT (pid $(cat "$dir/nats.pid"), log $dir/nats.log)"
 			return
 		fi
 		sleep 0.1
@@ -137,25 +146,37 @@ status() {
 	if alive "$RABBITMQ_PID_FILE"; then echo "rabbitmq-server: running (pid $(cat "$RABBITMQ_PID_FILE"))"; else echo "rabbitmq-server: stopped"; fi
 }
 
+what=${2:-all}
+case "$what" in
+all | nats | rabbitmq) ;;
+*)
+	echo "usage: $0 start|stop|status [nats|rabbitmq]" >&2
+	exit 2
+	;;
+esac
+
 case "${1:-}" in
 start)
-	for bin in nats-server "$RABBIT_BIN/rabbitmq-server"; do
-		command -v "$bin" >/dev/null 2>&1 || { echo "peers.sh: $bin missing: run scripts/install-peers.sh" >&2; exit 1; }
-	done
+	if [ "$what" != rabbitmq ]; then
+		command -v "$NATS_BIN" >/dev/null 2>&1 || { echo "peers.sh: $NATS_BIN missing: run scripts/install-peers.sh" >&2; exit 1; }
+	fi
+	if [ "$what" != nats ]; then
+		command -v "$RABBIT_BIN/rabbitmq-server" >/dev/null 2>&1 || { echo "peers.sh: rabbitmq-server missing: run scripts/install-peers.sh" >&2; exit 1; }
+	fi
 	mkdir -p "$PEERS_DIR"
-	start_nats
-	start_rabbit
+	if [ "$what" != rabbitmq ]; then start_nats; fi
+	if [ "$what" != nats ]; then start_rabbit; fi
 	;;
 stop)
-	stop_nats
-	stop_rabbit
+	if [ "$what" != rabbitmq ]; then stop_nats; fi
+	if [ "$what" != nats ]; then stop_rabbit; fi
 	rmdir "$PEERS_DIR" 2>/dev/null || true
 	;;
 status)
 	status
 	;;
 *)
-	echo "usage: $0 start|stop|status" >&2
+	echo "usage: $0 start|stop|status [nats|rabbitmq]" >&2
 	exit 2
 	;;
 esac
