@@ -62,9 +62,17 @@ func (s *suite) testBroadcast(t *testing.T) {
 		t.Fatalf("responses from %v, want each handler once: %v", from, want)
 	}
 
-	// Request keeps the first answer and drops the others; the exchange
-	// keeps working afterwards.
-	for range 20 {
+	// Request keeps the first answer and drops the others; RequestAll
+	// between them still gets every response, the one marked Last
+	// arriving last (handlers answer concurrently, so this runs often).
+	for i := range 300 {
+		if i%3 == 2 {
+			resps, err = ex.RequestAll(e.ctx, courier.Message{})
+			if err != nil || len(resps) != len(hs) {
+				t.Fatalf("RequestAll %d among Requests: %d responses, err %v", i, len(resps), err)
+			}
+			continue
+		}
 		r, err := ex.Request(e.ctx, courier.Message{Body: []byte("ping")})
 		if err != nil {
 			t.Fatalf("Request: %v", err)
@@ -72,10 +80,6 @@ func (s *suite) testBroadcast(t *testing.T) {
 		if !slices.Contains(want, r.From) {
 			t.Fatalf("Request answered by %q, not a handler", r.From)
 		}
-	}
-	resps, err = ex.RequestAll(e.ctx, courier.Message{})
-	if err != nil || len(resps) != len(hs) {
-		t.Fatalf("RequestAll after Requests: %d responses, err %v", len(resps), err)
 	}
 }
 

@@ -8,8 +8,10 @@
 // attachment has an address, its session's [Sink], that could as well lead
 // to another node.
 //
-// Lock order: Broker.mu → Exchange.mu → Exchange.subMu → Session.mu. No
-// lock is held while a data frame is sent to a sink; control frames
+// Lock order: Broker.mu → Exchange.mu → Exchange.subMu → Session.mu, and
+// inflight.deliver → the requester's request shard. No lock is held while
+// a data frame is sent to a sink, except a broadcast's inflight.deliver,
+// which only the responders of that one request share; control frames
 // (EVENT, OK, ERROR) may be sent under Exchange.mu, which is why sinks
 // never block on them.
 package broker

@@ -38,6 +38,11 @@ type inflight struct {
 	reqID     uint64
 	remaining int
 	targets   []target
+	// deliver serializes responses to the requester from the moment one
+	// is found last until it is delivered, so that no other response of
+	// this broadcast arrives after the one marked FlagLast (the client
+	// forgets the request then and would drop it).
+	deliver sync.Mutex
 }
 
 // target is one handler a broadcast went to.
@@ -100,6 +105,10 @@ func (t *requestTable) drain() map[uint64]pending {
 // reused slot.
 type slotTable struct {
 	shard [shards]slotShard
+	// sweeping counts the sweeps in progress; a sweep adds to epoch
+	// before it leaves sweeping, so sendOne, reading sweeping then epoch,
+	// never misses a sweep that took its slot.
+	sweeping atomic.Int64
 	// epoch counts the sweeps that take slots away (drain,
 	// takeAttachment); it lets sendOne skip a check when none ran.
 	epoch atomic.Uint64
@@ -159,9 +168,22 @@ func (t *slotTable) get(id uint64, remove bool) (slot, bool) {
 	return sl, true
 }
 
+// swept ends a sweep: epoch moves on before sweeping drops.
+func (t *slotTable) swept() {
+	t.epoch.Add(1)
+	t.sweeping.Add(-1)
+}
+
+// sweptSince reports whether a sweep ran or is running since epoch was
+// read.
+func (t *slotTable) sweptSince(epoch uint64) bool {
+	return t.sweeping.Load() != 0 || t.epoch.Load() != epoch
+}
+
 // takeAttachment removes and returns the live slots of attachment a.
 func (t *slotTable) takeAttachment(a *Attachment) []slot {
-	t.epoch.Add(1)
+	t.sweeping.Add(1)
+	defer t.swept()
 	var out []slot
 	for si := range t.shard {
 		sh := &t.shard[si]
@@ -180,7 +202,8 @@ func (t *slotTable) takeAttachment(a *Attachment) []slot {
 
 // drain closes the table and returns every live slot.
 func (t *slotTable) drain() []slot {
-	t.epoch.Add(1)
+	t.sweeping.Add(1)
+	defer t.swept()
 	var out []slot
 	for si := range t.shard {
 		sh := &t.shard[si]
@@ -366,7 +389,7 @@ func (s *Session) sendOne(f *wire.Frame, a *Attachment) error {
 		}
 		return err
 	}
-	if h.handling.epoch.Load() != epoch && !h.handling.live(id) {
+	if h.handling.sweptSince(epoch) && !h.handling.live(id) {
 		// The handler went away between put and register, so whoever
 		// took the slot could not find the request to fail it; unless a
 		// CANCEL took it meanwhile, that is left to us.
@@ -442,6 +465,8 @@ func (s *Session) finishTarget(inf *inflight, idx int) (live, last bool) {
 
 // finish ends target idx of a broadcast with an error response.
 func (s *Session) finish(inf *inflight, idx int, code wire.Code, msg string) {
+	inf.deliver.Lock()
+	defer inf.deliver.Unlock()
 	live, last := s.finishTarget(inf, idx)
 	if !live {
 		return
@@ -517,6 +542,11 @@ func (s *Session) respond(f *wire.Frame) {
 	}
 	s.stats.Responses.Add(1)
 	r := sl.r
+	if sl.inf != nil {
+		// Held until delivered: a response found last must arrive last.
+		sl.inf.deliver.Lock()
+		defer sl.inf.deliver.Unlock()
+	}
 	last := false
 	if final {
 		sl.a.busy.Add(-1)
