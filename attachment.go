@@ -403,7 +403,9 @@ func (b *inbox) init() {
 	b.room = make(chan struct{})
 }
 
-func (b *inbox) push(f *wire.Frame, data bool) {
+// push queues f. Once the inbox is closed it reports false and leaves f
+// to the caller, so that a request is still answered.
+func (b *inbox) push(f *wire.Frame, data bool) bool {
 	b.mu.Lock()
 	for data && len(b.q) >= inboxLimit && !b.closed {
 		room := b.room
@@ -415,8 +417,7 @@ func (b *inbox) push(f *wire.Frame, data bool) {
 	}
 	if b.closed {
 		b.mu.Unlock()
-		f.Release()
-		return
+		return false
 	}
 	b.q = append(b.q, f)
 	first := len(b.q) == 1
@@ -427,6 +428,7 @@ func (b *inbox) push(f *wire.Frame, data bool) {
 		default:
 		}
 	}
+	return true
 }
 
 // take waits for frames and returns them all, appended to buf; nil once

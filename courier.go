@@ -188,7 +188,9 @@ func (c *Conn) receive(f *wire.Frame) {
 			c.orphan(f)
 			return
 		}
-		a.in.push(f, f.Type == wire.TypeRequest || f.Type == wire.TypeMessage)
+		if !a.in.push(f, f.Type == wire.TypeRequest || f.Type == wire.TypeMessage) {
+			c.orphan(f) // it stopped meanwhile: a request still gets an answer
+		}
 	case wire.TypeCancel, wire.TypeAnswer:
 		if a := c.attachment(f.Attach); a != nil {
 			a.inline(f)
