@@ -155,7 +155,7 @@ func TestPubSubEmbedded(t *testing.T) {
 
 // startServer runs a node that serves the network on a free loopback
 // port, in this process.
-func startServer(t *testing.T) bench.Target {
+func startServer(t testing.TB) bench.Target {
 	t.Helper()
 	quiet := slog.New(slog.DiscardHandler)
 	n, err := node.Start(node.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Log: quiet})
@@ -201,6 +201,48 @@ func TestParseTarget(t *testing.T) {
 			if strings.Contains(got.String(), "guest:guest") {
 				t.Errorf("String() shows the password: %s", got)
 			}
+		})
+	}
+}
+
+// The benchmarks run the scenarios for go test's profiling flags, for
+// example: go test -run X -bench ReqResp/server -benchtime 100000x
+// -cpuprofile cpu.prof ./internal/bench (client and server are both in
+// the test process).
+var benchTargets = []struct {
+	name   string
+	target func(testing.TB) bench.Target
+}{
+	{"embedded", func(testing.TB) bench.Target { return bench.Target{Kind: bench.KindEmbedded} }},
+	{"server", startServer},
+}
+
+func BenchmarkReqResp(b *testing.B) {
+	for _, tc := range benchTargets {
+		b.Run(tc.name, func(b *testing.B) {
+			cfg := bench.Config{Target: tc.target(b), Counts: []int{b.N}, Parallel: []int{}, Warmup: -1}
+			res, err := bench.RunReqResp(context.Background(), cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(res.Runs[0].Rate, "cycles/s")
+			b.ReportMetric(res.Latency.P50, "p50-us")
+		})
+	}
+}
+
+func BenchmarkPubSub(b *testing.B) {
+	for _, tc := range benchTargets {
+		b.Run(tc.name, func(b *testing.B) {
+			cfg := bench.Config{Target: tc.target(b), Messages: b.N, Subscribers: 10}
+			res, err := bench.RunPubSub(context.Background(), cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if res.Lost > 0 {
+				b.Errorf("lost %d deliveries", res.Lost)
+			}
+			b.ReportMetric(res.DeliverRate, "deliveries/s")
 		})
 	}
 }
