@@ -101,3 +101,38 @@ func TestParseURL(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRemoteParallel100 measures cycles over loopback TCP with 100
+// requester goroutines on one connection and one handler on another.
+func BenchmarkRemoteParallel100(b *testing.B) {
+	n, err := node.Start(node.Config{DataDir: b.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer n.Close()
+	ctx := context.Background()
+	h, err := client.Dial(ctx, n.URL(), client.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	hx, err := h.ReqResp(ctx, "ping", courier.RoundRobin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pong := []byte("pong")
+	hx.Handle(ctx, func(r *courier.Request) { r.Reply(pong) })
+	c, _ := client.Dial(ctx, n.URL(), client.Options{})
+	ex, _ := c.ReqResp(ctx, "ping")
+	msg := courier.Message{Body: []byte("ping")}
+	b.ReportAllocs()
+	b.SetParallelism(50)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := ex.Request(ctx, msg); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
+}

@@ -25,10 +25,16 @@ const (
 	// Data frames wait while the outbox is over its limit.
 	Data
 	// Urgent frames are data frames on a latency path (requests and
-	// responses): when nothing is being written, the producer writes them
-	// itself rather than hand them to the write loop.
+	// responses): when the connection is idle, the producer writes them
+	// itself rather than hand them to the write loop. On a busy
+	// connection they batch like data frames.
 	Urgent
 )
+
+// busyGap is how recently a connection must have written to count as
+// busy: then frames wait for the write loop's next batch, as a burst of
+// small writes would cost more than the handoff.
+const busyGap = 50 * time.Microsecond
 
 // Outbox buffers encoded frames between many producers and a connection.
 // The write loop takes everything buffered in one write ([Outbox.Flush]);
@@ -39,6 +45,9 @@ const (
 type Outbox struct {
 	w      io.Writer
 	writes atomic.Uint64 // completed writes, for heartbeat decisions
+	// lastWrite is when the last write ended (unix ns): a connection that
+	// wrote within busyGap is busy, and urgent frames batch instead.
+	lastWrite atomic.Int64
 
 	mu      sync.Mutex // guards buf, spare, writing, closed, err, waiters, room
 	buf     []byte
@@ -91,7 +100,7 @@ func (o *Outbox) Put(f *Frame, mode Mode, timeout time.Duration) error {
 		o.mu.Unlock()
 		return nil // the writer in progress, or the kick already sent, covers it
 	}
-	if mode == Urgent {
+	if mode == Urgent && time.Now().UnixNano()-o.lastWrite.Load() > int64(busyGap) {
 		o.writeLocked()
 		return nil
 	}
@@ -147,6 +156,7 @@ func (o *Outbox) writeLocked() {
 	o.mu.Unlock()
 	_, err := o.w.Write(p)
 	o.writes.Add(1)
+	o.lastWrite.Store(time.Now().UnixNano())
 	o.mu.Lock()
 	o.writing = false
 	o.spare = p[:0]
