@@ -307,7 +307,9 @@ func (t *transport) writeLoop() {
 		case now := <-tick.C:
 			if t.seen.Swap(false) {
 				lastSeen = now
-			} else if now.Sub(lastSeen) >= timeout {
+			} else if now.Sub(lastSeen) >= timeout-hb/2 {
+				// As on the server: lastSeen lags the last frame by up to
+				// half an interval, so this acts within the timeout.
 				t.end(&wire.Error{Code: wire.CodeHeartbeat, Msg: fmt.Sprintf("nothing from the server for %s", timeout)})
 			}
 			if w := t.out.Writes(); w != writes {

@@ -274,7 +274,10 @@ func (c *conn) writeLoop() {
 			if c.seen.Swap(false) || c.heartbeat.Load() == 0 {
 				// Before the handshake ends, HandshakeTimeout applies.
 				lastSeen = now
-			} else if now.Sub(lastSeen) >= 3*hb {
+			} else if now.Sub(lastSeen) >= 3*hb-hb/2 {
+				// lastSeen is the first tick after the last frame, up to
+				// half an interval late: the real silence is now within
+				// (2.5, 3] intervals, never more than the timeout.
 				c.fail(wire.Errorf(wire.CodeHeartbeat, "nothing received for %s", 3*hb), false)
 			}
 			if w := c.out.Writes(); w != writes {
