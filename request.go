@@ -73,10 +73,21 @@ func (e *ReqResp) abandon(cl *call) {
 	}
 }
 
+// responseErr is the error an error RESPONSE carries. A deadline the
+// broker saw pass is the same timeout as one the Conn saw: it matches
+// both [ErrTimeout] and context.DeadlineExceeded.
+func responseErr(f *wire.Frame) error {
+	err := &wire.Error{Code: wire.Code(f.Aux), Msg: f.Tag}
+	if err.Code == wire.CodeTimeout {
+		return fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
+	}
+	return err
+}
+
 func responseOf(f *wire.Frame) *Response {
 	r := &Response{From: f.Name, Header: f.Header, Body: f.Body, Last: f.Flags&wire.FlagLast != 0}
 	if f.Flags&wire.FlagError != 0 {
-		r.Err = &wire.Error{Code: wire.Code(f.Aux), Msg: f.Tag}
+		r.Err = responseErr(f)
 	}
 	return r
 }
@@ -221,7 +232,7 @@ func (s *Stream) Next() bool {
 	s.from = f.Name
 	switch {
 	case f.Flags&wire.FlagError != 0:
-		s.finish(&wire.Error{Code: wire.Code(f.Aux), Msg: f.Tag}, f.Flags&wire.FlagLast == 0)
+		s.finish(responseErr(f), f.Flags&wire.FlagLast == 0)
 		return false
 	case f.Flags&wire.FlagChunk != 0:
 		s.chunk = f.Body
