@@ -92,8 +92,10 @@ func responseOf(f *wire.Frame) *Response {
 	return r
 }
 
-// Request sends a request and returns the first response; on a
-// [Broadcast] exchange the others are discarded (see [ReqResp.RequestAll]).
+// Request sends a request and returns its response. On a [Broadcast]
+// exchange it returns the first successful response (or, if every handler
+// failed, the last failure) and cancels the rest; [ReqResp.RequestAll]
+// collects them all.
 // The context's deadline travels with the request. A request that no
 // handler can take fails at once with [ErrNoHandler].
 func (e *ReqResp) Request(ctx context.Context, m Message, opts ...CallOption) (*Response, error) {
@@ -114,13 +116,14 @@ func (e *ReqResp) Request(ctx context.Context, m Message, opts ...CallOption) (*
 			return nil, fmt.Errorf("courier: request to %q: the handler streams its response: use RequestStream", e.name)
 		}
 		r := responseOf(f)
-		last := r.Last
 		f.Release()
-		if !last {
-			// A broadcast: keep the first answer, let the rest drain.
-			e.abandon(cl)
-		} else {
+		if r.Err != nil && !r.Last {
+			continue // a broadcast: another handler may still succeed
+		}
+		if r.Last {
 			cl.release()
+		} else {
+			e.abandon(cl) // a broadcast: the first success is enough
 		}
 		if r.Err != nil {
 			return r, r.Err
