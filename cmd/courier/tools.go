@@ -356,7 +356,7 @@ func exchangesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "exchange %s: %s %s\n", info.Name, info.Pattern, info.Strategy)
+			fmt.Fprintln(cmd.OutOrStdout(), strings.TrimSpace(fmt.Sprintf("exchange %s: %s %s", info.Name, info.Pattern, info.Strategy)))
 			return nil
 		},
 	}
