@@ -61,6 +61,7 @@ func Run(t *testing.T, newConn func(t *testing.T) *courier.Conn) {
 	t.Run("Inverted", s.testInverted)
 	t.Run("Leader", s.testLeader)
 	t.Run("Exchanges", s.testExchanges)
+	t.Run("Edges", s.testEdges)
 }
 
 // suite is the state of one Run.
