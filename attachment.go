@@ -90,7 +90,7 @@ type Event struct {
 	Exchange string
 	ConnTag  string   // the attachment it came through
 	Leader   string   // member id of the leader
-	Member   *Member  // who joined or left
+	Member   *Member  // who joined or left (on EventLeader: whose coming or going changed the leader)
 	Members  []Member // the whole group, oldest first
 	Patterns []string // EventSubscriptions: the patterns now
 	Reason   string   // EventDetached

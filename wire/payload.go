@@ -111,7 +111,7 @@ type AttachResult struct {
 
 // Event kinds, the Aux of EVENT.
 const (
-	EventLeader        = 1 // Body: Leader and all Members
+	EventLeader        = 1 // Body: Leader, all Members, and the Member whose change caused it
 	EventMemberUp      = 2 // Body: Member, Leader and all Members
 	EventMemberDown    = 3 // Body: Member, Leader and all Members
 	EventSubscriptions = 4 // Body: Patterns, the attachment's patterns now

@@ -33,11 +33,19 @@ func (c *connFlags) add(cmd *cobra.Command) {
 		def = "courier://127.0.0.1:7400"
 	}
 	cmd.Flags().StringVar(&c.url, "url", def, "server URL (env COURIER_URL)")
-	cmd.Flags().DurationVar(&c.timeout, "timeout", 5*time.Second, "time limit for connecting and each request")
+	cmd.Flags().DurationVar(&c.timeout, "timeout", 5*time.Second, "time limit for connecting and each request (0: none)")
+}
+
+// bound applies --timeout to ctx; 0 means no limit.
+func (c *connFlags) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, c.timeout)
 }
 
 func (c *connFlags) dial(ctx context.Context) (*courier.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	ctx, cancel := c.bound(ctx)
 	defer cancel()
 	return client.Dial(ctx, c.url, client.Options{Name: "courier-cli"})
 }
@@ -194,7 +202,7 @@ func reqCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := context.WithTimeout(ctx, cf.timeout)
+			ctx, cancel := cf.bound(ctx)
 			defer cancel()
 			m := courier.Message{Key: key, Header: h, Body: body, ServiceTag: tag}
 			out := cmd.OutOrStdout()

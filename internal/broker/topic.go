@@ -48,6 +48,9 @@ func checkPattern(p string) error {
 		if w == "#" {
 			hashes++
 		}
+		if w == "" {
+			return fmt.Errorf("%w: pattern %q has an empty word", errBadPattern, p)
+		}
 		if w != "*" && w != "#" && strings.ContainsAny(w, "*#") {
 			return fmt.Errorf("%w: in pattern %q, '*' and '#' must be whole words", errBadPattern, p)
 		}

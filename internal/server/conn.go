@@ -170,7 +170,7 @@ func (c *conn) readLoop() error {
 			reason := f.Tag
 			f.Release()
 			c.fail(nil, false)
-			return fmt.Errorf("client closed: %s", reason)
+			return fmt.Errorf("the client sent CLOSE (%s)", reason)
 		case wire.TypePublish, wire.TypeRequest:
 			c.used++
 			if c.used > c.granted {
