@@ -3,6 +3,8 @@ package client_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -12,12 +14,15 @@ import (
 	"github.com/courier-mq/courier/wire"
 )
 
-func BenchmarkRemoteSeq(b *testing.B) {
-	n, err := node.Start(node.Config{DataDir: b.TempDir(), Listen: "127.0.0.1:0"})
+// remotePingPong starts a node serving loopback TCP with one handler
+// answering pong on its own connection, and returns the exchange as seen
+// from a second connection.
+func remotePingPong(b *testing.B) *courier.ReqResp {
+	n, err := node.Start(node.Config{DataDir: b.TempDir(), Listen: "127.0.0.1:0", Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer n.Close()
+	b.Cleanup(func() { n.Close() })
 	ctx := context.Background()
 	h, err := client.Dial(ctx, n.URL(), client.Options{})
 	if err != nil {
@@ -28,9 +33,24 @@ func BenchmarkRemoteSeq(b *testing.B) {
 		b.Fatal(err)
 	}
 	pong := []byte("pong")
-	hx.Handle(ctx, func(r *courier.Request) { r.Reply(pong) })
-	c, _ := client.Dial(ctx, n.URL(), client.Options{})
-	ex, _ := c.ReqResp(ctx, "ping")
+	if _, err := hx.Handle(ctx, func(r *courier.Request) { r.Reply(pong) }); err != nil {
+		b.Fatal(err)
+	}
+	c, err := client.Dial(ctx, n.URL(), client.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ex, err := c.ReqResp(ctx, "ping")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ex
+}
+
+// BenchmarkRemoteSeq measures sequential cycles over loopback TCP.
+func BenchmarkRemoteSeq(b *testing.B) {
+	ex := remotePingPong(b)
+	ctx := context.Background()
 	msg := courier.Message{Body: []byte("ping")}
 	b.ReportAllocs()
 	for b.Loop() {
@@ -105,24 +125,8 @@ func TestParseURL(t *testing.T) {
 // BenchmarkRemoteParallel100 measures cycles over loopback TCP with 100
 // requester goroutines on one connection and one handler on another.
 func BenchmarkRemoteParallel100(b *testing.B) {
-	n, err := node.Start(node.Config{DataDir: b.TempDir(), Listen: "127.0.0.1:0"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer n.Close()
+	ex := remotePingPong(b)
 	ctx := context.Background()
-	h, err := client.Dial(ctx, n.URL(), client.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	hx, err := h.ReqResp(ctx, "ping", courier.RoundRobin)
-	if err != nil {
-		b.Fatal(err)
-	}
-	pong := []byte("pong")
-	hx.Handle(ctx, func(r *courier.Request) { r.Reply(pong) })
-	c, _ := client.Dial(ctx, n.URL(), client.Options{})
-	ex, _ := c.ReqResp(ctx, "ping")
 	msg := courier.Message{Body: []byte("ping")}
 	b.ReportAllocs()
 	b.SetParallelism(50)

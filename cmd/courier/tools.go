@@ -65,6 +65,16 @@ func parseHeaders(kvs []string) (map[string]string, error) {
 	return h, nil
 }
 
+// messageArgs builds a message from the body argument at i and headers.
+func messageArgs(args []string, i int, headers []string) (courier.Message, error) {
+	body, err := bodyArg(args, i)
+	if err != nil {
+		return courier.Message{}, err
+	}
+	h, err := parseHeaders(headers)
+	return courier.Message{Header: h, Body: body}, err
+}
+
 // bodyArg returns the body argument, or stdin when it is "-".
 func bodyArg(args []string, i int) ([]byte, error) {
 	if len(args) <= i {
@@ -85,14 +95,11 @@ func pubCmd() *cobra.Command {
 		Short: "Publish a message to a pub-sub exchange",
 		Args:  cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body, err := bodyArg(args, 2)
+			m, err := messageArgs(args, 2, headers)
 			if err != nil {
 				return err
 			}
-			h, err := parseHeaders(headers)
-			if err != nil {
-				return err
-			}
+			m.Key = args[1]
 			ctx := cmd.Context()
 			conn, err := cf.dial(ctx)
 			if err != nil {
@@ -104,7 +111,7 @@ func pubCmd() *cobra.Command {
 				return err
 			}
 			for i := range count {
-				if err := ps.PublishSync(ctx, courier.Message{Key: args[1], Header: h, Body: body}); err != nil {
+				if err := ps.PublishSync(ctx, m); err != nil {
 					return fmt.Errorf("publish %d: %w", i+1, err)
 				}
 			}
@@ -184,14 +191,11 @@ func reqCmd() *cobra.Command {
 		Short: "Send a request and print the response(s)",
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			body, err := bodyArg(args, 1)
+			m, err := messageArgs(args, 1, headers)
 			if err != nil {
 				return err
 			}
-			h, err := parseHeaders(headers)
-			if err != nil {
-				return err
-			}
+			m.Key, m.ServiceTag = key, tag
 			ctx := cmd.Context()
 			conn, err := cf.dial(ctx)
 			if err != nil {
@@ -204,7 +208,6 @@ func reqCmd() *cobra.Command {
 			}
 			ctx, cancel := cf.bound(ctx)
 			defer cancel()
-			m := courier.Message{Key: key, Header: h, Body: body, ServiceTag: tag}
 			out := cmd.OutOrStdout()
 			switch {
 			case stream:
