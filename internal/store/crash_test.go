@@ -1,0 +1,5 @@
+package store
+
+const crashChildEnv = "COURIER_STORE_CRASH_CHILD"
+
+func crashChild() {}

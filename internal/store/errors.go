@@ -1,0 +1,47 @@
+package store
+
+import "errors"
+
+// Sentinel errors. Errors returned by the package wrap these with the
+// operation and file; check them with [errors.Is].
+var (
+	// ErrClosed is returned by calls on a [Log] after [Log.Close], and
+	// passed to the done callbacks of appends that Close could not flush.
+	ErrClosed = errors.New("store: log closed")
+
+	// ErrFailed wraps the first write or fsync error the log met. After it,
+	// nothing appended since the last successful sync is confirmed, and
+	// every later call fails with it: durability can no longer be
+	// promised (the kernel may have dropped the dirty pages), so the caller
+	// must Close the log and Open it again, which recovers from disk.
+	ErrFailed = errors.New("store: log failed")
+
+	// ErrCorrupt is returned by [Log.Read] and [Log.Replay] when a record's
+	// checksum or header does not match, and used in [Recovery] to describe
+	// damaged data.
+	ErrCorrupt = errors.New("store: corrupt record")
+
+	// ErrNotFound is returned by [Log.Read] for a record whose segment is
+	// gone (deleted after release, or lost) or that lies past its end.
+	ErrNotFound = errors.New("store: record not found")
+
+	// ErrTooLarge is returned by [Log.Append] for a payload over
+	// [Options.MaxRecordSize].
+	ErrTooLarge = errors.New("store: record too large")
+
+	// ErrBadKind is returned by [Log.Append] for kind 0 or a kind reserved
+	// by the store (see [KindRelease]).
+	ErrBadKind = errors.New("store: invalid record kind")
+
+	// ErrLocked is returned by [Open] when another Log (in this or another
+	// process) holds the directory.
+	ErrLocked = errors.New("store: directory locked by another log")
+
+	// ErrBadCheckpoint describes a checkpoint file that cannot be used; it
+	// appears in [Recovery.CheckpointErr], never as an Open failure.
+	ErrBadCheckpoint = errors.New("store: bad checkpoint")
+
+	// ErrInjected is returned by [MemFS] operations that a test chose to
+	// fail.
+	ErrInjected = errors.New("store: injected fault")
+)
