@@ -7,7 +7,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -477,12 +476,16 @@ func TestIntervalPolicy(t *testing.T) {
 // recovered log, with torn unsynced tails of every length.
 func TestConfirmedSurvivesCrash(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
+	opts := smallOptions()
+	opts.MaxPending = 16 << 10 // keep the appenders near the syncs
 	for round := range 20 {
 		fs := NewMemFS()
-		l, _ := mustOpen(t, fs, testDir, smallOptions())
+		l, _ := mustOpen(t, fs, testDir, opts)
 		var (
 			mu        sync.Mutex
 			confirmed = map[Ref]int{}
+			target    = 1 + rng.IntN(400)
+			reached   = make(chan struct{})
 			wg        sync.WaitGroup
 			stop      atomic.Bool
 		)
@@ -497,6 +500,9 @@ func TestConfirmedSurvivesCrash(t *testing.T) {
 						if err == nil {
 							mu.Lock()
 							confirmed[ref] = id
+							if len(confirmed) == target {
+								close(reached)
+							}
 							mu.Unlock()
 						}
 					})
@@ -510,16 +516,7 @@ func TestConfirmedSurvivesCrash(t *testing.T) {
 		}
 		// Crash once a random number of records is confirmed, while
 		// appends and syncs are in flight.
-		target := 1 + rng.IntN(400)
-		for {
-			mu.Lock()
-			n := len(confirmed)
-			mu.Unlock()
-			if n >= target {
-				break
-			}
-			runtime.Gosched()
-		}
+		<-reached
 		mu.Lock()
 		snapshot := maps.Clone(confirmed)
 		crashed := fs.Crash(func(_ string, n int) int { return rng.IntN(n + 1) })
@@ -528,7 +525,7 @@ func TestConfirmedSurvivesCrash(t *testing.T) {
 		wg.Wait()
 		l.Close()
 
-		l2, rec := mustOpen(t, crashed, testDir, smallOptions())
+		l2, rec := mustOpen(t, crashed, testDir, opts)
 		for ref, id := range snapshot {
 			r, err := l2.Read(ref, nil)
 			if err != nil || !bytes.Equal(r.Payload, payloadFor(id)) {

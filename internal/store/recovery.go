@@ -315,12 +315,15 @@ func (l *Log) recover() (*Recovery, error) {
 			d := Damage{Seg: num, Bytes: size, Records: countFrom(f, num, segHeaderSize, size), Err: herr}
 			if last && durableTo <= segHeaderSize {
 				// Its header never reached the disk, so neither did anything
-				// after it: a segment started just before the crash.
+				// after it: a segment started just before the crash. An
+				// empty file is a clean end; a partial header is reported.
 				if err := remove(num); err != nil {
 					return nil, err
 				}
 				dirChanged, newSeg = true, true
-				damage(&rec.Truncated, d)
+				if size > 0 {
+					damage(&rec.Truncated, d)
+				}
 				continue
 			}
 			damage(&rec.Corrupt, d)
