@@ -137,6 +137,10 @@ type Frame struct {
 	Tag    string
 	Header map[string]string
 	Body   []byte
+
+	// Batch, when set, defers the frame's write to the end of its
+	// producer's batch; it is not encoded. See [Batch].
+	Batch *Batch
 }
 
 var framePool = sync.Pool{New: func() any { return new(Frame) }}

@@ -57,6 +57,7 @@ type Outbox struct {
 	err     error
 	waiters int
 	room    chan struct{} // closed and replaced when room is made
+	batch   *Batch        // the last Batch that deferred a write here
 	ready   chan struct{}
 	max     int
 	limit   int
@@ -81,6 +82,12 @@ func (o *Outbox) SetMax(maxFrame int) {
 func (o *Outbox) Put(f *Frame, mode Mode, timeout time.Duration) error {
 	o.mu.Lock()
 	if mode != Control && len(o.buf) > o.limit && !o.closed {
+		if f.Batch != nil && f.Batch.Pending() {
+			// Do not hold other connections' frames while waiting.
+			o.mu.Unlock()
+			f.Batch.Flush()
+			o.mu.Lock()
+		}
 		if err := o.waitRoom(timeout); err != nil {
 			return err
 		}
@@ -95,6 +102,11 @@ func (o *Outbox) Put(f *Frame, mode Mode, timeout time.Duration) error {
 	if err != nil {
 		o.mu.Unlock()
 		return fmt.Errorf("put %s: %w", f.Type, err)
+	}
+	if f.Batch != nil && mode != Control {
+		f.Batch.add(o)
+		o.mu.Unlock()
+		return nil // written when the batch ends
 	}
 	if was != 0 || o.writing {
 		o.mu.Unlock()
@@ -112,6 +124,9 @@ func (o *Outbox) Put(f *Frame, mode Mode, timeout time.Duration) error {
 // waitRoom waits, with o.mu held (and held again on a nil return), until
 // the buffer is under its limit.
 func (o *Outbox) waitRoom(timeout time.Duration) error {
+	o.mu.Unlock()
+	o.kick() // the write loop may not know of deferred frames
+	o.mu.Lock()
 	var deadline <-chan time.Time
 	if timeout > 0 {
 		t := time.NewTimer(timeout)
@@ -134,6 +149,25 @@ func (o *Outbox) waitRoom(timeout time.Duration) error {
 		o.waiters--
 	}
 	return nil
+}
+
+// flushBatch starts the write of frames deferred by b: from this
+// goroutine when inline and the connection is idle, else by a kick.
+func (o *Outbox) flushBatch(b *Batch, inline bool) {
+	o.mu.Lock()
+	if o.batch == b {
+		o.batch = nil
+	}
+	if len(o.buf) == 0 || o.writing {
+		o.mu.Unlock()
+		return
+	}
+	if inline && time.Now().UnixNano()-o.lastWrite.Load() > int64(busyGap) {
+		o.writeLocked()
+		return
+	}
+	o.mu.Unlock()
+	o.kick()
 }
 
 func (o *Outbox) kick() {

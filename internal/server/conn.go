@@ -28,6 +28,8 @@ type conn struct {
 	out  *wire.Outbox
 	r    *wire.Reader
 	sess *broker.Session
+	// opened is when the connection was accepted (see [Describe]).
+	opened time.Time
 
 	heartbeat atomic.Int64 // agreed interval in ns, set by the handshake
 	seen      atomic.Bool  // a frame arrived since the last heartbeat tick
@@ -45,7 +47,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		tc.SetNoDelay(true)
 	}
 	return &conn{
-		s: s, nc: nc, peer: nc.RemoteAddr().String(),
+		s: s, nc: nc, peer: nc.RemoteAddr().String(), opened: time.Now(),
 		out:     wire.NewOutbox(nc, wire.HandshakeMaxFrame, s.cfg.OutboxLimit),
 		r:       wire.NewReader(nc, wire.HandshakeMaxFrame),
 		closing: make(chan struct{}),
@@ -143,10 +145,17 @@ func (c *conn) handshake() error {
 	return nil
 }
 
-// readLoop hands frames to the broker until the connection ends.
+// readLoop hands frames to the broker until the connection ends. Frames
+// routed while more input is buffered are written once the buffer is
+// worked through, one write per destination connection.
 func (c *conn) readLoop() error {
 	half := c.s.cfg.Credit / 2
+	var batch wire.Batch
+	defer batch.Flush()
 	for {
+		if !c.r.Buffered() {
+			batch.Flush()
+		}
 		f := wire.NewFrame(0)
 		if err := c.r.Next(f); err != nil {
 			f.Release()
@@ -154,6 +163,7 @@ func (c *conn) readLoop() error {
 			return err
 		}
 		c.seen.Store(true)
+		f.Batch = &batch
 		if !clientTypes[f.Type] {
 			err := wire.Errorf(wire.CodeProtocol, "a client may not send %s", f.Type)
 			f.Release()

@@ -1,0 +1,127 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// countingWriter records each Write call separately.
+type countingWriter struct {
+	mu     sync.Mutex
+	writes [][]byte
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.writes = append(w.writes, bytes.Clone(p))
+	return len(p), nil
+}
+
+func (w *countingWriter) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.writes)
+}
+
+func TestOutboxUrgentIdleWritesInline(t *testing.T) {
+	w := &countingWriter{}
+	o := NewOutbox(w, DefaultMaxFrame, 1<<20)
+	if err := o.Put(&Frame{Type: TypeResponse, Ref: 1}, Urgent, 0); err != nil {
+		t.Fatal(err)
+	}
+	if w.count() != 1 {
+		t.Fatalf("an urgent frame on an idle outbox made %d writes, want 1 inline", w.count())
+	}
+	// Right after a write the connection counts as busy: the next urgent
+	// frame waits for the write loop.
+	o.Put(&Frame{Type: TypeResponse, Ref: 2}, Urgent, 0)
+	if w.count() != 1 {
+		t.Fatal("an urgent frame on a busy outbox was written inline")
+	}
+	select {
+	case <-o.Ready():
+	default:
+		t.Fatal("the write loop was not kicked")
+	}
+	if wrote, err := o.Flush(); !wrote || err != nil || w.count() != 2 {
+		t.Fatalf("Flush: wrote %v, err %v, writes %d", wrote, err, w.count())
+	}
+}
+
+func TestBatchDefersWrites(t *testing.T) {
+	w := &countingWriter{}
+	o := NewOutbox(w, DefaultMaxFrame, 1<<20)
+	var b Batch
+	for i := range 50 {
+		if err := o.Put(&Frame{Type: TypeRequest, Ref: uint64(i + 1), Batch: &b}, Urgent, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w.count() != 0 {
+		t.Fatalf("%d writes before the batch ended", w.count())
+	}
+	select {
+	case <-o.Ready():
+		t.Fatal("the write loop was kicked before the batch ended")
+	default:
+	}
+	time.Sleep(2 * busyGap) // let the outbox count as idle: Flush then writes inline
+	b.Flush()
+	if w.count() != 1 {
+		t.Fatalf("the batch ended in %d writes, want 1", w.count())
+	}
+	r := NewReader(bytes.NewReader(w.writes[0]), DefaultMaxFrame)
+	for i := range 50 {
+		var f Frame
+		if err := r.Next(&f); err != nil || f.Ref != uint64(i+1) {
+			t.Fatalf("frame %d: %+v %v", i, f, err)
+		}
+	}
+}
+
+func TestBatchOfManyKicksWriteLoops(t *testing.T) {
+	var b Batch
+	var outs []*Outbox
+	for range 3 {
+		o := NewOutbox(&countingWriter{}, DefaultMaxFrame, 1<<20)
+		o.Put(&Frame{Type: TypeMessage, Attach: 1, Batch: &b}, Data, 0)
+		outs = append(outs, o)
+	}
+	b.Flush()
+	for i, o := range outs {
+		select {
+		case <-o.Ready():
+		default:
+			t.Fatalf("outbox %d was not kicked at the end of the batch", i)
+		}
+	}
+	if b.Pending() {
+		t.Fatal("batch still pending after Flush")
+	}
+}
+
+// TestBatchFlushesBeforeWaiting: a producer that must wait for room first
+// lets go of the frames it deferred elsewhere.
+func TestBatchFlushesBeforeWaiting(t *testing.T) {
+	var b Batch
+	ow := &countingWriter{}
+	other := NewOutbox(ow, DefaultMaxFrame, 1<<20)
+	other.Put(&Frame{Type: TypeMessage, Attach: 1, Batch: &b}, Data, 0)
+	full := NewOutbox(&countingWriter{}, DefaultMaxFrame, 0)
+	full.Put(&Frame{Type: TypeMessage, Attach: 1}, Data, 0) // over the limit of 0 now
+	err := full.Put(&Frame{Type: TypeMessage, Attach: 2, Batch: &b}, Data, 10*time.Millisecond)
+	if !errors.Is(err, ErrOutboxFull) {
+		t.Fatalf("want ErrOutboxFull, got %v", err)
+	}
+	select {
+	case <-other.Ready():
+	default:
+		if ow.count() == 0 {
+			t.Fatal("the deferred frame of another connection stayed held while waiting")
+		}
+	}
+}
