@@ -1,0 +1,73 @@
+package broker
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/courier-mq/courier/wire"
+)
+
+// holdSink keeps the last frame delivered to it.
+type holdSink struct{ last *wire.Frame }
+
+func (h *holdSink) Deliver(f *wire.Frame) {
+	if h.last != nil {
+		h.last.Release()
+	}
+	h.last = f
+}
+
+// BenchmarkRouteRequest measures the broker alone routing one request to
+// a round-robin handler and its response back: no connections, no
+// goroutines, so what it allocates is the broker's own.
+func BenchmarkRouteRequest(b *testing.B) {
+	br := New(Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	defer br.Close()
+	reqSink, hSink := &holdSink{}, &holdSink{}
+	req, h := br.Open(reqSink, "requester"), br.Open(hSink, "handler")
+	cfg, _ := json.Marshal(wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: RoundRobin})
+	req.Handle(&wire.Frame{Type: wire.TypeDeclare, Ref: 1, Name: "ping", Body: cfg})
+	h.Handle(&wire.Frame{Type: wire.TypeAttach, Ref: 1, Attach: 1, Name: "ping", Aux: wire.RoleHandler})
+	body := []byte("ping")
+	b.ReportAllocs()
+	for i := uint64(1); b.Loop(); i++ {
+		f := wire.NewFrame(wire.TypeRequest)
+		f.Ref, f.Name, f.Body = i, "ping", body
+		req.Handle(f)
+		in := hSink.last
+		if in == nil || in.Type != wire.TypeRequest {
+			b.Fatalf("handler got %+v", in)
+		}
+		r := wire.NewFrame(wire.TypeResponse)
+		r.Ref, r.Body = in.Ref, body
+		h.Handle(r)
+		if out := reqSink.last; out == nil || out.Type != wire.TypeResponse || out.Ref != i {
+			b.Fatalf("requester got %+v", out)
+		}
+	}
+}
+
+// BenchmarkPublishFanOut10 measures the broker routing one publication to
+// ten subscribers.
+func BenchmarkPublishFanOut10(b *testing.B) {
+	br := New(Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	defer br.Close()
+	pub := br.Open(&holdSink{}, "publisher")
+	cfg, _ := json.Marshal(wire.ExchangeConfig{Pattern: wire.PatternPubSub})
+	pub.Handle(&wire.Frame{Type: wire.TypeDeclare, Ref: 1, Name: "news", Body: cfg})
+	spec, _ := json.Marshal(wire.AttachSpec{Patterns: []string{"eu.#"}})
+	for range 10 {
+		s := br.Open(&holdSink{}, "subscriber")
+		s.Handle(&wire.Frame{Type: wire.TypeAttach, Ref: 1, Attach: 1, Name: "news", Aux: wire.RoleSubscriber, Body: spec})
+	}
+	body := make([]byte, 128)
+	b.ReportAllocs()
+	for b.Loop() {
+		f := wire.NewFrame(wire.TypePublish)
+		f.Name, f.Key, f.Body = "news", "eu.fr.paris", body
+		pub.Handle(f)
+	}
+	b.ReportMetric(float64(b.N*10)/b.Elapsed().Seconds(), "deliveries/s")
+}
