@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -230,6 +231,10 @@ func (l *Log) add(h, payload []byte, done func(error), released []Ref) (Pos, err
 		return Pos{}, err
 	}
 	if l.active == nil || int64(l.next.Off)+size > l.opts.SegmentSize {
+		if l.nextSeg == 0 || l.nextSeg == math.MaxUint32 {
+			l.mu.Unlock()
+			return Pos{}, fmt.Errorf("%w: segment numbers exhausted", ErrFailed)
+		}
 		l.roll()
 	}
 	pos := l.next
