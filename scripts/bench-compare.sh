@@ -63,6 +63,8 @@ done
 {
 	echo "date: $(date -u +%FT%TZ)"
 	echo "commit: $(git -C "$root" rev-parse --short HEAD)"
+	dirty=$(git -C "$root" status --short --untracked-files=no | awk '{print $2}' | tr '\n' ' ')
+	if [ -n "$dirty" ]; then echo "uncommitted changes built in: $dirty"; fi
 	echo "kernel: $(uname -r), cpus: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 	echo "memory: $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
 	echo "go: $(go version | awk '{print $3}')"

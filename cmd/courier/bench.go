@@ -64,7 +64,7 @@ time is read from /proc for the process listening on the target's port
 		Short: "Request-response: sequential and parallel ping-pong cycles",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.run(cmd, func(ctx context.Context, cfg bench.Config) (result, error) {
+			return f.run(cmd, "cycles", func(ctx context.Context, cfg bench.Config) (result, error) {
 				return bench.RunReqResp(ctx, cfg)
 			})
 		},
@@ -78,7 +78,7 @@ time is read from /proc for the process listening on the target's port
 		Short: "Pub-sub fan-out: one publisher, N subscribers on their own connections",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.run(cmd, func(ctx context.Context, cfg bench.Config) (result, error) {
+			return f.run(cmd, "msgs", func(ctx context.Context, cfg bench.Config) (result, error) {
 				return bench.RunPubSub(ctx, cfg)
 			})
 		},
@@ -125,14 +125,14 @@ func (f *benchFlags) config() (bench.Config, error) {
 	}, nil
 }
 
-func (f *benchFlags) run(cmd *cobra.Command, scenario func(context.Context, bench.Config) (result, error)) error {
+func (f *benchFlags) run(cmd *cobra.Command, unit string, scenario func(context.Context, bench.Config) (result, error)) error {
 	cfg, err := f.config()
 	if err != nil {
 		return err
 	}
 	out := cmd.OutOrStdout()
 	if isTerminal(os.Stdout) && !f.json {
-		bar := &benchBar{}
+		bar := &benchBar{unit: unit}
 		cfg.Progress = bar.update
 		defer bar.finish()
 	}
@@ -166,6 +166,7 @@ func (f *benchFlags) run(cmd *cobra.Command, scenario func(context.Context, benc
 
 // benchBar shows a progress bar on stderr, one per stage.
 type benchBar struct {
+	unit  string
 	stage string
 	bar   *progressbar.ProgressBar
 }
@@ -180,7 +181,7 @@ func (b *benchBar) update(stage string, done, total int64) {
 			progressbar.OptionSetDescription(stage),
 			progressbar.OptionShowCount(),
 			progressbar.OptionShowIts(),
-			progressbar.OptionSetItsString("msg"),
+			progressbar.OptionSetItsString(b.unit),
 			progressbar.OptionThrottle(100*time.Millisecond),
 			progressbar.OptionClearOnFinish(),
 		)

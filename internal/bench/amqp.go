@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -225,6 +226,7 @@ func (d *amqpDriver) notes() []string {
 	for what, n := range d.events {
 		out = append(out, fmt.Sprintf("%dx %s", n, what))
 	}
+	slices.Sort(out)
 	return out
 }
 

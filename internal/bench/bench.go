@@ -254,6 +254,7 @@ func progress(cfg *Config, stage string, done func() int64, total int64) (stop f
 	}
 	quit := make(chan struct{})
 	finished := make(chan struct{})
+	cfg.Progress(stage, done(), total)
 	go func() {
 		defer close(finished)
 		t := time.NewTicker(200 * time.Millisecond)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -162,6 +163,7 @@ func (d *natsDriver) notes() []string {
 	for what, n := range d.events {
 		out = append(out, fmt.Sprintf("%dx %s", n, what))
 	}
+	slices.Sort(out)
 	return out
 }
 
