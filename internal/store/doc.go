@@ -99,7 +99,7 @@
 // # Concurrency
 //
 // Every method of [Log] is safe for concurrent use. Done callbacks run
-// on the syncer goroutine, in log order, and must not block or call back
-// into the Log's blocking methods. Read and Replay run concurrently with
+// on the syncer goroutine, in log order; they must not block, nor call
+// Sync, Checkpoint or Close. Read and Replay run concurrently with
 // appends; Read waits for a record still being written.
 package store

@@ -114,9 +114,20 @@ func putRecordHeader(h []byte, queue uint32, kind Kind, payload []byte) {
 	binary.LittleEndian.PutUint32(h[4:], uint32(len(payload)))
 	binary.LittleEndian.PutUint32(h[8:], queue)
 	h[12], h[13], h[14], h[15] = byte(kind), 0, 0, 0
-	crc := crc32.Update(0, castagnoli, h[4:recHeaderSize])
+	crc := crcSmall(h[4:recHeaderSize])
 	crc = crc32.Update(crc, castagnoli, payload)
 	binary.LittleEndian.PutUint32(h, crc)
+}
+
+// crcSmall is crc32.Checksum(b, castagnoli) for a few bytes, a byte at a
+// time: unlike crc32.Update, it does not make b escape, so the caller's
+// header stays on its stack.
+func crcSmall(b []byte) uint32 {
+	crc := ^uint32(0)
+	for _, c := range b {
+		crc = castagnoli[byte(crc)^c] ^ (crc >> 8)
+	}
+	return ^crc
 }
 
 // headerLen returns the payload length in a record header, and whether the

@@ -154,9 +154,10 @@ func (j *syncJob) reset() {
 // Append blocks while [Options.MaxPending] bytes wait to be written. If it
 // returns an error, the record was not appended and done is not called.
 //
-// done is called from the log's sync goroutine, in append order; it must
-// not block, and must not call Append, [Log.Sync] or [Log.Close] (hand the
-// work to another goroutine instead).
+// done is called from the log's sync goroutine, in append order. It must
+// not block for long: every later confirm waits for it. It may call
+// Append, Release and Read, but not [Log.Sync], [Log.Checkpoint] or
+// [Log.Close], which wait for that goroutine.
 func (l *Log) Append(queue uint32, kind Kind, payload []byte, done func(error)) (Ref, error) {
 	if kind == 0 || kind >= KindReserved {
 		return Ref{}, fmt.Errorf("append kind %d: %w", kind, ErrBadKind)

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/courier-mq/courier/internal/testutil"
 )
 
 const testDir = "/db"
@@ -559,4 +561,100 @@ func TestMain(m *testing.M) {
 		return
 	}
 	os.Exit(m.Run())
+}
+
+// TestFlowControl: with the disk stalled, appenders block once
+// MaxPending bytes wait, instead of buffering without bound, and go on
+// when the disk does.
+func TestFlowControl(t *testing.T) {
+	fs := NewMemFS()
+	opts := smallOptions()
+	opts.MaxPending = 2 << 10
+	l, _ := mustOpen(t, fs, testDir, opts)
+	appendN(t, l, 0, 1) // the segment exists
+
+	stalled := make(chan struct{})
+	unstall := make(chan struct{})
+	var once sync.Once
+	fs.SetInjector(func(op Op, name string) error {
+		if op == OpWrite {
+			once.Do(func() { close(stalled) })
+			<-unstall
+		}
+		return nil
+	})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for range 100 {
+			if _, err := l.Append(1, 1, make([]byte, 200), nil); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	<-stalled
+	pending := func() int {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.pend.bytes
+	}
+	testutil.WaitFor(t, 5*time.Second, func() bool { return pending() >= opts.MaxPending })
+	select {
+	case <-finished:
+		t.Fatal("100 appends of 200 bytes finished with the disk stalled and 2 KiB of room")
+	default:
+	}
+	if p := pending(); p > opts.MaxPending+recHeaderSize+200 {
+		t.Fatalf("%d bytes pending, bound %d", p, opts.MaxPending)
+	}
+	close(unstall)
+	<-finished
+	fs.SetInjector(nil)
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if s := l.Stats(); s.LiveRecords != 101 {
+		t.Fatalf("live %d", s.LiveRecords)
+	}
+}
+
+// TestDoneMayAppend: a done callback may append and release (here it
+// releases its own record and appends an ack), even under flow control.
+func TestDoneMayAppend(t *testing.T) {
+	opts := smallOptions()
+	opts.MaxPending = 1 << 10
+	l, _ := mustOpen(t, NewMemFS(), testDir, opts)
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Add(1)
+		var ref Ref
+		ready := make(chan struct{})
+		r, err := l.Append(1, 1, payloadFor(i), func(err error) {
+			defer wg.Done()
+			<-ready
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if err := l.Release(1, []Ref{ref}, nil); err != nil {
+				t.Error(err)
+			}
+			if _, err := l.Append(1, 2, []byte("ack"), nil); err != nil {
+				t.Error(err)
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref = r
+		close(ready)
+	}
+	wg.Wait()
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if s := l.Stats(); s.LiveRecords != 200 || s.BadReleases != 0 {
+		t.Fatalf("stats: %+v", s)
+	}
 }
