@@ -12,12 +12,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/internal/admin"
 	"github.com/courier-mq/courier/internal/broker"
 	"github.com/courier-mq/courier/internal/server"
 	"github.com/courier-mq/courier/wire"
@@ -42,6 +44,12 @@ type Config struct {
 	Heartbeat time.Duration
 	// MaxFrame bounds a network frame in bytes. Default: 4 MiB.
 	MaxFrame int
+	// HTTP, when set, serves the management API, Prometheus metrics,
+	// pprof and the web dashboard on this TCP address, such as
+	// "127.0.0.1:7480" (port 0 picks a free one; see [Node.HTTPAddr]). It
+	// must be a loopback address until Courier has users. Default: ""
+	// (none); `courier server` defaults it to "127.0.0.1:7480".
+	HTTP string
 }
 
 // DefaultConfig returns the configuration a Node starts with.
@@ -54,6 +62,11 @@ func (c Config) Validate() error {
 	if c.Name == "" {
 		return fmt.Errorf("node: name is empty")
 	}
+	if c.HTTP != "" {
+		if err := admin.CheckListen(c.HTTP); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -64,6 +77,9 @@ type Node struct {
 	srv    *server.Server
 	addr   net.Addr
 	served chan struct{}
+	admin  *admin.Server
+	http   net.Addr
+	hdone  chan struct{} // closed when the admin server stopped serving
 	closed atomic.Bool
 	mu     sync.Mutex // guards conns
 	conns  map[*localTransport]struct{}
@@ -111,7 +127,67 @@ func Start(cfg Config) (*Node, error) {
 			}
 		}()
 	}
+	if cfg.HTTP != "" {
+		if err := n.startAdmin(); err != nil {
+			n.Close()
+			return nil, err
+		}
+	}
 	return n, nil
+}
+
+// startAdmin serves the management API on Config.HTTP.
+func (n *Node) startAdmin() error {
+	a, err := admin.New(admin.Config{
+		Listen: n.cfg.HTTP, Broker: n.broker, Node: n.cfg.Name, Log: n.cfg.Log,
+		Describe: describe,
+		Listeners: func() []admin.Listener {
+			if n.addr == nil {
+				return nil
+			}
+			return []admin.Listener{{Protocol: "courier", Address: n.addr.String()}}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := a.Listen()
+	if err != nil {
+		a.Shutdown(context.Background())
+		return err
+	}
+	n.admin, n.http, n.hdone = a, ln.Addr(), make(chan struct{})
+	go func() {
+		defer close(n.hdone)
+		if err := a.Serve(ln); err != nil && err != http.ErrServerClosed {
+			n.cfg.Log.Error("management API stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// describe tells the management API what a session's transport knows of
+// its peer.
+func describe(sink broker.Sink) (admin.ConnInfo, bool) {
+	if t, ok := sink.(*localTransport); ok {
+		return admin.ConnInfo{Type: "embedded", ConnectedAt: t.opened}, true
+	}
+	if ci, ok := server.Describe(sink); ok {
+		return admin.ConnInfo{Type: "network", Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt}, true
+	}
+	return admin.ConnInfo{}, false
+}
+
+// HTTPAddr returns the management API's address, or nil without HTTP.
+func (n *Node) HTTPAddr() net.Addr { return n.http }
+
+// HTTPURL returns the management API's base URL, such as
+// "http://127.0.0.1:7480", or "".
+func (n *Node) HTTPURL() string {
+	if n.http == nil {
+		return ""
+	}
+	return "http://" + n.http.String()
 }
 
 // Addr returns the network address served, or nil without Listen.
@@ -134,7 +210,7 @@ func (n *Node) Broker() *broker.Broker { return n.broker }
 
 // Connect returns a new in-process connection.
 func (n *Node) Connect() *courier.Conn {
-	t := &localTransport{n: n}
+	t := &localTransport{n: n, opened: time.Now()}
 	t.s = n.broker.Open(t, "embedded")
 	n.mu.Lock()
 	n.conns[t] = struct{}{}
@@ -149,6 +225,12 @@ func (n *Node) Connect() *courier.Conn {
 func (n *Node) Close() error {
 	if n.closed.Swap(true) {
 		return nil
+	}
+	if n.admin != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		n.admin.Shutdown(ctx)
+		cancel()
+		<-n.hdone
 	}
 	if n.srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -177,6 +259,7 @@ type localTransport struct {
 	s      *broker.Session
 	conn   *courier.Conn
 	recv   func(*wire.Frame)
+	opened time.Time
 	closed atomic.Bool
 }
 

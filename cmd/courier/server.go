@@ -1,14 +1,17 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/courier-mq/courier/internal/admin"
 	"github.com/courier-mq/courier/node"
 )
 
@@ -17,10 +20,11 @@ func init() { commands = append(commands, serverCmd) }
 func serverCmd() *cobra.Command {
 	cfg := node.DefaultConfig()
 	cfg.Listen = "127.0.0.1:7400"
+	cfg.HTTP = admin.DefaultListen
 	var logLevel, logFormat string
 	cmd := &cobra.Command{
 		Use:   "server",
-		Short: "Run a broker: clients on 127.0.0.1:7400, data in ./courier-data",
+		Short: "Run a broker: clients on 127.0.0.1:7400, dashboard on http://127.0.0.1:7480, data in ./courier-data",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logLevel, logFormat)
@@ -28,11 +32,21 @@ func serverCmd() *cobra.Command {
 				return err
 			}
 			cfg.Log = log
+			if cfg.HTTP == "off" {
+				cfg.HTTP = ""
+			}
 			n, err := node.Start(cfg)
+			if err != nil && !cmd.Flags().Changed("http") && errors.Is(err, admin.ErrListen) && errors.Is(err, syscall.EADDRINUSE) {
+				// Only the default address is busy (another server on this
+				// machine): run without the management listener.
+				log.Warn("management API off: its default address is in use; choose one with --http", "addr", cfg.HTTP)
+				cfg.HTTP = ""
+				n, err = node.Start(cfg)
+			}
 			if err != nil {
 				return err
 			}
-			log.Info("courier server started", "node", n.Name(), "url", n.URL(), "data", cfg.DataDir)
+			log.Info("courier server started", "node", n.Name(), "url", n.URL(), "http", n.HTTPURL(), "data", cfg.DataDir)
 			<-cmd.Context().Done()
 			log.Info("shutting down")
 			return n.Close()
@@ -40,6 +54,7 @@ func serverCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "client listener address")
+	f.StringVar(&cfg.HTTP, "http", cfg.HTTP, `management API, metrics and dashboard address, loopback only ("" or "off": none)`)
 	f.StringVar(&cfg.DataDir, "data", cfg.DataDir, "data directory")
 	f.StringVar(&cfg.Name, "name", cfg.Name, "node name")
 	f.DurationVar(&cfg.Heartbeat, "heartbeat", time.Second, "heartbeat interval; silent clients are cut after three")

@@ -1,0 +1,317 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	commands = append(commands, overviewCmd, connectionsCmd, queuesCmd)
+}
+
+// apiFlags are the flags of the tools that read the management API.
+type apiFlags struct {
+	api     string
+	timeout time.Duration
+	json    bool
+}
+
+func (a *apiFlags) add(cmd *cobra.Command) {
+	def := os.Getenv("COURIER_API")
+	if def == "" {
+		def = "http://127.0.0.1:7480"
+	}
+	cmd.Flags().StringVar(&a.api, "api", def, "management API URL (env COURIER_API)")
+	cmd.Flags().DurationVar(&a.timeout, "timeout", 5*time.Second, "time limit for the request (0: none)")
+	cmd.Flags().BoolVar(&a.json, "json", false, "print the API's JSON")
+}
+
+// get fetches path from the management API; with v, it decodes the JSON
+// answer into it, else it returns the body as it came.
+func (a *apiFlags) get(ctx context.Context, path string, query url.Values, v any) ([]byte, error) {
+	base, err := url.Parse(strings.TrimRight(a.api, "/"))
+	if err != nil || base.Scheme != "http" && base.Scheme != "https" || base.Host == "" {
+		return nil, fmt.Errorf("bad --api %q: want http://host:port", a.api)
+	}
+	u := base.JoinPath(path)
+	u.RawQuery = query.Encode()
+	if a.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, a.timeout)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("cannot reach the management API at %s: %v (is `courier server` running, with --http on that address?)", base, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", u, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e struct{ Error, Reason string }
+		if json.Unmarshal(body, &e) == nil && e.Reason != "" {
+			return nil, fmt.Errorf("%s (HTTP %d from %s)", e.Reason, resp.StatusCode, u.Path)
+		}
+		return nil, fmt.Errorf("HTTP %s from %s", resp.Status, u.Path)
+	}
+	if v != nil {
+		if err := json.Unmarshal(body, v); err != nil {
+			return nil, fmt.Errorf("bad answer from %s: %w", u, err)
+		}
+	}
+	return body, nil
+}
+
+// printJSON writes an API answer indented.
+func printJSON(w io.Writer, body []byte) error {
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, body, "", "  "); err != nil {
+		return err
+	}
+	buf.WriteByte('\n')
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+// rate is a figure of RabbitMQ's {"rate": r} form.
+type rate struct {
+	Rate float64 `json:"rate"`
+}
+
+func (r rate) String() string { return fmtRate(r.Rate) }
+
+func fmtRate(r float64) string {
+	if r >= 100 {
+		return strconv.FormatFloat(r, 'f', 0, 64) + "/s"
+	}
+	return strconv.FormatFloat(r, 'f', 1, 64) + "/s"
+}
+
+func fmtBytes(b uint64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := uint64(unit), 0
+	for n := b / unit; n >= unit; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}
+
+func fmtAgo(ms int64) string {
+	if ms <= 0 {
+		return "-"
+	}
+	return time.Since(time.UnixMilli(ms)).Round(time.Second).String()
+}
+
+func overviewCmd() *cobra.Command {
+	var af apiFlags
+	cmd := &cobra.Command{
+		Use:   "overview",
+		Short: "Show the node's objects, message totals and rates (management API)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var o struct {
+				Node           string `json:"node"`
+				CourierVersion string `json:"courier_version"`
+				GoVersion      string `json:"go_version"`
+				Uptime         int64  `json:"uptime"`
+				ObjectTotals   struct {
+					Connections, Exchanges, Queues, Attachments int
+				} `json:"object_totals"`
+				QueueTotals struct {
+					Messages       uint64 `json:"messages"`
+					Ready          uint64 `json:"messages_ready"`
+					Unacknowledged uint64 `json:"messages_unacknowledged"`
+				} `json:"queue_totals"`
+				MessageStats map[string]json.RawMessage `json:"message_stats"`
+				Listeners    []struct{ Protocol, Address string }
+			}
+			body, err := af.get(cmd.Context(), "/api/overview", nil, &o)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if af.json {
+				return printJSON(out, body)
+			}
+			tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "node\t%s (courier %s, %s), up %s\n", o.Node, o.CourierVersion, o.GoVersion, (time.Duration(o.Uptime) * time.Millisecond).Round(time.Second))
+			t := o.ObjectTotals
+			fmt.Fprintf(tw, "objects\t%d connections, %d exchanges, %d queues, %d attachments\n", t.Connections, t.Exchanges, t.Queues, t.Attachments)
+			q := o.QueueTotals
+			fmt.Fprintf(tw, "queued\t%d messages (%d ready, %d unacknowledged)\n", q.Messages, q.Ready, q.Unacknowledged)
+			var ls []string
+			for _, l := range o.Listeners {
+				ls = append(ls, l.Protocol+" "+l.Address)
+			}
+			fmt.Fprintf(tw, "listeners\t%s\n", strings.Join(ls, ", "))
+			fmt.Fprintln(tw)
+			fmt.Fprintln(tw, "MESSAGES\tTOTAL\tRATE")
+			for _, k := range []string{"publish", "request", "deliver", "response", "ack"} {
+				var n uint64
+				var r rate
+				json.Unmarshal(o.MessageStats[k], &n)
+				json.Unmarshal(o.MessageStats[k+"_details"], &r)
+				fmt.Fprintf(tw, "%s\t%d\t%s\n", k, n, r)
+			}
+			return tw.Flush()
+		},
+	}
+	af.add(cmd)
+	return cmd
+}
+
+// listFlags are the list options the API takes.
+type listFlags struct {
+	sort    string
+	reverse bool
+	name    string
+}
+
+func (l *listFlags) add(cmd *cobra.Command, sortHelp string) {
+	cmd.Flags().StringVar(&l.sort, "sort", "", "sort by this field, such as "+sortHelp)
+	cmd.Flags().BoolVar(&l.reverse, "reverse", false, "reverse the order")
+	cmd.Flags().StringVar(&l.name, "name", "", "only names containing this")
+}
+
+func (l *listFlags) query(columns string) url.Values {
+	q := url.Values{}
+	if columns != "" {
+		q.Set("columns", columns)
+	}
+	if l.sort != "" {
+		q.Set("sort", l.sort)
+	}
+	if l.reverse {
+		q.Set("sort_reverse", "true")
+	}
+	if l.name != "" {
+		q.Set("name", l.name)
+	}
+	return q
+}
+
+func connectionsCmd() *cobra.Command {
+	var af apiFlags
+	var lf listFlags
+	cmd := &cobra.Command{
+		Use:   "connections",
+		Short: "List connections with their peers, attachments and rates (management API)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			if af.json {
+				body, err := af.get(cmd.Context(), "/api/connections", lf.query(""), nil)
+				if err != nil {
+					return err
+				}
+				return printJSON(out, body)
+			}
+			var list []struct {
+				ID, Name, Type, Peer, User string
+				Attachments                int
+				Inflight                   int64
+				ConnectedAt                int64 `json:"connected_at"`
+				Stats                      struct {
+					Request  rate `json:"request_details"`
+					Publish  rate `json:"publish_details"`
+					Deliver  rate `json:"deliver_details"`
+					Response rate `json:"response_details"`
+				} `json:"message_stats"`
+			}
+			cols := "id,name,type,peer,user,attachments,inflight,connected_at,message_stats"
+			if _, err := af.get(cmd.Context(), "/api/connections", lf.query(cols), &list); err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tTYPE\tPEER\tUSER\tATTACHMENTS\tIN FLIGHT\tCONNECTED\tREQUESTS\tPUBLISHES\tDELIVERED\tRESPONSES")
+			for _, c := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Name, c.Type, dash(c.Peer), dash(c.User),
+					c.Attachments, c.Inflight, fmtAgo(c.ConnectedAt), c.Stats.Request, c.Stats.Publish, c.Stats.Deliver, c.Stats.Response)
+			}
+			return tw.Flush()
+		},
+	}
+	af.add(cmd)
+	lf.add(cmd, "message_stats.deliver_details.rate")
+	return cmd
+}
+
+func queuesCmd() *cobra.Command {
+	var af apiFlags
+	var lf listFlags
+	cmd := &cobra.Command{
+		Use:   "queues",
+		Short: "List queues with their depth, consumers and rates (management API)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			if af.json {
+				body, err := af.get(cmd.Context(), "/api/queues", lf.query(""), nil)
+				if err != nil {
+					return err
+				}
+				return printJSON(out, body)
+			}
+			var list []struct {
+				Name                   string
+				Messages               uint64
+				MessagesReady          uint64 `json:"messages_ready"`
+				MessagesUnacknowledged uint64 `json:"messages_unacknowledged"`
+				Consumers              int
+				Memory                 uint64
+				Stats                  struct {
+					Publish rate `json:"publish_details"`
+					Deliver rate `json:"deliver_details"`
+					Ack     rate `json:"ack_details"`
+				} `json:"message_stats"`
+			}
+			cols := "name,messages,messages_ready,messages_unacknowledged,consumers,memory,message_stats"
+			if _, err := af.get(cmd.Context(), "/api/queues", lf.query(cols), &list); err != nil {
+				return err
+			}
+			if len(list) == 0 && lf.name == "" {
+				fmt.Fprintln(out, "no queues")
+				return nil
+			}
+			tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tMESSAGES\tREADY\tUNACKED\tCONSUMERS\tMEMORY\tPUBLISH\tDELIVER\tACK")
+			for _, q := range list {
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", q.Name, q.Messages, q.MessagesReady, q.MessagesUnacknowledged,
+					q.Consumers, fmtBytes(q.Memory), q.Stats.Publish, q.Stats.Deliver, q.Stats.Ack)
+			}
+			return tw.Flush()
+		},
+	}
+	af.add(cmd)
+	lf.add(cmd, "messages_ready")
+	return cmd
+}

@@ -1,0 +1,341 @@
+// Package admin serves Courier's management HTTP listener: a JSON API in
+// the shape RabbitMQ's management plugin made familiar (/api/overview,
+// /api/exchanges, /api/queues, /api/connections, /api/nodes), Prometheus
+// metrics (/metrics), Go's profiler (/debug/pprof/) and a web dashboard
+// (/) built from embedded assets that reads the same API.
+//
+// Every figure comes from counters the broker keeps live (atomic loads):
+// a request never scans messages nor waits for a busy goroutine. One
+// sampler goroutine reads the counters once per sample interval and
+// derives per-second rates; counts and totals are read at request time.
+//
+//	GET /api/exchanges?columns=name,message_stats.publish_details.rate&sort=name&page=1&page_size=50
+//
+// docs/operations.md is the reference of the endpoints and their JSON.
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/courier-mq/courier/internal/broker"
+)
+
+// DefaultListen is the management listener's default address.
+const DefaultListen = "127.0.0.1:7480"
+
+// Config configures a management Server.
+type Config struct {
+	// Listen is the TCP address of the management listener. It must be a
+	// loopback address (127.0.0.0/8, ::1 or localhost): the API has no
+	// access control until Courier has users. Default: "127.0.0.1:7480".
+	Listen string
+	// Broker is the broker to manage. Required.
+	Broker *broker.Broker
+	// Describe tells what a session's transport knows of its peer (see
+	// [broker.Session.Sink]). It is called from request goroutines and
+	// must not block. Default: nil, every connection shows as embedded.
+	Describe func(broker.Sink) (ConnInfo, bool)
+	// Queues is the queue layer. Default: nil, no queues: the queue list
+	// is empty and creating, deleting or purging a queue answers 501.
+	Queues QueueSource
+	// Node names the node. Default: the broker's node name.
+	Node string
+	// Version is the Courier version shown. Default: the module version
+	// from the build information, or "devel".
+	Version string
+	// Listeners returns the node's other listeners for the overview, such
+	// as the client protocol's. Default: nil.
+	Listeners func() []Listener
+	// SampleInterval is how often the sampler reads every counter and
+	// computes rates. Default: 1s.
+	SampleInterval time.Duration
+	// History is how many samples the overview keeps for its rate charts
+	// (?msg_rates_age=). Default: 600 (ten minutes at 1s).
+	History int
+	// Log receives structured logs. Default: slog.Default().
+	Log *slog.Logger
+
+	// now returns the time; tests replace it.
+	now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.Node == "" && c.Broker != nil {
+		c.Node = c.Broker.Node()
+	}
+	if c.Version == "" {
+		c.Version = buildVersion()
+	}
+	if c.SampleInterval <= 0 {
+		c.SampleInterval = time.Second
+	}
+	if c.History <= 0 {
+		c.History = 600
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.Broker == nil {
+		return errors.New("admin: no broker")
+	}
+	if c.Listen != "" {
+		if err := CheckListen(c.Listen); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CheckListen refuses a management listener address that other machines
+// could reach: until Courier has users, the API has no access control.
+func CheckListen(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("admin: bad listen address %q: %w", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("admin: listen address %q is not a loopback address: the management API has no access control until Courier has users, so it listens on 127.0.0.1, ::1 or localhost only", addr)
+}
+
+// buildVersion is the main module's version, or "devel".
+func buildVersion() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "devel"
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			return "devel+" + s.Value[:12]
+		}
+	}
+	return "devel"
+}
+
+// Server is the management HTTP server of one node.
+type Server struct {
+	cfg     Config
+	b       *broker.Broker
+	log     *slog.Logger
+	smp     *sampler
+	mux     *http.ServeMux
+	started time.Time
+	prof    *profiler
+	metrics http.Handler // /metrics
+	perObj  http.Handler // /metrics/per-object
+
+	apiLatency *prometheus.HistogramVec
+
+	stop     chan struct{} // closed by Shutdown to stop the sampler
+	sampling chan struct{} // closed when the sampler has stopped
+	once     sync.Once
+
+	mu   sync.Mutex // guards hs, ln, down
+	hs   *http.Server
+	ln   net.Listener
+	down bool
+}
+
+// New returns a management server for cfg.Broker and starts its sampler.
+// Serve it with [Server.Listen] and [Server.Serve], or mount
+// [Server.Handler]; stop it with [Server.Shutdown].
+func New(cfg Config) (*Server, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg: cfg, b: cfg.Broker, log: cfg.Log, started: cfg.now(),
+		smp:      newSampler(cfg.Broker, cfg.Queues, cfg.History, cfg.now),
+		stop:     make(chan struct{}),
+		sampling: make(chan struct{}),
+	}
+	s.prof = &profiler{}
+	s.apiLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "courier_http_request_duration_seconds",
+		Help:    "Response times of the management API, by endpoint.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	}, []string{"endpoint"})
+	s.metrics, s.perObj = s.metricsHandlers()
+	s.routes()
+	s.smp.sample(s.started)
+	go s.smp.run(cfg.SampleInterval, s.stop, s.sampling)
+	return s, nil
+}
+
+func (s *Server) routes() {
+	m := http.NewServeMux()
+	api := func(pattern string, h http.HandlerFunc) {
+		obs := s.apiLatency.WithLabelValues(pattern)
+		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			h(w, r)
+			obs.Observe(time.Since(start).Seconds())
+		})
+	}
+	api("/api/overview", s.overview)
+	api("/api/nodes", s.listNodes)
+	api("/api/nodes/{name}", s.node)
+	api("/api/exchanges", getOnly(s.listExchanges))
+	api("/api/exchanges/{name}", s.exchange)
+	api("/api/queues", getOnly(s.listQueues))
+	api("/api/queues/{name}", s.queue)
+	api("/api/queues/{name}/contents", s.purgeQueue)
+	api("/api/connections", getOnly(s.listConnections))
+	api("/api/connections/{id}", s.connection)
+	m.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, notFound("no API endpoint %s; see docs/operations.md", r.URL.Path))
+	})
+	m.Handle("/metrics", s.metrics)
+	m.Handle("/metrics/per-object", s.perObj)
+	s.prof.register(m)
+	m.Handle("/", webHandler())
+	s.mux = m
+}
+
+// Handler returns the HTTP handler of every endpoint.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Listen opens the configured address; Serve then serves on it. Its
+// errors wrap [ErrListen].
+func (s *Server) Listen() (net.Listener, error) {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("%w on %s: %w", ErrListen, s.cfg.Listen, err)
+	}
+	return ln, nil
+}
+
+// Addr returns the address being served, once Serve runs.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return nil
+	}
+	return s.ln.Addr()
+}
+
+// Serve serves the management API on ln until Shutdown; it then returns
+// http.ErrServerClosed.
+func (s *Server) Serve(ln net.Listener) error {
+	hs := &http.Server{
+		Handler:           s.mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	s.mu.Lock()
+	if s.down {
+		s.mu.Unlock()
+		ln.Close()
+		return http.ErrServerClosed
+	}
+	s.hs, s.ln = hs, ln
+	s.mu.Unlock()
+	s.log.Info("management API listening", "addr", ln.Addr().String(), "dashboard", "http://"+ln.Addr().String()+"/")
+	return hs.Serve(ln)
+}
+
+// Shutdown stops the sampler and the HTTP server, waiting for requests
+// in progress until ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.once.Do(func() { close(s.stop) })
+	<-s.sampling
+	s.mu.Lock()
+	s.down = true
+	hs := s.hs
+	s.mu.Unlock()
+	if hs == nil {
+		return nil
+	}
+	err := hs.Shutdown(ctx)
+	if err != nil {
+		hs.Close()
+	}
+	return err
+}
+
+// listeners returns every listener of the node, this one included.
+func (s *Server) listeners() []Listener {
+	var ls []Listener
+	if s.cfg.Listeners != nil {
+		ls = append(ls, s.cfg.Listeners()...)
+	}
+	if a := s.Addr(); a != nil {
+		ls = append(ls, Listener{Protocol: "http", Address: a.String()})
+	}
+	return ls
+}
+
+// getOnly refuses methods other than GET and HEAD.
+func getOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			methodNotAllowed(w, "GET")
+			return
+		}
+		h(w, r)
+	}
+}
+
+func methodNotAllowed(w http.ResponseWriter, allow string) {
+	w.Header().Set("Allow", allow)
+	writeError(w, &apiError{http.StatusMethodNotAllowed, "method_not_allowed", "use " + strings.ReplaceAll(allow, ", ", " or ")})
+}
+
+func writeJSONBytes(w http.ResponseWriter, status int, b []byte) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSONBytes(w, status, b)
+}
+
+// writeError answers {"error": code, "reason": why} with the status the
+// error maps to.
+func writeError(w http.ResponseWriter, err error) {
+	e := asAPIError(err)
+	b := append([]byte(`{"error":`), appendString(nil, e.code)...)
+	b = append(b, `,"reason":`...)
+	b = appendString(b, e.reason)
+	writeJSONBytes(w, e.status, append(b, '}'))
+}

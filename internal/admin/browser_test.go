@@ -1,0 +1,310 @@
+package admin_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/client"
+	"github.com/courier-mq/courier/internal/testutil"
+	"github.com/courier-mq/courier/node"
+)
+
+// ScreenshotDirEnv names the directory where TestDashboardInBrowser saves
+// its screenshots; without it they go to the test's temporary directory.
+const ScreenshotDirEnv = "COURIER_SCREENSHOT_DIR"
+
+// chromium finds Debian's chromium. Without it the browser test skips,
+// unless CI=true, where it fails: CI must install it (.ci/run does).
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"/usr/bin/chromium", "chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("chromium is not installed and CI=true: install it with `apt-get install -y chromium` (.ci/run does)")
+	}
+	t.Skip("chromium is not installed (apt-get install -y chromium); skipping the dashboard's browser test")
+	return ""
+}
+
+// TestDashboardInBrowser loads the dashboard in headless chromium against
+// a node under load, and checks that live figures appear and change, that
+// the lists show the exchanges and connections, and that sorting works.
+func TestDashboardInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the browser test is not short")
+	}
+	bin := chromium(t)
+	dir := os.Getenv(ScreenshotDirEnv)
+	if dir == "" {
+		dir = t.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	n, err := node.Start(node.Config{Name: "browser-test", DataDir: t.TempDir(), Log: quiet, Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	stopLoad := startLoad(t, n)
+	defer stopLoad()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(bin),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1440, 1000),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	defer cancelCtx()
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+
+	var jsMu sync.Mutex // guards jsErrors
+	var jsErrors []string
+	err = chromedp.Listen(ctx, func(ev any) {
+		switch ev := ev.(type) {
+		case *runtime.EventExceptionThrown:
+			jsMu.Lock()
+			d := ev.ExceptionDetails
+			msg := d.Text
+			if d.Exception != nil {
+				msg += " " + d.Exception.Description
+			}
+			jsErrors = append(jsErrors, fmt.Sprintf("%s at %s:%d", msg, d.URL, d.LineNumber+1))
+			jsMu.Unlock()
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type == runtime.ConsoleAPICalledTypeError {
+				jsMu.Lock()
+				jsErrors = append(jsErrors, fmt.Sprintf("console.error %v", ev.Args))
+				jsMu.Unlock()
+			}
+		}
+	})
+	if err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("read %s: %v", sel, err)
+		}
+		return strings.TrimSpace(s)
+	}
+	eval := func(what, js string) int {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[int](js))
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return v
+	}
+	// waitText polls the page until cond holds for the text of sel.
+	waitText := func(sel, what string, cond func(string) bool) string {
+		t.Helper()
+		var last string
+		ok := testutil.Eventually(30*time.Second, func() bool {
+			s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+			if err != nil {
+				return false
+			}
+			last = strings.TrimSpace(s)
+			return cond(last)
+		})
+		if !ok {
+			t.Fatalf("%s: %s is %q", what, sel, last)
+		}
+		return last
+	}
+	shot := func(name string) {
+		t.Helper()
+		run("settle", chromedp.Sleep(300*time.Millisecond))
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatalf("screenshot %s: %v", name, err)
+		}
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot: %s", path)
+	}
+
+	run("open the dashboard", chromedp.Navigate(n.HTTPURL()+"/"), chromedp.WaitVisible(chromedp.CSS("#chart-rates")))
+	waitText("#node-name", "node name", func(s string) bool { return s == "browser-test" })
+	waitText("#total-connections", "connections", func(s string) bool { return s == "3" })
+	waitText("#total-exchanges", "exchanges", func(s string) bool { return s == "2" })
+
+	// Live figures appear and change under load.
+	rate := func(s string) float64 {
+		f, _ := strconv.ParseFloat(strings.ReplaceAll(strings.TrimSuffix(s, "/s"), ",", ""), 64)
+		return f
+	}
+	for _, k := range []string{"publish", "request", "deliver", "response"} {
+		waitText("#rate-"+k, k+" rate", func(s string) bool { return rate(s) > 0 })
+	}
+	total := func(s string) int {
+		v, _ := strconv.Atoi(strings.ReplaceAll(strings.TrimSuffix(s, " total"), ",", ""))
+		return v
+	}
+	first := total(waitText("#rate-publish-total", "publish total", func(s string) bool { return total(s) > 0 }))
+	waitText("#rate-publish-total", "publish total moving", func(s string) bool { return total(s) > first })
+	// A few seconds of history make the chart worth looking at.
+	time.Sleep(6 * time.Second)
+	drawn := eval("inspect the chart", `(() => {
+		const c = document.getElementById("chart-rates");
+		const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+		let n = 0;
+		for (let i = 0; i < d.length; i += 4) if (d[i+3] && d[i] > 200 && d[i+1] > 80 && d[i+1] < 160 && d[i+2] < 60) n++;
+		return n; })()`)
+	if drawn < 50 {
+		t.Errorf("the rate chart has %d orange (publish) pixels: no line drawn", drawn)
+	}
+	shot("overview.png")
+
+	// Exchanges: pattern, strategy, members and leader.
+	run("open exchanges", chromedp.Navigate(n.HTTPURL()+"/#exchanges"), chromedp.WaitVisible(chromedp.CSS(`#exchanges-table tr[data-name="users"]`)))
+	row := text(`#exchanges-table tr[data-name="users"]`)
+	for _, w := range []string{"users", "reqresp", "round-robin", ".1"} {
+		if !strings.Contains(row, w) {
+			t.Errorf("users row %q lacks %q", row, w)
+		}
+	}
+	leaders := eval("count leaders", `document.querySelectorAll('#exchanges-table tr[data-name="users"] .member.leader').length`)
+	if leaders != 1 {
+		t.Errorf("users row shows %d leaders, want 1", leaders)
+	}
+	// Sorting by publish rate, highest first, puts news on top.
+	run("sort by publishes", chromedp.Click(chromedp.CSS(`#exchanges-table th[data-sort="message_stats.publish_details.rate"]`)))
+	testutil.WaitForf(t, 10*time.Second, func() bool {
+		a, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(`#exchanges-table tbody tr`), "data-name"))
+		return err == nil && a.Value == "news"
+	}, "news first when sorted by publish rate")
+	waitText(`#exchanges-table tr[data-name="news"] td:nth-child(8)`, "news publish rate", func(s string) bool { return rate(s) > 0 })
+	shot("exchanges.png")
+
+	// Connections: embedded and network, with peers.
+	run("open connections", chromedp.Navigate(n.HTTPURL()+"/#connections"), chromedp.WaitVisible(chromedp.CSS(`#connections-table tbody tr[data-name]`)))
+	conns := waitText("#connections-table tbody", "connections", func(s string) bool { return strings.Contains(s, "load-subscriber") })
+	for _, w := range []string{"network", "embedded", "127.0.0.1:"} {
+		if !strings.Contains(conns, w) {
+			t.Errorf("connections table lacks %q:\n%s", w, conns)
+		}
+	}
+	shot("connections.png")
+
+	// Queues: none yet.
+	run("open queues", chromedp.Navigate(n.HTTPURL()+"/#queues"), chromedp.WaitVisible(chromedp.CSS(`#queues-table td.empty`)))
+	if s := text("#queues-table td.empty"); !strings.Contains(s, "No queues") {
+		t.Errorf("queues empty state %q", s)
+	}
+
+	// The page says so when the API goes away.
+	stopLoad()
+	n.Close()
+	waitText("#error", "error banner", func(s string) bool { return strings.Contains(s, "Cannot reach the management API") })
+
+	jsMu.Lock()
+	defer jsMu.Unlock()
+	for _, e := range jsErrors {
+		if !strings.Contains(e, "Failed to fetch") && !strings.Contains(e, "ERR_CONNECTION_REFUSED") {
+			t.Errorf("JavaScript error: %s", e)
+		}
+	}
+}
+
+// startLoad makes requests and publishes on n until the returned function
+// is called: a handler and a requester on "users", a network subscriber
+// and a publisher on "news".
+func startLoad(t *testing.T, n *node.Node) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	emb := n.Connect()
+	users, err := emb.ReqResp(ctx, "users", courier.RoundRobin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := users.Handle(ctx, func(r *courier.Request) { r.Reply([]byte("pong")) }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := users.Handle(ctx, func(r *courier.Request) { r.Reply([]byte("pong")) }, courier.ServiceTag("eu")); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := client.Dial(ctx, n.URL(), client.Options{Name: "load-subscriber"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	news, err := sub.PubSub(ctx, "news")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := news.Subscribe(ctx, "#", func(*courier.Delivery) {}); err != nil {
+		t.Fatal(err)
+	}
+	pubConn := n.Connect()
+	pub, err := pubConn.PubSub(ctx, "news")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			pub.PublishSync(ctx, courier.Message{Key: "eu.fr", Body: []byte("bonjour")})
+			time.Sleep(2 * time.Millisecond) // a steady rate, not a flood
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			_, err := users.Request(ctx, courier.Message{Body: []byte("ping")})
+			if err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
+				t.Errorf("load request: %v", err)
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			wg.Wait()
+			sub.Close()
+			pubConn.Close()
+			emb.Close()
+		})
+	}
+}

@@ -1,0 +1,90 @@
+package admin
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/courier-mq/courier/internal/broker"
+)
+
+// ConnInfo is what a connection's transport knows of its peer.
+type ConnInfo struct {
+	// Type is "network" for a client of the server and "embedded" for an
+	// in-process connection.
+	Type string
+	// Peer is the client's address, "host:port"; "" when embedded.
+	Peer string
+	// User is the authenticated user; "" while the node has no users.
+	User string
+	// ConnectedAt is when the connection opened.
+	ConnectedAt time.Time
+}
+
+// connRow is one connection (a broker session) in a listing.
+type connRow struct {
+	row[*broker.Session, *broker.Session]
+	describe func(broker.Sink) (ConnInfo, bool)
+	info     *ConnInfo // filled on first use
+}
+
+func (r *connRow) conn() *ConnInfo {
+	if r.info == nil {
+		r.info = &ConnInfo{Type: "embedded"}
+		if r.describe != nil {
+			if ci, ok := r.describe(r.item.Sink()); ok {
+				r.info = &ci
+			}
+		}
+	}
+	return r.info
+}
+
+var connSchema = newSchema("id",
+	&field[connRow]{path: "id",
+		enc: func(b []byte, r *connRow) []byte { return appendString(b, r.item.ID()) },
+		num: func(r *connRow) float64 { return float64(r.item.Number()) }},
+	strField("name", func(r *connRow) string { return r.item.Name() }),
+	strField("type", func(r *connRow) string { return r.conn().Type }),
+	strField("peer", func(r *connRow) string { return r.conn().Peer }),
+	strField("user", func(r *connRow) string { return r.conn().User }),
+	intField("connected_at", func(r *connRow) int64 {
+		if t := r.conn().ConnectedAt; !t.IsZero() {
+			return t.UnixMilli()
+		}
+		return 0
+	}),
+	intField("attachments", func(r *connRow) int64 { return int64(r.item.Attachments()) }),
+	intField("inflight", func(r *connRow) int64 { return r.item.Inflight() }),
+	uintField("message_stats.request", func(r *connRow) uint64 { return r.item.Stats().Requests.Load() }),
+	rateField("message_stats.request", func(r *connRow) float64 { return r.e.rateOf(connRequests) }),
+	uintField("message_stats.publish", func(r *connRow) uint64 { return r.item.Stats().Publishes.Load() }),
+	rateField("message_stats.publish", func(r *connRow) float64 { return r.e.rateOf(connPublishes) }),
+	uintField("message_stats.deliver", func(r *connRow) uint64 { return r.item.Stats().Delivered.Load() }),
+	rateField("message_stats.deliver", func(r *connRow) float64 { return r.e.rateOf(connDelivered) }),
+	uintField("message_stats.response", func(r *connRow) uint64 { return r.item.Stats().Responses.Load() }),
+	rateField("message_stats.response", func(r *connRow) float64 { return r.e.rateOf(connResponses) }),
+)
+
+func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
+	live := s.smp.liveConns()
+	rows := make([]connRow, len(live))
+	for i, l := range live {
+		rows[i] = connRow{row: l, describe: s.cfg.Describe}
+	}
+	serveList(w, r, connSchema, rows, func(r *connRow) string { return r.item.Name() })
+}
+
+func (s *Server) connection(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		methodNotAllowed(w, "GET")
+		return
+	}
+	id := r.PathValue("id")
+	sess := s.b.SessionByID(id)
+	if sess == nil {
+		writeError(w, notFound("connection %q not found", id))
+		return
+	}
+	row := connRow{row: row[*broker.Session, *broker.Session]{item: sess, e: s.smp.connEntry(sess)}, describe: s.cfg.Describe}
+	serveObject(w, r, connSchema, &row, http.StatusOK)
+}

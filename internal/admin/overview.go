@@ -1,0 +1,232 @@
+package admin
+
+import (
+	"net/http"
+	"os"
+	"runtime"
+	"runtime/metrics"
+	"strconv"
+	"time"
+
+	"github.com/courier-mq/courier/internal/broker"
+)
+
+// Listener is a listener the node serves, as the overview lists it.
+type Listener struct {
+	// Protocol is "courier" for the client protocol or "http" for the
+	// management API.
+	Protocol string
+	// Address is the address listened on, "host:port".
+	Address string
+}
+
+// overview is the figures of GET /api/overview, read once per request.
+type overview struct {
+	s                                    *Server
+	uptime                               time.Duration
+	conns, exchanges, queues, atts       int
+	ready, unacked                       uint64
+	totals                               [nTotals]uint64
+	rates                                [nTotals]float64
+	history                              []tick // newest first, when asked
+	listeners                            []Listener
+	memUsed, heapLive, goroutines, procs uint64
+}
+
+func appendListeners(b []byte, ls []Listener) []byte {
+	b = append(b, '[')
+	for i, l := range ls {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"protocol":`...)
+		b = appendString(b, l.Protocol)
+		b = append(b, `,"address":`...)
+		b = appendString(b, l.Address)
+		b = append(b, '}')
+	}
+	return append(b, ']')
+}
+
+// appendSamples encodes RabbitMQ's rate samples, newest first:
+// [{"sample": cumulative count, "timestamp": ms since the epoch}].
+func appendSamples(b []byte, hist []tick, i int) []byte {
+	b = append(b, '[')
+	for j, t := range hist {
+		if j > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"sample":`...)
+		b = strconv.AppendUint(b, t.totals[i], 10)
+		b = append(b, `,"timestamp":`...)
+		b = strconv.AppendInt(b, t.at.UnixMilli(), 10)
+		b = append(b, '}')
+	}
+	return append(b, ']')
+}
+
+// overviewSchema returns the overview's fields; with samples, every rate
+// has its history too.
+func overviewSchema(samples bool) *schema[overview] {
+	f := []*field[overview]{
+		strField("node", func(o *overview) string { return o.s.cfg.Node }),
+		strField("courier_version", func(o *overview) string { return o.s.cfg.Version }),
+		strField("go_version", func(*overview) string { return runtime.Version() }),
+		intField("uptime", func(o *overview) int64 { return o.uptime.Milliseconds() }),
+		intField("sample_interval", func(o *overview) int64 { return o.s.cfg.SampleInterval.Milliseconds() }),
+		intField("object_totals.connections", func(o *overview) int64 { return int64(o.conns) }),
+		intField("object_totals.exchanges", func(o *overview) int64 { return int64(o.exchanges) }),
+		intField("object_totals.queues", func(o *overview) int64 { return int64(o.queues) }),
+		intField("object_totals.attachments", func(o *overview) int64 { return int64(o.atts) }),
+		uintField("queue_totals.messages", func(o *overview) uint64 { return o.ready + o.unacked }),
+		uintField("queue_totals.messages_ready", func(o *overview) uint64 { return o.ready }),
+		uintField("queue_totals.messages_unacknowledged", func(o *overview) uint64 { return o.unacked }),
+	}
+	for i, name := range totalNames {
+		f = append(f,
+			uintField("message_stats."+name, func(o *overview) uint64 { return o.totals[i] }),
+			rateField("message_stats."+name, func(o *overview) float64 { return o.rates[i] }))
+		if samples {
+			f = append(f, rawField("message_stats."+name+"_details.samples",
+				func(b []byte, o *overview) []byte { return appendSamples(b, o.history, i) }, nil))
+		}
+	}
+	f = append(f, rawField("listeners", func(b []byte, o *overview) []byte { return appendListeners(b, o.listeners) }, nil))
+	return newSchema("node", f...)
+}
+
+var (
+	overviewPlain   = overviewSchema(false)
+	overviewSamples = overviewSchema(true)
+)
+
+// readOverview gathers the overview's figures: counts and totals from
+// live counters, rates from the last sample.
+func (s *Server) readOverview() *overview {
+	o := &overview{s: s, uptime: s.cfg.now().Sub(s.started), listeners: s.listeners()}
+	o.totals = s.smp.totals()
+	o.rates = s.smp.lastTick().rates
+	s.b.RangeExchanges(func(*broker.Exchange) bool {
+		o.exchanges++
+		return true
+	})
+	o.conns = s.b.SessionCount()
+	o.atts = s.b.AttachmentCount()
+	if s.cfg.Queues != nil {
+		for _, q := range s.cfg.Queues.AppendQueues(nil) {
+			o.queues++
+			o.ready += q.MessagesReady
+			o.unacked += q.MessagesUnacked
+		}
+	}
+	return o
+}
+
+func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		methodNotAllowed(w, "GET")
+		return
+	}
+	v := r.URL.Query()
+	o := s.readOverview()
+	sch := overviewPlain
+	if age := v.Get("msg_rates_age"); age != "" {
+		ageSec, err := strconv.Atoi(age)
+		if err != nil || ageSec < 1 {
+			writeError(w, badRequest("msg_rates_age=%q: want seconds, 1 or more", age))
+			return
+		}
+		incrSec := 1
+		if incr := v.Get("msg_rates_incr"); incr != "" {
+			if incrSec, err = strconv.Atoi(incr); err != nil || incrSec < 1 {
+				writeError(w, badRequest("msg_rates_incr=%q: want seconds, 1 or more", incr))
+				return
+			}
+		}
+		every := max(s.cfg.SampleInterval, time.Millisecond)
+		step := max(int(time.Duration(incrSec)*time.Second/every), 1)
+		count := ageSec/incrSec + 1
+		o.history = s.smp.history(count, step)
+		sch = overviewSamples
+	} else if v.Get("msg_rates_incr") != "" {
+		writeError(w, badRequest("msg_rates_incr needs msg_rates_age"))
+		return
+	}
+	serveObject(w, r, sch, o, http.StatusOK)
+}
+
+// nodeInfo is one node of GET /api/nodes.
+type nodeInfo struct {
+	o *overview
+}
+
+var runtimeMetrics = []string{
+	"/memory/classes/total:bytes",
+	"/memory/classes/heap/released:bytes",
+	"/gc/heap/live:bytes",
+	"/sched/goroutines:goroutines",
+}
+
+// readRuntime reads the Go runtime's memory and goroutine figures; it
+// does not stop the world.
+func (o *overview) readRuntime() {
+	samples := make([]metrics.Sample, len(runtimeMetrics))
+	for i, name := range runtimeMetrics {
+		samples[i].Name = name
+	}
+	metrics.Read(samples)
+	u := func(i int) uint64 {
+		if samples[i].Value.Kind() == metrics.KindUint64 {
+			return samples[i].Value.Uint64()
+		}
+		return 0
+	}
+	o.memUsed = u(0) - min(u(1), u(0))
+	o.heapLive = u(2)
+	o.goroutines = u(3)
+	o.procs = uint64(runtime.GOMAXPROCS(0))
+}
+
+var nodeSchema = newSchema("name",
+	strField("name", func(n *nodeInfo) string { return n.o.s.cfg.Node }),
+	boolField("running", func(*nodeInfo) bool { return true }),
+	strField("courier_version", func(n *nodeInfo) string { return n.o.s.cfg.Version }),
+	strField("go_version", func(*nodeInfo) string { return runtime.Version() }),
+	intField("os_pid", func(*nodeInfo) int64 { return int64(os.Getpid()) }),
+	intField("uptime", func(n *nodeInfo) int64 { return n.o.uptime.Milliseconds() }),
+	uintField("processors", func(n *nodeInfo) uint64 { return n.o.procs }),
+	uintField("goroutines", func(n *nodeInfo) uint64 { return n.o.goroutines }),
+	uintField("mem_used", func(n *nodeInfo) uint64 { return n.o.memUsed }),
+	uintField("mem_heap_live", func(n *nodeInfo) uint64 { return n.o.heapLive }),
+	intField("connections", func(n *nodeInfo) int64 { return int64(n.o.conns) }),
+	intField("exchanges", func(n *nodeInfo) int64 { return int64(n.o.exchanges) }),
+	intField("queues", func(n *nodeInfo) int64 { return int64(n.o.queues) }),
+	intField("attachments", func(n *nodeInfo) int64 { return int64(n.o.atts) }),
+	rawField("listeners", func(b []byte, n *nodeInfo) []byte { return appendListeners(b, n.o.listeners) }, nil),
+)
+
+func (s *Server) readNode() *nodeInfo {
+	o := s.readOverview()
+	o.readRuntime()
+	return &nodeInfo{o: o}
+}
+
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		methodNotAllowed(w, "GET")
+		return
+	}
+	serveList(w, r, nodeSchema, []nodeInfo{*s.readNode()}, func(n *nodeInfo) string { return n.o.s.cfg.Node })
+}
+
+func (s *Server) node(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		methodNotAllowed(w, "GET")
+		return
+	}
+	if name := r.PathValue("name"); name != s.cfg.Node {
+		writeError(w, notFound("node %q not found; this node is %q", name, s.cfg.Node))
+		return
+	}
+	serveObject(w, r, nodeSchema, s.readNode(), http.StatusOK)
+}

@@ -1,0 +1,173 @@
+package admin
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+)
+
+// QueueInfo is a queue's state as the management API shows it. Every
+// figure comes from counters the queue keeps live; none is computed by
+// scanning messages.
+type QueueInfo struct {
+	// Name is the queue's name; it sorts the queue list.
+	Name string
+	// MessagesReady is the number of messages waiting for a consumer.
+	MessagesReady uint64
+	// MessagesUnacked is the number of messages delivered and not yet
+	// acknowledged.
+	MessagesUnacked uint64
+	// Consumers is the number of consumers attached.
+	Consumers int
+	// Memory is the bytes the queue holds in memory.
+	Memory uint64
+	// Publish, Deliver and Ack count the messages published to, delivered
+	// from and acknowledged on the queue since it was created. The
+	// management API derives their rates once a second.
+	Publish, Deliver, Ack uint64
+}
+
+// QueueSpec is the body of PUT /api/queues/{name}, in RabbitMQ's shape:
+// {"durable": true, "arguments": {"x-max-length": 1000}}.
+type QueueSpec struct {
+	Durable   bool           `json:"durable"`
+	Arguments map[string]any `json:"arguments,omitempty"`
+}
+
+// QueueSource is the queue layer as the management API sees it. Its
+// methods are called from HTTP handlers and the sampler, concurrently;
+// they must read live counters and must not wait for a busy queue's
+// goroutine. Errors that are a [*wire.Error] keep their meaning in HTTP
+// (CodeNotFound is 404, CodeClash 409, CodeBadOptions 400).
+type QueueSource interface {
+	// AppendQueues appends every queue to dst, in any order, and returns
+	// it.
+	AppendQueues(dst []QueueInfo) []QueueInfo
+	// Queue returns one queue; ok is false when there is none.
+	Queue(name string) (q QueueInfo, ok bool)
+	// CreateQueue creates the queue, or checks that the existing one
+	// matches spec; created tells which.
+	CreateQueue(name string, spec QueueSpec) (q QueueInfo, created bool, err error)
+	// DeleteQueue deletes the queue and its messages.
+	DeleteQueue(name string) error
+	// PurgeQueue drops the queue's ready messages and returns how many.
+	PurgeQueue(name string) (purged uint64, err error)
+}
+
+// queueRow is one queue in a listing.
+type queueRow = row[string, QueueInfo]
+
+var queueSchema = newSchema("name",
+	nameField(func(r *queueRow) string { return r.item.Name }, func(r *queueRow) []byte { return r.e.quotedName() }),
+	uintField("messages", func(r *queueRow) uint64 { return r.item.MessagesReady + r.item.MessagesUnacked }),
+	uintField("messages_ready", func(r *queueRow) uint64 { return r.item.MessagesReady }),
+	uintField("messages_unacknowledged", func(r *queueRow) uint64 { return r.item.MessagesUnacked }),
+	intField("consumers", func(r *queueRow) int64 { return int64(r.item.Consumers) }),
+	uintField("memory", func(r *queueRow) uint64 { return r.item.Memory }),
+	uintField("message_stats.publish", func(r *queueRow) uint64 { return r.item.Publish }),
+	rateField("message_stats.publish", func(r *queueRow) float64 { return r.e.rateOf(qPublish) }),
+	uintField("message_stats.deliver", func(r *queueRow) uint64 { return r.item.Deliver }),
+	rateField("message_stats.deliver", func(r *queueRow) float64 { return r.e.rateOf(qDeliver) }),
+	uintField("message_stats.ack", func(r *queueRow) uint64 { return r.item.Ack }),
+	rateField("message_stats.ack", func(r *queueRow) float64 { return r.e.rateOf(qAck) }),
+)
+
+func (s *Server) listQueues(w http.ResponseWriter, r *http.Request) {
+	rows := s.smp.liveQueues()
+	if rows == nil {
+		rows = []queueRow{}
+	}
+	serveList(w, r, queueSchema, rows, func(r *queueRow) string { return r.item.Name })
+}
+
+func (s *Server) queue(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		if s.cfg.Queues == nil {
+			writeError(w, notFound("queue %q not found: this node has no queues yet", name))
+			return
+		}
+		q, ok := s.cfg.Queues.Queue(name)
+		if !ok {
+			writeError(w, notFound("queue %q not found", name))
+			return
+		}
+		serveObject(w, r, queueSchema, &queueRow{item: q, e: s.smp.queueEntry(name)}, http.StatusOK)
+	case http.MethodPut:
+		var spec QueueSpec
+		if err := readBody(r, &spec, true); err != nil {
+			writeError(w, err)
+			return
+		}
+		if s.cfg.Queues == nil {
+			writeError(w, ErrNoQueues)
+			return
+		}
+		q, created, err := s.cfg.Queues.CreateQueue(name, spec)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		status := http.StatusOK
+		if created {
+			status = http.StatusCreated
+			s.log.Info("queue created through the management API", "queue", name)
+		}
+		serveObject(w, r, queueSchema, &queueRow{item: q, e: s.smp.queueEntry(name)}, status)
+	case http.MethodDelete:
+		if s.cfg.Queues == nil {
+			writeError(w, ErrNoQueues)
+			return
+		}
+		if err := s.cfg.Queues.DeleteQueue(name); err != nil {
+			writeError(w, err)
+			return
+		}
+		s.log.Info("queue deleted through the management API", "queue", name)
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		methodNotAllowed(w, "GET, PUT, DELETE")
+	}
+}
+
+// purgeQueue serves DELETE /api/queues/{name}/contents (RabbitMQ's purge).
+func (s *Server) purgeQueue(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodDelete {
+		methodNotAllowed(w, "DELETE")
+		return
+	}
+	if s.cfg.Queues == nil {
+		writeError(w, ErrNoQueues)
+		return
+	}
+	name := r.PathValue("name")
+	n, err := s.cfg.Queues.PurgeQueue(name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.log.Info("queue purged through the management API", "queue", name, "messages", n)
+	writeJSON(w, http.StatusOK, map[string]uint64{"message_count": n})
+}
+
+// readBody decodes a JSON object body into v, refusing unknown fields.
+// An empty body is an empty object when emptyOK is set.
+func readBody(r *http.Request, v any, emptyOK bool) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) && emptyOK {
+			return nil
+		}
+		if errors.Is(err, io.EOF) {
+			return badRequest("the body is empty: send a JSON object")
+		}
+		return badRequest("bad JSON body: %v", err)
+	}
+	if dec.More() {
+		return badRequest("bad JSON body: more than one JSON value")
+	}
+	return nil
+}

@@ -1,0 +1,442 @@
+package admin
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/courier-mq/courier/internal/broker"
+)
+
+// The sampler is one goroutine that wakes every sample interval, reads
+// every counter once (atomic loads), and publishes per-second rates. It
+// also keeps, for each kind of object, the objects sorted in their
+// natural order (exchanges and queues by name, connections by number), so
+// that a request only merges in what changed since the last sample
+// instead of sorting everything.
+//
+// Requests never wait for it: they read live counters themselves and take
+// only the rates and the last order from it, through atomic pointers.
+
+// entry follows one object between samples.
+type entry[K comparable] struct {
+	key  K
+	name []byte           // the object's name, JSON-quoted, for listings
+	prev [4]uint64        // counters at the last sample; owned by the sampler
+	rate [4]atomic.Uint64 // per-second rates as float64 bits
+}
+
+// rateOf returns the rate of counter i, 0 for an object not sampled yet.
+func (e *entry[K]) rateOf(i int) float64 {
+	if e == nil {
+		return 0
+	}
+	return math.Float64frombits(e.rate[i].Load())
+}
+
+// quotedName returns the JSON-quoted name, nil for no entry.
+func (e *entry[K]) quotedName() []byte {
+	if e == nil {
+		return nil
+	}
+	return e.name
+}
+
+// update sets the rates from the counters now, dt seconds after the last
+// sample. A counter that went down (an object recreated under the same
+// name) counts from zero.
+func (e *entry[K]) update(cur [4]uint64, dt float64) {
+	for i, c := range cur {
+		d := c - e.prev[i]
+		if c < e.prev[i] {
+			d = c
+		}
+		r := 0.0
+		if dt > 0 {
+			r = float64(d) / dt
+		}
+		e.rate[i].Store(math.Float64bits(r))
+		e.prev[i] = c
+	}
+}
+
+// order is an immutable list of the objects of one kind in their natural
+// order, as of a sample, with their positions by key.
+type order[K comparable] struct {
+	list  []*entry[K]
+	index map[K]int32
+}
+
+func newOrder[K comparable](list []*entry[K]) *order[K] {
+	o := &order[K]{list: list, index: make(map[K]int32, len(list))}
+	for i, e := range list {
+		o.index[e.key] = int32(i)
+	}
+	return o
+}
+
+// row is a live object with its entry, nil if no sample has seen it yet.
+type row[K comparable, T any] struct {
+	item T
+	e    *entry[K]
+}
+
+// merge returns items (live objects in any order) in natural order: those
+// o knows keep o's order, the others are sorted by cmp and merged in. It
+// also returns the entries of o whose objects are gone. It costs one map
+// lookup per item, plus sorting only the new ones.
+func merge[K comparable, T any](o *order[K], items []T, key func(T) K, cmp func(a, b T) int) (rows []row[K, T], gone []*entry[K]) {
+	at := make([]int32, len(o.list)) // 1 + the item at each position; 0: gone
+	var fresh []int32
+	for i, it := range items {
+		if p, ok := o.index[key(it)]; ok {
+			at[p] = int32(i) + 1
+		} else {
+			fresh = append(fresh, int32(i))
+		}
+	}
+	slices.SortFunc(fresh, func(a, b int32) int { return cmp(items[a], items[b]) })
+	rows = make([]row[K, T], 0, len(items))
+	f := 0
+	for p, ip := range at {
+		if ip == 0 {
+			gone = append(gone, o.list[p])
+			continue
+		}
+		it := items[ip-1]
+		for f < len(fresh) && cmp(items[fresh[f]], it) < 0 {
+			rows = append(rows, row[K, T]{item: items[fresh[f]]})
+			f++
+		}
+		rows = append(rows, row[K, T]{item: it, e: o.list[p]})
+	}
+	for ; f < len(fresh); f++ {
+		rows = append(rows, row[K, T]{item: items[fresh[f]]})
+	}
+	return rows, gone
+}
+
+// Counters of each kind, by slot in entry.prev and entry.rate.
+const (
+	exRequests  = 0
+	exPublishes = 1
+
+	connRequests  = 0
+	connPublishes = 1
+	connDelivered = 2
+	connResponses = 3
+
+	qPublish = 0
+	qDeliver = 1
+	qAck     = 2
+)
+
+// Node-wide message totals.
+const (
+	totRequest = iota
+	totPublish
+	totDeliver
+	totResponse
+	totAck
+	nTotals
+)
+
+// totalNames are the keys of the totals in message_stats.
+var totalNames = [nTotals]string{"request", "publish", "deliver", "response", "ack"}
+
+// tick is what one sample measured of the whole node.
+type tick struct {
+	at     time.Time
+	totals [nTotals]uint64
+	rates  [nTotals]float64
+}
+
+type sampler struct {
+	b      *broker.Broker
+	queues QueueSource
+	now    func() time.Time
+
+	exchanges atomic.Pointer[order[*broker.Exchange]]
+	conns     atomic.Pointer[order[*broker.Session]]
+	queueOrd  atomic.Pointer[order[string]]
+	last      atomic.Pointer[tick]
+
+	// retired holds the final counters of objects that are gone, so that
+	// totals never go down when a connection closes or an exchange is
+	// deleted. Requests load it before they range over live objects.
+	retired [nTotals]atomic.Uint64
+	// reported is the highest total returned so far: a total read while an
+	// object is between "gone" and "retired" is held at it.
+	reported [nTotals]atomic.Uint64
+
+	mu   sync.Mutex // guards hist, next, n
+	hist []tick     // ring of the last len(hist) samples
+	next int        // where the next sample goes
+	n    int        // samples held
+}
+
+func newSampler(b *broker.Broker, queues QueueSource, history int, now func() time.Time) *sampler {
+	s := &sampler{b: b, queues: queues, now: now, hist: make([]tick, history)}
+	s.exchanges.Store(newOrder[*broker.Exchange](nil))
+	s.conns.Store(newOrder[*broker.Session](nil))
+	s.queueOrd.Store(newOrder[string](nil))
+	return s
+}
+
+// run samples every interval until stop is closed.
+func (s *sampler) run(interval time.Duration, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			s.sample(s.now())
+		}
+	}
+}
+
+func exchangeName(ex *broker.Exchange) string          { return ex.Name() }
+func exchangeKey(ex *broker.Exchange) *broker.Exchange { return ex }
+func byExchangeName(a, b *broker.Exchange) int         { return cmp.Compare(a.Name(), b.Name()) }
+func sessionKey(s *broker.Session) *broker.Session     { return s }
+func bySessionNumber(a, b *broker.Session) int         { return cmp.Compare(a.Number(), b.Number()) }
+func queueKey(q QueueInfo) string                      { return q.Name }
+func queueName(q QueueInfo) string                     { return q.Name }
+func byQueueName(a, b QueueInfo) int                   { return cmp.Compare(a.Name, b.Name) }
+
+// liveExchanges returns every exchange in name order with its entry.
+func (s *sampler) liveExchanges() []row[*broker.Exchange, *broker.Exchange] {
+	o := s.exchanges.Load()
+	items := s.rangeExchanges(len(o.list))
+	rows, _ := merge(o, items, exchangeKey, byExchangeName)
+	return rows
+}
+
+// rangeExchanges returns every exchange. hint is how many there were at
+// the last sample: sizing the slice up front saves the garbage (and the
+// GC assists) of growing it.
+func (s *sampler) rangeExchanges(hint int) []*broker.Exchange {
+	items := make([]*broker.Exchange, 0, hint+hint/16+16)
+	s.b.RangeExchanges(func(ex *broker.Exchange) bool {
+		items = append(items, ex)
+		return true
+	})
+	return items
+}
+
+// liveConns returns every session in number order with its entry.
+func (s *sampler) liveConns() []row[*broker.Session, *broker.Session] {
+	rows, _ := merge(s.conns.Load(), s.b.Sessions(nil), sessionKey, bySessionNumber)
+	return rows
+}
+
+// liveQueues returns every queue in name order with its entry.
+func (s *sampler) liveQueues() []row[string, QueueInfo] {
+	if s.queues == nil {
+		return nil
+	}
+	rows, _ := merge(s.queueOrd.Load(), s.queues.AppendQueues(nil), queueKey, byQueueName)
+	return rows
+}
+
+// exchangeEntry returns the entry of ex, or nil.
+func (s *sampler) exchangeEntry(ex *broker.Exchange) *entry[*broker.Exchange] {
+	o := s.exchanges.Load()
+	if p, ok := o.index[ex]; ok {
+		return o.list[p]
+	}
+	return nil
+}
+
+func (s *sampler) connEntry(sess *broker.Session) *entry[*broker.Session] {
+	o := s.conns.Load()
+	if p, ok := o.index[sess]; ok {
+		return o.list[p]
+	}
+	return nil
+}
+
+func (s *sampler) queueEntry(name string) *entry[string] {
+	o := s.queueOrd.Load()
+	if p, ok := o.index[name]; ok {
+		return o.list[p]
+	}
+	return nil
+}
+
+func exchangeCounters(ex *broker.Exchange) [4]uint64 {
+	return [4]uint64{exRequests: ex.Requests(), exPublishes: ex.Publishes()}
+}
+
+func connCounters(sess *broker.Session) [4]uint64 {
+	st := sess.Stats()
+	return [4]uint64{
+		connRequests: st.Requests.Load(), connPublishes: st.Publishes.Load(),
+		connDelivered: st.Delivered.Load(), connResponses: st.Responses.Load(),
+	}
+}
+
+func queueCounters(q QueueInfo) [4]uint64 {
+	return [4]uint64{qPublish: q.Publish, qDeliver: q.Deliver, qAck: q.Ack}
+}
+
+// track updates the entries of one kind of object and returns the order
+// to publish: the old one when no object came or went.
+//
+// New entries and their quoted names are allocated side by side, in name
+// order, so that a listing reads them from contiguous memory rather than
+// visiting every object.
+func track[K comparable, T any](o *order[K], items []T, key func(T) K, cmp func(a, b T) int, name func(T) string,
+	counters func(T) [4]uint64, dt float64, first bool) (*order[K], []*entry[K]) {
+	rows, gone := merge(o, items, key, cmp)
+	fresh := len(rows) - (len(o.list) - len(gone))
+	changed := len(gone) > 0 || fresh > 0
+	var list []*entry[K]
+	var slab []entry[K]
+	var arena []byte
+	if changed {
+		list = make([]*entry[K], len(rows))
+		slab = make([]entry[K], fresh)
+	}
+	for i, r := range rows {
+		cur := counters(r.item)
+		e := r.e
+		if e == nil {
+			// New since the last sample: its counters started at zero
+			// within the interval, except for what existed at start-up.
+			e = &slab[0]
+			slab = slab[1:]
+			e.key = key(r.item)
+			n := name(r.item)
+			if len(arena)+2*len(n)+8 > cap(arena) {
+				arena = make([]byte, 0, max(64<<10, 6*len(n)+8))
+			}
+			start := len(arena)
+			arena = appendString(arena, n)
+			e.name = arena[start:len(arena):len(arena)]
+			if first {
+				e.prev = cur
+			}
+		}
+		e.update(cur, dt)
+		if changed {
+			list[i] = e
+		}
+	}
+	if changed {
+		o = newOrder(list)
+	}
+	return o, gone
+}
+
+// sample reads every counter once and publishes rates, orders and a tick.
+func (s *sampler) sample(now time.Time) {
+	prev := s.last.Load()
+	first := prev == nil
+	dt := 0.0
+	if !first {
+		dt = now.Sub(prev.at).Seconds()
+	}
+
+	eo, gone := track(s.exchanges.Load(), s.rangeExchanges(len(s.exchanges.Load().list)), exchangeKey, byExchangeName, exchangeName, exchangeCounters, dt, first)
+	s.exchanges.Store(eo)
+	for _, e := range gone {
+		// The exchange is unreachable but its counters are final.
+		s.retired[totRequest].Add(e.key.Requests())
+		s.retired[totPublish].Add(e.key.Publishes())
+	}
+
+	co, cgone := track(s.conns.Load(), s.b.Sessions(nil), sessionKey, bySessionNumber, (*broker.Session).ID, connCounters, dt, first)
+	s.conns.Store(co)
+	for _, e := range cgone {
+		st := e.key.Stats()
+		s.retired[totDeliver].Add(st.Delivered.Load())
+		s.retired[totResponse].Add(st.Responses.Load())
+	}
+
+	if s.queues != nil {
+		qo, qgone := track(s.queueOrd.Load(), s.queues.AppendQueues(nil), queueKey, byQueueName, queueName, queueCounters, dt, first)
+		s.queueOrd.Store(qo)
+		for _, e := range qgone {
+			// A deleted queue's last counters are those of the last sample.
+			s.retired[totAck].Add(e.prev[qAck])
+		}
+	}
+
+	t := &tick{at: now, totals: s.totals()}
+	if !first && dt > 0 {
+		for i := range t.rates {
+			t.rates[i] = float64(t.totals[i]-prev.totals[i]) / dt
+		}
+	}
+	s.last.Store(t)
+	s.mu.Lock()
+	s.hist[s.next] = *t
+	s.next = (s.next + 1) % len(s.hist)
+	s.n = min(s.n+1, len(s.hist))
+	s.mu.Unlock()
+}
+
+// totals returns the node's message totals now: retired objects plus the
+// live counters of every exchange, connection and queue. It never returns
+// less than it returned before.
+func (s *sampler) totals() [nTotals]uint64 {
+	var t [nTotals]uint64
+	for i := range t {
+		t[i] = s.retired[i].Load()
+	}
+	s.b.RangeExchanges(func(ex *broker.Exchange) bool {
+		t[totRequest] += ex.Requests()
+		t[totPublish] += ex.Publishes()
+		return true
+	})
+	for _, sess := range s.b.Sessions(nil) {
+		st := sess.Stats()
+		t[totDeliver] += st.Delivered.Load()
+		t[totResponse] += st.Responses.Load()
+	}
+	if s.queues != nil {
+		for _, q := range s.queues.AppendQueues(nil) {
+			t[totAck] += q.Ack
+		}
+	}
+	for i := range t {
+		for {
+			r := s.reported[i].Load()
+			if t[i] <= r {
+				t[i] = r
+				break
+			}
+			if s.reported[i].CompareAndSwap(r, t[i]) {
+				break
+			}
+		}
+	}
+	return t
+}
+
+// lastTick returns the latest sample; zero before the first.
+func (s *sampler) lastTick() tick {
+	if t := s.last.Load(); t != nil {
+		return *t
+	}
+	return tick{}
+}
+
+// history returns up to count samples, newest first, every step-th one.
+func (s *sampler) history(count, step int) []tick {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]tick, 0, min(count, s.n))
+	for i := 0; i < s.n && len(out) < count; i += step {
+		j := (s.next - 1 - i + 2*len(s.hist)) % len(s.hist)
+		out = append(out, s.hist[j])
+	}
+	return out
+}

@@ -1,0 +1,33 @@
+package server
+
+import (
+	"time"
+
+	"github.com/courier-mq/courier/internal/broker"
+)
+
+// ConnInfo is what the server knows of one network connection, for the
+// management API.
+type ConnInfo struct {
+	// Peer is the client's address, "host:port".
+	Peer string
+	// Local is the server address the connection came in on.
+	Local string
+	// User is the authenticated user; "" while the server has no users.
+	User string
+	// ConnectedAt is when the connection was accepted.
+	ConnectedAt time.Time
+}
+
+// Describe returns what the server knows of the network connection
+// behind sink, the [broker.Sink] of a session that a Server opened
+// (see [broker.Session.Sink]); ok is false for any other sink, such as an
+// in-process connection's. It reads only fields fixed when the connection
+// was accepted, so it takes no lock.
+func Describe(sink broker.Sink) (info ConnInfo, ok bool) {
+	c, ok := sink.(*conn)
+	if !ok {
+		return ConnInfo{}, false
+	}
+	return ConnInfo{Peer: c.peer, Local: c.nc.LocalAddr().String(), ConnectedAt: c.opened}, true
+}
