@@ -113,6 +113,9 @@ type Attachment struct {
 	control ControlFunc
 
 	in inbox
+	// batch defers the writes of responses made while the goroutine works
+	// through a batch of requests; it is flushed at the end of each batch.
+	batch wire.Batch
 
 	mu       sync.Mutex // guards leader, members, patterns, active, err, leaving
 	leader   string
@@ -306,6 +309,9 @@ func (a *Attachment) run() {
 		}
 		for i, f := range batch {
 			batch[i] = nil
+			if i == len(batch)-1 {
+				a.batch.Flush() // the last one's answer goes out alone, at once
+			}
 			switch f.Type {
 			case wire.TypeRequest:
 				a.serve(f)
@@ -322,6 +328,7 @@ func (a *Attachment) run() {
 				f.Release()
 			}
 		}
+		a.batch.Flush()
 	}
 }
 

@@ -317,6 +317,9 @@ type Request struct {
 	finished  atomic.Bool
 	cancelled atomic.Bool
 	hasCtx    atomic.Bool // Context was called
+	// batch is the attachment's write batch while the handler runs on the
+	// attachment's goroutine; answers made meanwhile join it.
+	batch atomic.Pointer[wire.Batch]
 
 	mu     sync.Mutex // guards ctx, cancel, asks, nextAsk
 	ctx    context.Context
@@ -405,6 +408,7 @@ func (r *Request) respond(flags wire.Flags, code wire.Code, msg string, body []b
 	}
 	f := wire.NewFrame(wire.TypeResponse)
 	f.Ref, f.Flags, f.Aux, f.Tag, f.Body = r.id, flags, uint64(code), msg, body
+	f.Batch = r.batch.Load()
 	return r.a.c.send(f)
 }
 
@@ -506,6 +510,8 @@ func (a *Attachment) serve(f *wire.Frame) {
 			a.c.log.Error("courier: handler panicked", "attachment", a.member, "panic", p)
 			r.Fail(&wire.Error{Code: wire.CodeApplication, Msg: fmt.Sprintf("the handler panicked: %v", p)})
 		}
+		r.batch.Store(nil)
 	}()
+	r.batch.Store(&a.batch)
 	a.handler(r)
 }

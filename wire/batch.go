@@ -1,13 +1,17 @@
 package wire
 
+import "sync"
+
 // Batch defers the writes of frames put while one goroutine works through
 // a batch of input, such as a read loop through the frames of one read:
 // they are appended to their outboxes at once but written when the batch
 // ends, one write per connection rather than one per frame. A frame
 // carries the Batch it was made under ([Frame.Batch]); only the goroutine
 // that owns a Batch puts frames carrying it, and it must call
-// [Batch.Flush] before it blocks for more input.
+// [Batch.Flush] before it blocks for more input. Other goroutines may put
+// frames carrying it too, as long as the owner flushes after them.
 type Batch struct {
+	mu   sync.Mutex // guards outs
 	outs []*Outbox
 }
 
@@ -17,7 +21,9 @@ func (b *Batch) add(o *Outbox) {
 		return
 	}
 	o.batch = b
+	b.mu.Lock()
 	b.outs = append(b.outs, o)
+	b.mu.Unlock()
 }
 
 // Flush starts the writes deferred so far. A batch that touched one
@@ -25,19 +31,33 @@ func (b *Batch) add(o *Outbox) {
 // request on its way to its handler); a batch that touched many hands
 // them to their write loops, which then write in parallel (a fan-out).
 func (b *Batch) Flush() {
-	switch len(b.outs) {
-	case 0:
+	b.mu.Lock()
+	outs := b.outs
+	if len(outs) == 0 {
+		b.mu.Unlock()
 		return
+	}
+	b.outs = nil
+	b.mu.Unlock()
+	switch len(outs) {
 	case 1:
-		b.outs[0].flushBatch(b, true)
+		outs[0].flushBatch(b, true)
 	default:
-		for _, o := range b.outs {
+		for _, o := range outs {
 			o.flushBatch(b, false)
 		}
 	}
-	clear(b.outs)
-	b.outs = b.outs[:0]
+	clear(outs)
+	b.mu.Lock()
+	if b.outs == nil {
+		b.outs = outs[:0] // keep the capacity
+	}
+	b.mu.Unlock()
 }
 
 // Pending reports whether writes are deferred.
-func (b *Batch) Pending() bool { return len(b.outs) > 0 }
+func (b *Batch) Pending() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.outs) > 0
+}

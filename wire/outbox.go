@@ -36,6 +36,9 @@ const (
 // small writes would cost more than the handoff.
 const busyGap = 50 * time.Microsecond
 
+// maxSpare is the largest write buffer an outbox keeps for reuse.
+const maxSpare = 1 << 20
+
 // Outbox buffers encoded frames between many producers and a connection.
 // The write loop takes everything buffered in one write ([Outbox.Flush]);
 // an urgent frame put while the connection is idle is written at once by
@@ -194,6 +197,9 @@ func (o *Outbox) writeLocked() {
 	o.mu.Lock()
 	o.writing = false
 	o.spare = p[:0]
+	if cap(p) > maxSpare {
+		o.spare = nil // a burst is over: let its buffer go
+	}
 	if err != nil && o.err == nil {
 		o.err = err
 	}
