@@ -19,19 +19,18 @@ type Log struct {
 	opts Options
 	lock io.Closer // directory lock, if the FS has one
 
-	mu       sync.Mutex           // guards the fields below, up to the blank line, and every segState
-	space    sync.Cond            // on mu: pend drained, or the log failed or closed
-	pend     *batch               // appended, not yet taken by the writer
-	free     *batch               // the writer's spare batch, nil while it writes
-	next     Pos                  // position of the next record; Off 0 until a segment is started
-	nextSeg  uint32               // number of the next segment to start
-	active   *segState            // the segment appends go to; nil before the first
-	segs     map[uint32]*segState // every live segment, on disk or about to be
-	ckpt     Pos                  // position of the last durable checkpoint
-	err      error                // sticky: wraps ErrFailed, or is ErrClosed
-	closing  bool                 // Close was called
-	replay   []segRange           // what Replay reads, fixed by Open
-	recovery *Recovery            // what Open found
+	mu      sync.Mutex           // guards the fields below, up to the blank line, and every segState
+	space   sync.Cond            // on mu: pend drained, or the log failed or closed
+	pend    *batch               // appended, not yet taken by the writer
+	free    *batch               // the writer's spare batch, nil while it writes
+	next    Pos                  // position of the next record; Off 0 until a segment is started
+	nextSeg uint32               // number of the next segment to start
+	active  *segState            // the segment appends go to; nil before the first
+	segs    map[uint32]*segState // every live segment, on disk or about to be
+	ckpt    Pos                  // position of the last durable checkpoint
+	err     error                // sticky: wraps ErrFailed, or is ErrClosed
+	closing bool                 // Close was called
+	replay  []segRange           // what Replay reads, fixed by Open
 
 	filesMu sync.Mutex                // serializes writers of files
 	files   atomic.Pointer[fileTable] // segment files, copy on write, for readers
@@ -48,12 +47,12 @@ type Log struct {
 	wseg  uint32
 	wfile File
 
-	smu     sync.Mutex // guards job, sfree, sdone
-	scond   sync.Cond  // on smu: a job is ready or the writer is done
-	job     *syncJob   // written, waiting for the syncer
-	sfree   *syncJob   // the syncer's spare job
-	sdone   bool       // the writer has exited; the syncer exits when job is nil
-	kick    chan struct{}
+	smu     sync.Mutex     // guards job, sfree, sdone
+	scond   sync.Cond      // on smu: a job is ready or the writer is done
+	job     *syncJob       // written, waiting for the syncer
+	sfree   *syncJob       // the syncer's spare job
+	sdone   bool           // the writer has exited; the syncer exits when job is nil
+	kick    chan struct{}  // makes the syncer stop waiting for the interval; capacity 1
 	gc      chan struct{}  // wakes the janitor; capacity 1
 	stop    chan struct{}  // closed by Close after the writer and syncer exit
 	ckptMu  sync.Mutex     // serializes Checkpoint

@@ -162,7 +162,6 @@ func Open(fs FS, dir string, opts Options) (*Log, *Recovery, error) {
 		return nil, nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
 	rec.Duration = opts.now().Sub(start)
-	l.recovery = rec
 	l.wg.Add(2)
 	go l.runWriter()
 	go l.runSyncer()

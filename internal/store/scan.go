@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 )
 
 // scanBuf is how much a scanner reads at a time.
@@ -138,6 +139,9 @@ func (l *Log) Replay(fn func(Record) error) error {
 			rec, err := s.next()
 			if err == io.EOF {
 				break
+			}
+			if errors.Is(err, os.ErrClosed) {
+				break // deleted meanwhile: a newer checkpoint covers it
 			}
 			if err != nil {
 				return fmt.Errorf("replay: %w", err)
