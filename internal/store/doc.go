@@ -66,8 +66,9 @@
 // checkpoint's position to the end. At the first record that does not
 // check (short, bad header, bad checksum) in the last segment, the tail
 // is cut: the file is truncated there and appends go to a new segment,
-// so no position is ever reused. Damage anywhere else is stepped over
-// and reported. Open reports everything in a [Recovery] and fails only
+// so no position is ever reused. A record cut short by the end of an
+// earlier segment (one round of writes can span segments) is cut too.
+// Other damage is stepped over and reported. Open reports everything in a [Recovery] and fails only
 // on I/O errors, never on bad data, so a damaged log cannot make a node
 // crash in a loop.
 //

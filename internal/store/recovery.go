@@ -35,15 +35,18 @@ type Recovery struct {
 	// checkpoint.
 	ReplayRecords int64
 	ReplayBytes   int64
-	// Truncated lists the tails cut off: a torn or corrupt end of the last
-	// segment, which was truncated (or, if even its header was bad,
-	// deleted). Appends go to a new segment after a cut, so no position
-	// is ever reused.
+	// Truncated lists the tails cut off, each truncated (or, if even its
+	// header was bad, deleted): anything wrong at the end of the last
+	// segment, and a record cut short at the end of an earlier segment
+	// (several segments can be written in one round before it is synced).
+	// Appends go to a new segment after a cut, so no position is ever
+	// reused. Nothing confirmed is ever in a torn tail, unless the disk
+	// lost synced data.
 	Truncated []Damage
-	// Corrupt lists damage that was not at the tail (a sealed segment, or
-	// data before the checkpoint position): kept in place, skipped by
-	// Replay, and failing Read with [ErrCorrupt] or [ErrNotFound]. It
-	// means the disk lost or changed synced data.
+	// Corrupt lists other damage: a bad record in the middle of a sealed
+	// segment, or a segment shorter than the checkpoint says. It is kept
+	// in place, skipped by Replay, and fails Read with [ErrCorrupt] or
+	// [ErrNotFound]. It means the disk lost or changed synced data.
 	Corrupt []Damage
 	// DroppedBytes and DroppedRecords total Truncated and Corrupt.
 	DroppedBytes   int64
@@ -350,12 +353,18 @@ func (l *Log) recover() (*Recovery, error) {
 					return nil, err
 				}
 				d := Damage{Seg: num, Off: sc.off, Bytes: size - sc.off, Records: countFrom(f, num, sc.off, size), Err: err}
-				if last {
+				if last || errors.Is(err, errTorn) {
+					// A torn end: of the last segment, or of one written in
+					// the same unsynced round as the next (a sealed segment
+					// is synced with the next one, not before it is
+					// started). Cut it; a cut last segment gets no more
+					// appends, so no position is used twice.
 					if err := f.Truncate(sc.off); err != nil {
 						return nil, fmt.Errorf("truncate %s: %w", segName(num), err)
 					}
 					damage(&rec.Truncated, d)
-					newSeg = true
+					newSeg = newSeg || last
+					size = sc.off
 				} else {
 					damage(&rec.Corrupt, d)
 				}
