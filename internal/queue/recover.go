@@ -1,0 +1,198 @@
+package queue
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+)
+
+// Rebuilder rebuilds a queue from its journal's records after a restart:
+// feed it every record of the queue in log order with [Rebuilder.Apply]
+// (store.Log.Replay, dispatched by queue id), then call
+// [Rebuilder.Build]. [Recover] does both for one queue's journal.
+//
+// Applying a record is idempotent, as a fuzzy checkpoint requires:
+// an enqueue of a message already known, an attempt older than the one
+// known, and a release of a record not live are ignored.
+//
+// A Rebuilder is not safe for concurrent use.
+type Rebuilder struct {
+	// LazyBodies leaves message bodies in the journal, which must then be
+	// a [Reader]: they are read back when delivered, so that the restart
+	// does not load the whole backlog into memory. Set it before Apply.
+	LazyBodies bool
+
+	msgs    map[uint64]*recovered
+	refs    map[Ref]uint64 // live records: enqueue and attempt records, to message ids
+	maxID   uint64
+	skipped int
+}
+
+// recovered is a message being rebuilt.
+type recovered struct {
+	m    *message
+	join int64 // when it joined the queue: enqueued, or its original due time
+}
+
+// NewRebuilder returns an empty Rebuilder.
+func NewRebuilder() *Rebuilder {
+	return &Rebuilder{msgs: make(map[uint64]*recovered), refs: make(map[Ref]uint64)}
+}
+
+// Apply applies one record. A record that does not decode is skipped and
+// reported in the error (wrapping nothing from the journal: the caller
+// may log it and go on); the Rebuilder stays usable.
+func (r *Rebuilder) Apply(e Entry) error {
+	switch e.Kind {
+	case KindEnqueue:
+		rec, err := decodeEnqueue(e.Payload)
+		if err != nil {
+			r.skipped++
+			return fmt.Errorf("replay %v: %w", e.Ref, err)
+		}
+		r.maxID = max(r.maxID, rec.id)
+		if r.msgs[rec.id] != nil {
+			return nil
+		}
+		m := &message{
+			id: rec.id, size: len(rec.body), headers: rec.headers, key: rec.key, prio: rec.prio,
+			enqueued: rec.enqueued, due: rec.due, expires: rec.expires, ref: e.Ref, hidx: -1,
+		}
+		if !r.LazyBodies {
+			m.body = slices.Clone(rec.body)
+		}
+		r.msgs[rec.id] = &recovered{m: m, join: max(rec.enqueued, rec.due)}
+		r.refs[e.Ref] = rec.id
+	case KindAttempt:
+		rec, err := decodeAttempt(e.Payload)
+		if err != nil {
+			r.skipped++
+			return fmt.Errorf("replay %v: %w", e.Ref, err)
+		}
+		x := r.msgs[rec.id]
+		if x == nil || rec.attempts < x.m.attempts {
+			return nil // released already, or an older attempt
+		}
+		x.m.attempts, x.m.due, x.m.aref = rec.attempts, rec.due, e.Ref
+		r.refs[e.Ref] = rec.id
+	case KindRelease:
+		for _, ref := range e.Released {
+			id, ok := r.refs[ref]
+			if !ok {
+				continue
+			}
+			delete(r.refs, ref)
+			x := r.msgs[id]
+			switch {
+			case x == nil:
+			case x.m.ref == ref:
+				delete(r.msgs, id)
+				if !x.m.aref.IsZero() {
+					delete(r.refs, x.m.aref)
+				}
+			case x.m.aref == ref:
+				x.m.aref = Ref{}
+			}
+		}
+	default:
+		r.skipped++
+		return fmt.Errorf("replay %v: %w: kind %v", e.Ref, errBadRecord, e.Kind)
+	}
+	return nil
+}
+
+// Len returns the number of messages rebuilt so far.
+func (r *Rebuilder) Len() int { return len(r.msgs) }
+
+// Skipped returns the number of records that did not decode.
+func (r *Rebuilder) Skipped() int { return r.skipped }
+
+// Build returns the rebuilt queue, as [New] would with name and cfg
+// (cfg.Journal is the journal the records came from). Messages keep
+// their ids, attempts, due times and expiries; the order of each
+// priority level and of each key is the order in which messages joined
+// the queue. Messages that were in flight are ready again, and not
+// marked redelivered unless they had failed before: deliveries are not
+// journaled. Messages that expired while the node was down are
+// dead-lettered by the first tick.
+func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
+	q, err := New(name, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if r.LazyBodies && q.reader == nil {
+		return nil, fmt.Errorf("rebuild %q: %w: LazyBodies needs a Journal that is a Reader", name, ErrBadConfig)
+	}
+	all := make([]*recovered, 0, len(r.msgs))
+	for _, x := range r.msgs {
+		all = append(all, x)
+	}
+	slices.SortFunc(all, func(a, b *recovered) int {
+		if c := cmp.Compare(a.join, b.join); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.m.id, b.m.id)
+	})
+	q.mu.Lock()
+	now := q.now()
+	q.nextID = r.maxID + 1
+	for _, x := range all {
+		m := x.m
+		q.index[m.id] = m
+		q.stats.bytes.Add(int64(m.size))
+		switch {
+		case m.attempts > 0 && m.due > now && (m.key == "" || q.keys[m.key] == nil || q.keys[m.key].busy == nil):
+			m.st = stBackoff
+			m.at = m.due
+			if m.expires != 0 && m.expires < m.at {
+				m.at = m.expires
+			}
+			q.timers.push(m)
+			q.stats.delayed.Add(1)
+			if m.key != "" {
+				k := q.keys[m.key]
+				if k == nil {
+					k = &keyState{name: m.key, hash: keyHash(m.key)}
+					q.keys[m.key] = k
+					q.stats.keys.Add(1)
+				}
+				k.busy, m.ks = m, k
+			}
+		case m.due > now:
+			m.st = stDelayed
+			m.at = m.due
+			q.timers.push(m)
+			q.stats.delayed.Add(1)
+		default:
+			q.stats.ready.Add(1)
+			q.makeReady(m, m.attempts > 0 && m.key == "")
+		}
+	}
+	r.msgs = nil
+	r.refs = nil
+	q.finish(now)
+	return q, nil
+}
+
+// Recover rebuilds a queue from a journal's records, bodies in memory:
+// replay calls its argument with each record in log order, as
+// [MemJournal.Replay] does. Records that do not decode are skipped and
+// logged. Use a [Rebuilder] to leave bodies on disk, or to feed records
+// dispatched from a log shared by many queues.
+func Recover(name string, cfg Config, replay func(func(Entry) error) error) (*Queue, error) {
+	r := NewRebuilder()
+	log := cfg.Logger
+	if log == nil {
+		log = discardLogger
+	}
+	err := replay(func(e Entry) error {
+		if err := r.Apply(e); err != nil {
+			log.Warn("queue: skipped a journal record", "queue", name, "err", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("recover %q: %w", name, err)
+	}
+	return r.Build(name, cfg)
+}
