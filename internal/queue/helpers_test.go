@@ -245,3 +245,21 @@ func checkStats(t testing.TB, q *Queue, ready, unacked, delayed int64) {
 		t.Fatalf("stats: ready %d unacked %d delayed %d; want %d %d %d", s.Ready, s.Unacked, s.Delayed, ready, unacked, delayed)
 	}
 }
+
+// jump moves the wall clock forward without firing timers, as an NTP
+// step does: timers run on the monotonic clock and do not notice.
+func (c *fakeClock) jump(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	for _, t := range c.timers {
+		t.at = t.at.Add(d)
+	}
+}
+
+// created returns the number of timers ever created.
+func (c *fakeClock) created() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.timers)
+}
