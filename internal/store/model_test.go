@@ -165,7 +165,7 @@ func TestQueueModelCrash(t *testing.T) {
 		// Torn tails (Truncated) are expected; the crash model keeps a prefix
 		// of unsynced writes, so nothing synced is ever damaged.
 		if len(rec.Corrupt) != 0 || len(rec.Missing) != 0 || rec.CheckpointErr != nil {
-			t.Fatalf("round %d: recovery %+v", round, rec)
+			t.Fatalf("round %d: recovery corrupt %v missing %v checkpoint %v", round, rec.Corrupt, rec.Missing, rec.CheckpointErr)
 		}
 		index := decodeModel(rec.State)
 		var rels []Ref

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"slices"
 	"time"
 )
@@ -286,7 +287,7 @@ func (l *Log) recover() (*Recovery, error) {
 	for num, t := range table {
 		if _, ok := l.segs[num]; !ok && num < from.Seg && t.live > 0 && !slices.Contains(nums, num) {
 			ghosts[num] = true
-			l.segs[num] = &segState{num: num, live: t.live, liveBytes: t.liveBytes, sealed: true}
+			l.segs[num] = &segState{num: num, size: math.MaxInt64, live: t.live, liveBytes: t.liveBytes, sealed: true}
 		}
 	}
 
@@ -315,14 +316,17 @@ func (l *Log) recover() (*Recovery, error) {
 		}
 		if herr != nil {
 			d := Damage{Seg: num, Bytes: size, Records: countFrom(f, num, segHeaderSize, size), Err: herr}
-			if last && durableTo <= segHeaderSize {
+			if (last || size < segHeaderSize) && durableTo <= segHeaderSize {
 				// Its header never reached the disk, so neither did anything
-				// after it: a segment started just before the crash. An
-				// empty file is a clean end; a partial header is reported.
+				// after it: a segment started in the round of writes that
+				// the crash cut (the last, or, if the file ends inside its
+				// header, an earlier one of that round). An empty file is a
+				// clean end; a partial header is reported.
 				if err := remove(num); err != nil {
 					return nil, err
 				}
-				dirChanged, newSeg = true, true
+				dirChanged = true
+				newSeg = newSeg || last
 				if size > 0 {
 					damage(&rec.Truncated, d)
 				}
@@ -342,6 +346,7 @@ func (l *Log) recover() (*Recovery, error) {
 			continue
 		}
 		l.segs[num] = s
+		s.size = start
 		sc := &scanner{f: f, seg: num, off: start, end: size}
 		for {
 			r, err := sc.next()
@@ -372,6 +377,7 @@ func (l *Log) recover() (*Recovery, error) {
 			}
 			rec.ReplayRecords++
 			rec.ReplayBytes += r.Size()
+			s.size = sc.off
 			if r.Kind != KindRelease {
 				s.live++
 				s.liveBytes += r.Size()
@@ -379,8 +385,10 @@ func (l *Log) recover() (*Recovery, error) {
 			}
 			releases, _ = r.Released(releases[:0])
 			for _, ref := range releases {
+				// A release of a record that is not there (lost in a torn
+				// round, in a segment now gone) changes nothing.
 				t := l.segs[ref.Seg]
-				if t == nil || t.live <= 0 {
+				if t == nil || t.live <= 0 || int64(ref.Off)+ref.Size() > t.size {
 					l.stats.badReleases.Add(1)
 					continue
 				}
