@@ -90,6 +90,14 @@ func New(name string, cfg Config) (*Queue, error) {
 	return q, nil
 }
 
+// NextID returns the id the next message will get; ids are never
+// reused. A checkpoint keeps it for [Rebuilder.NextID].
+func (q *Queue) NextID() uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.nextID
+}
+
 // Name returns the queue's name.
 func (q *Queue) Name() string { return q.name }
 
@@ -370,10 +378,7 @@ func (q *Queue) retry(m *message, now int64) error {
 		return nil
 	}
 	delay := int64(q.cfg.backoff(m.attempts, q.rand()))
-	m.due = 0
-	if delay > 0 {
-		m.due = now + delay
-	}
+	m.due = now + delay // when it is ready again; the order of the retry lists
 	var err error
 	if q.journal != nil {
 		q.enc = appendAttempt(q.enc[:0], m.id, m.attempts, m.due)
@@ -390,11 +395,7 @@ func (q *Queue) retry(m *message, now int64) error {
 			q.log.Error("queue: journal failed on a retry", "queue", q.name, "id", m.id, "err", err)
 		}
 	}
-	due := time.Unix(0, now)
-	if m.due != 0 {
-		due = time.Unix(0, m.due)
-	}
-	q.notify(m.id, Event{Kind: EventRetry, Attempts: m.attempts, Due: due}, false)
+	q.notify(m.id, Event{Kind: EventRetry, Attempts: m.attempts, Due: time.Unix(0, m.due)}, false)
 	if m.ks != nil {
 		m.ks.busy = m // the key waits for m, in flight until now
 	}

@@ -24,8 +24,8 @@ import (
 //	+------+------+-------+--------------+--------+---------+
 //	| v u8 | 0 u8 | 0 u16 | attempts u32 | id u64 | due i64 |  24 bytes
 //	+------+------+-------+--------------+--------+---------+
-//	attempts: failed attempts so far; due: when the message may be
-//	delivered again (0: at once)
+//	attempts: failed attempts so far; due: when the message is ready
+//	again (the failure's time plus the backoff)
 //
 // v is recordVersion; a reader refuses other versions.
 

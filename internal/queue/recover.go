@@ -22,6 +22,12 @@ type Rebuilder struct {
 	// does not load the whole backlog into memory. Set it before Apply.
 	LazyBodies bool
 
+	// NextID, if above every id seen, is the id the rebuilt queue assigns
+	// next. Ids must never be reused, and the records of acked messages
+	// disappear with their segments: the caller keeps the queue's next id
+	// in its checkpoint state ([Queue.NextID]) and sets it here.
+	NextID uint64
+
 	msgs    map[uint64]*recovered
 	refs    map[Ref]uint64 // live records: enqueue and attempt records, to message ids
 	maxID   uint64
@@ -111,7 +117,7 @@ func (r *Rebuilder) Skipped() int { return r.skipped }
 // (cfg.Journal is the journal the records came from). Messages keep
 // their ids, attempts, due times and expiries; the order of each
 // priority level and of each key is the order in which messages joined
-// the queue. Messages that were in flight are ready again, and not
+// the queue (retried ones: the order in which they came back). Messages that were in flight are ready again, and not
 // marked redelivered unless they had failed before: deliveries are not
 // journaled. Messages that expired while the node was down are
 // dead-lettered by the first tick.
@@ -135,9 +141,16 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 	})
 	q.mu.Lock()
 	now := q.now()
-	q.nextID = r.maxID + 1
+	q.nextID = max(r.maxID+1, r.NextID)
+	var retried []*message // plain messages ready after a failure: in the order they came back
 	for _, x := range all {
 		m := x.m
+		if m.attempts > 0 && m.due <= now && m.key == "" {
+			q.index[m.id] = m
+			q.stats.bytes.Add(int64(m.size))
+			retried = append(retried, m)
+			continue
+		}
 		q.index[m.id] = m
 		q.stats.bytes.Add(int64(m.size))
 		switch {
@@ -165,8 +178,18 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 			q.stats.delayed.Add(1)
 		default:
 			q.stats.ready.Add(1)
-			q.makeReady(m, m.attempts > 0 && m.key == "")
+			q.makeReady(m, false)
 		}
+	}
+	slices.SortFunc(retried, func(a, b *message) int {
+		if c := cmp.Compare(a.due, b.due); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.id, b.id)
+	})
+	for _, m := range retried {
+		q.stats.ready.Add(1)
+		q.makeReady(m, true)
 	}
 	r.msgs = nil
 	r.refs = nil
