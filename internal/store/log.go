@@ -130,10 +130,12 @@ func (b *batch) tail(pos Pos) *chunk {
 // syncJob is written data waiting for a sync, with the callbacks it
 // confirms.
 type syncJob struct {
-	files []File
-	dones []func(error)
-	end   uint64 // Pos.key the sync makes durable
-	force bool
+	files   []File
+	dones   []func(error) // confirmed by the sync
+	end     uint64        // Pos.key the sync makes durable
+	failed  []func(error) // after dones: appended after the log failed
+	failErr error         // what failed gets
+	force   bool
 }
 
 func (j *syncJob) reset() {
@@ -141,6 +143,9 @@ func (j *syncJob) reset() {
 	j.files = j.files[:0]
 	clear(j.dones)
 	j.dones = j.dones[:0]
+	clear(j.failed)
+	j.failed = j.failed[:0]
+	j.failErr = nil
 	j.force = false
 }
 
@@ -153,7 +158,8 @@ func (j *syncJob) reset() {
 // Append blocks while [Options.MaxPending] bytes wait to be written. If it
 // returns an error, the record was not appended and done is not called.
 //
-// done is called from the log's sync goroutine, in append order. It must
+// done is called from the log's sync goroutine, in append order (a
+// failure never overtakes an earlier confirm). It must
 // not block for long: every later confirm waits for it. It may call
 // Append, Release and Read, but not [Log.Sync], [Log.Checkpoint] or
 // [Log.Close], which wait for that goroutine.

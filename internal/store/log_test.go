@@ -658,3 +658,55 @@ func TestDoneMayAppend(t *testing.T) {
 		t.Fatalf("stats: %+v", s)
 	}
 }
+
+// TestCallbackOrderAcrossFailure: callbacks come in append order, and
+// once one reports a failure, every later one does.
+func TestCallbackOrderAcrossFailure(t *testing.T) {
+	for round := range 20 {
+		fs := NewMemFS()
+		l, _ := mustOpen(t, fs, testDir, smallOptions())
+		var (
+			mu    sync.Mutex
+			order []int
+			errs  []error
+			wg    sync.WaitGroup
+		)
+		var writes atomic.Int32
+		fs.SetInjector(func(op Op, name string) error {
+			if op == OpWrite && writes.Add(1) > int32(round%5+1) {
+				return ErrInjected
+			}
+			return nil
+		})
+		for i := range 200 {
+			wg.Add(1)
+			_, err := l.Append(1, 1, payloadFor(i), func(err error) {
+				mu.Lock()
+				order = append(order, i)
+				errs = append(errs, err)
+				mu.Unlock()
+				wg.Done()
+			})
+			if err != nil {
+				wg.Done()
+				break
+			}
+		}
+		wg.Wait()
+		failed := false
+		for k, i := range order {
+			if k > 0 && order[k-1] >= i {
+				t.Fatalf("round %d: callback %d after %d", round, i, order[k-1])
+			}
+			if errs[k] != nil {
+				failed = true
+			} else if failed {
+				t.Fatalf("round %d: record %d confirmed after an earlier failure", round, i)
+			}
+		}
+		if !failed {
+			t.Fatalf("round %d: no failure reported", round)
+		}
+		l.Close()
+	}
+}

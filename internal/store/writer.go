@@ -51,46 +51,39 @@ func (l *Log) runWriter() {
 	}
 }
 
-// writeBatch writes b and hands it to the syncer, or fails its callbacks.
-// touched is scratch space for the files written.
+// writeBatch writes b and hands it to the syncer; if the log has failed,
+// it hands over b's callbacks to be failed instead, so that every callback
+// runs on the syncer, in log order. touched is scratch space for the files
+// written.
 func (l *Log) writeBatch(b *batch, failed error, touched []File) []File {
-	if failed != nil {
-		for _, d := range b.dones {
-			d(failed)
-		}
-		return touched
-	}
-	for i := range b.chunks {
-		c := &b.chunks[i]
-		if c.seg != l.wseg {
-			if c.off != 0 {
-				l.fail(fmt.Errorf("internal error: segment %d continues at %d but the writer is in segment %d", c.seg, c.off, l.wseg))
+	if failed == nil {
+		for i := range b.chunks {
+			c := &b.chunks[i]
+			if c.seg != l.wseg {
+				if c.off != 0 {
+					l.fail(fmt.Errorf("internal error: segment %d continues at %d but the writer is in segment %d", c.seg, c.off, l.wseg))
+					break
+				}
+				f, err := l.createSegment(c.seg)
+				if err != nil {
+					l.fail(err)
+					break
+				}
+				l.wseg, l.wfile = c.seg, f
+			}
+			if _, err := l.wfile.WriteAt(c.buf, c.off); err != nil {
+				l.fail(fmt.Errorf("write %s at %d: %w", segName(c.seg), c.off, err))
 				break
 			}
-			f, err := l.createSegment(c.seg)
-			if err != nil {
-				l.fail(err)
-				break
+			if !slices.Contains(touched, l.wfile) {
+				touched = append(touched, l.wfile)
 			}
-			l.wseg, l.wfile = c.seg, f
+			l.written.Store(Pos{Seg: c.seg, Off: uint32(c.off) + uint32(len(c.buf))}.key())
+			l.stats.writes.Add(1)
+			l.stats.writtenBytes.Add(uint64(len(c.buf)))
 		}
-		if _, err := l.wfile.WriteAt(c.buf, c.off); err != nil {
-			l.fail(fmt.Errorf("write %s at %d: %w", segName(c.seg), c.off, err))
-			break
-		}
-		if !slices.Contains(touched, l.wfile) {
-			touched = append(touched, l.wfile)
-		}
-		l.written.Store(Pos{Seg: c.seg, Off: uint32(c.off) + uint32(len(c.buf))}.key())
-		l.stats.writes.Add(1)
-		l.stats.writtenBytes.Add(uint64(len(c.buf)))
-	}
-	l.notify()
-	if err := l.failure(); err != nil {
-		for _, d := range b.dones {
-			d(err)
-		}
-		return touched
+		l.notify()
+		failed = l.failure()
 	}
 
 	l.smu.Lock()
@@ -102,17 +95,26 @@ func (l *Log) writeBatch(b *batch, failed error, touched []File) []File {
 		}
 		l.job = j
 	}
-	for _, f := range touched {
-		if !slices.Contains(j.files, f) {
-			j.files = append(j.files, f)
+	if failed != nil {
+		// Everything from here on fails; what came before is synced (or
+		// fails) as the syncer finds.
+		j.failed = append(j.failed, b.dones...)
+		if j.failErr == nil {
+			j.failErr = failed
 		}
+	} else {
+		for _, f := range touched {
+			if !slices.Contains(j.files, f) {
+				j.files = append(j.files, f)
+			}
+		}
+		j.dones = append(j.dones, b.dones...)
+		j.end = l.written.Load()
 	}
-	j.dones = append(j.dones, b.dones...)
-	j.end = l.written.Load()
-	j.force = j.force || b.force
+	j.force = j.force || b.force || failed != nil
 	l.smu.Unlock()
 	l.scond.Signal()
-	if b.force {
+	if b.force || failed != nil {
 		l.kickSyncer()
 	}
 	return touched
@@ -205,11 +207,14 @@ func (l *Log) runSyncer() {
 				err = broken
 			}
 		}
-		if err == nil {
+		if err == nil && j.end > l.durable.Load() { // a job of failures only has no end
 			l.durable.Store(j.end)
 		}
 		for _, d := range j.dones {
 			d(err)
+		}
+		for _, d := range j.failed {
+			d(j.failErr)
 		}
 		if err == nil && l.wantGC.Load() {
 			l.signalGC()
