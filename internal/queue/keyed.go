@@ -107,9 +107,7 @@ func (kq *keyQueue) each(fn func(*keyState)) {
 func (q *Queue) joinKey(m *message, front bool) {
 	k := q.keys[m.key]
 	if k == nil {
-		k = &keyState{name: m.key, hash: keyHash(m.key)}
-		q.keys[m.key] = k
-		q.stats.keys.Add(1)
+		k = q.newKey(m.key)
 	}
 	m.ks = k
 	m.st = stReady
@@ -135,9 +133,12 @@ func (q *Queue) routeKey(k *keyState) {
 		return // blocked: routed again when it settles or is due
 	}
 	if k.waiting.n == 0 {
-		k.owner = nil
 		delete(q.keys, k.name)
 		q.stats.keys.Add(-1)
+		if len(q.freeKeys) < maxFree {
+			*k = keyState{}
+			q.freeKeys = append(q.freeKeys, k)
+		}
 		return
 	}
 	k.owner = q.ring.pick(k.hash)
@@ -170,4 +171,20 @@ func (q *Queue) rerouteAll() {
 // callers.) q.mu is held.
 func (q *Queue) rerouteFrom(c *Consumer) {
 	c.keys.each(q.routeKey)
+}
+
+// newKey creates the state of key, recycled if possible. q.mu is held.
+func (q *Queue) newKey(key string) *keyState {
+	var k *keyState
+	if n := len(q.freeKeys); n > 0 {
+		k = q.freeKeys[n-1]
+		q.freeKeys[n-1] = nil
+		q.freeKeys = q.freeKeys[:n-1]
+	} else {
+		k = new(keyState)
+	}
+	k.name, k.hash = key, keyHash(key)
+	q.keys[key] = k
+	q.stats.keys.Add(1)
+	return k
 }

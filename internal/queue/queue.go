@@ -46,6 +46,7 @@ type Queue struct {
 	spare     []event               // out's other buffer
 	flushing  bool                  // a goroutine is running out's callbacks
 	free      []*message            // recycled messages
+	freeKeys  []*keyState           // recycled key states
 	enc       []byte                // record encoding buffer
 	relBuf    []Ref
 	rand      func() float64 // jitter source

@@ -15,7 +15,7 @@ func TestEnqueueRecordRoundTrip(t *testing.T) {
 		{"empty", message{id: 1}},
 		{"full", message{id: 1 << 40, prio: MaxPriority, enqueued: 1, due: 2, expires: -3, key: "order-42",
 			headers: map[string]string{"traceparent": "00-1-2-01", "": "empty name", "big": strings.Repeat("v", 70000)},
-			body: []byte("payload")}},
+			body:    []byte("payload")}},
 		{"binary body", message{id: 7, body: []byte{0, 1, 2, 0xff}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

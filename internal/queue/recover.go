@@ -165,9 +165,7 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 			if m.key != "" {
 				k := q.keys[m.key]
 				if k == nil {
-					k = &keyState{name: m.key, hash: keyHash(m.key)}
-					q.keys[m.key] = k
-					q.stats.keys.Add(1)
+					k = q.newKey(m.key)
 				}
 				k.busy, m.ks = m, k
 			}
