@@ -38,14 +38,14 @@ func (q *Queue) dump(inflightAsReady bool) queueDump {
 	defer q.mu.Unlock()
 	d := queueDump{Keys: map[string][]uint64{}, NextID: q.nextID}
 	for _, m := range q.index {
-		b := m.body
-		if !m.inMemory() {
-			b = q.readBody(m)
+		b, h := m.body, m.headers
+		if m.paged {
+			b, h = q.readBack(m)
 		}
 		md := msgDump{ID: m.id, Body: string(b), Key: m.key, Prio: m.prio, Attempts: m.attempts, State: stateNames[m.st], Expires: m.expires}
 		var hs []string
-		for _, k := range slices.Sorted(maps.Keys(m.headers)) {
-			hs = append(hs, k+"="+m.headers[k])
+		for _, k := range slices.Sorted(maps.Keys(h)) {
+			hs = append(hs, k+"="+h[k])
 		}
 		md.Headers = strings.Join(hs, ",")
 		if m.st == stDelayed || m.st == stBackoff {

@@ -153,7 +153,7 @@ func workload(t *testing.T, e *env, q *Queue, seed uint64, steps int) {
 			}
 		case op < 82:
 			if len(ws) < 4 {
-				ws = append(ws, addWorker(t, q, fmt.Sprintf("w%d", next), 1+rng.IntN(5)))
+				ws = append(ws, addWorker(t, q, fmt.Sprintf("w%d.%d", seed, next), 1+rng.IntN(5)))
 				next++
 			}
 		case op < 86:
@@ -373,3 +373,42 @@ func TestLazyBodiesReadBackOnDelivery(t *testing.T) {
 
 // journalOnly hides MemJournal's Reader.
 type journalOnly struct{ Journal }
+
+// failingReader is a journal whose record bad cannot be read back.
+type failingReader struct {
+	*MemJournal
+	bad Ref
+}
+
+func (j failingReader) Read(ref Ref) ([]byte, error) {
+	if ref == j.bad {
+		return nil, errors.New("checksum mismatch")
+	}
+	return j.MemJournal.Read(ref)
+}
+
+func TestUnreadableBodyIsDeadLettered(t *testing.T) {
+	e := newEnv(t)
+	q := e.queue(nil)
+	mustEnqueue(t, q, Message{Body: []byte("lost"), Key: "k"})
+	mustEnqueue(t, q, Message{Body: []byte("next"), Key: "k"})
+	must(t, q.Close())
+	rb := NewRebuilder()
+	rb.LazyBodies = true
+	must(t, e.j.Replay(rb.Apply))
+	cfg := e.config()
+	cfg.Journal = failingReader{e.j, e.j.Records()[0].Ref}
+	r, err := rb.Build("q", cfg)
+	must(t, err)
+	w := addWorker(t, r, "w", 10)
+	got := w.take()
+	if len(got) != 1 || got[0].ID != 2 || string(got[0].Body) != "next" {
+		t.Fatalf("got %+v; the unreadable message should not block its key", got)
+	}
+	if dl := e.deadLetters(); len(dl) != 1 || dl[0].Reason != ReasonUnreadable || dl[0].Message.ID != 1 {
+		t.Fatalf("dead letters %+v", dl)
+	}
+	if err := r.check(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -12,6 +12,7 @@ type Message struct {
 	Headers map[string]string
 	// Key, if not empty, makes this a keyed task: the messages of one
 	// key are delivered one at a time, in order (see the package doc).
+	// At most 65,535 bytes.
 	Key string
 	// Priority, from 0 to [MaxPriority]: higher goes first; FIFO within a
 	// level.
@@ -120,9 +121,10 @@ const (
 // message is the queue's record of one message. Guarded by Queue.mu.
 type message struct {
 	id       uint64
-	body     []byte // nil when not in memory: read it back with ref
-	size     int    // body length
-	headers  map[string]string
+	body     []byte            // nil when paged
+	size     int               // body length
+	headers  map[string]string // nil when paged
+	paged    bool              // body and headers are only in the journal, at ref
 	key      string
 	prio     uint8
 	st       state
@@ -140,9 +142,6 @@ type message struct {
 	list       *msgList  // the list it is on, or nil
 	prev, next *message  // links in list
 }
-
-// inMemory reports whether the body is resident.
-func (m *message) inMemory() bool { return m.body != nil || m.size == 0 }
 
 // msgList is an intrusive doubly linked list of messages.
 type msgList struct {
@@ -266,10 +265,4 @@ func (h *timerHeap) remove(m *message) {
 		(*h).up(i)
 	}
 	m.hidx = -1
-}
-
-// fix restores the heap after m.at changed.
-func (h timerHeap) fix(m *message) {
-	h.down(int(m.hidx))
-	h.up(int(m.hidx))
 }

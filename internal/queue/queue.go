@@ -136,7 +136,7 @@ func (q *Queue) Enqueue(msg Message, confirm func(error), watch WatchFunc) (uint
 	if msg.TTL < 0 {
 		return 0, fmt.Errorf("enqueue: %w: negative TTL %v", ErrBadMessage, msg.TTL)
 	}
-	if len(msg.Headers) > 0 || len(msg.Key) > 1<<16 {
+	if len(msg.Headers) > 0 || len(msg.Key) > maxKeyLen {
 		if err := checkHeaders(msg.Key, msg.Headers); err != nil {
 			return 0, fmt.Errorf("enqueue: %w", err)
 		}
@@ -435,7 +435,7 @@ func (q *Queue) deadLetter(m *message, reason Reason) {
 	if q.cfg.DeadLetter != nil {
 		ev := event{kind: evDeadLetter, reason: reason, d: q.delivery(m)}
 		ev.refs[0], ev.refs[1] = m.ref, m.aref
-		if ev.d.Body == nil && m.size > 0 {
+		if ev.d.Body == nil && m.paged {
 			ev.reason = ReasonUnreadable
 		}
 		q.out = append(q.out, ev)
@@ -536,7 +536,7 @@ func (q *Queue) deliverOne(c *Consumer, now int64) bool {
 		return true
 	}
 	d := q.delivery(m)
-	if d.Body == nil && m.size > 0 {
+	if d.Body == nil && m.paged {
 		// The body cannot be read back, now or later.
 		q.unready(m)
 		q.stats.ready.Add(-1)
@@ -567,24 +567,26 @@ func (q *Queue) deliverOne(c *Consumer, now int64) bool {
 	return true
 }
 
-// delivery describes m, reading its body back if it is not in memory (nil
-// if that fails). q.mu is held.
+// delivery describes m, reading its body and headers back if they are
+// paged (Body nil if that fails). q.mu is held.
 func (q *Queue) delivery(m *message) Delivery {
 	d := Delivery{
 		ID: m.id, Body: m.body, Headers: m.headers, Key: m.key, Priority: m.prio,
 		Attempts: m.attempts, Redelivered: m.attempts > 0, Enqueued: time.Unix(0, m.enqueued),
 	}
-	if !m.inMemory() {
-		d.Body = q.readBody(m)
+	if m.paged {
+		d.Body, d.Headers = q.readBack(m)
 	}
 	return d
 }
 
-// readBody reads m's body back from the journal. q.mu is held.
-func (q *Queue) readBody(m *message) []byte {
+// readBack reads m's body and headers back from the journal; the body is
+// nil if that fails. This is the one place that knows where a paged
+// message lives. q.mu is held.
+func (q *Queue) readBack(m *message) ([]byte, map[string]string) {
 	if q.reader == nil {
-		q.log.Error("queue: body not in memory and the journal cannot read", "queue", q.name, "id", m.id)
-		return nil
+		q.log.Error("queue: message paged and the journal cannot read", "queue", q.name, "id", m.id)
+		return nil, nil
 	}
 	p, err := q.reader.Read(m.ref)
 	var r enqueueRecord
@@ -595,10 +597,13 @@ func (q *Queue) readBody(m *message) []byte {
 		err = fmt.Errorf("%w: record %v holds message %d", errBadRecord, m.ref, r.id)
 	}
 	if err != nil {
-		q.log.Error("queue: cannot read a body back", "queue", q.name, "id", m.id, "ref", m.ref, "err", err)
-		return nil
+		q.log.Error("queue: cannot read a message back", "queue", q.name, "id", m.id, "ref", m.ref, "err", err)
+		return nil, nil
 	}
-	return r.body
+	if r.body == nil {
+		r.body = []byte{}
+	}
+	return r.body, r.headers
 }
 
 // finish ends every operation that may have changed what can be

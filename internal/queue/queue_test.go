@@ -454,3 +454,31 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestDefaultSchedulerAndAccessors(t *testing.T) {
+	cfg := DefaultConfig() // no Scheduler: the shared one, on the real clock
+	q, err := New("tasks", cfg)
+	must(t, err)
+	if q.Name() != "tasks" {
+		t.Fatal(q.Name())
+	}
+	a := addWorker(t, q, "a", 1)
+	addWorker(t, q, "b", 1)
+	if got := q.Consumers(); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("consumers %v", got)
+	}
+	id := mustEnqueue(t, q, Message{Body: []byte("x")})
+	if got := a.take(); len(got) != 1 || got[0].ID != id {
+		t.Fatalf("got %v", got)
+	}
+	if q.NextID() != id+1 {
+		t.Fatalf("next id %d", q.NextID())
+	}
+	must(t, q.RemoveConsumer(a.Consumer))
+	if err := q.RemoveConsumer(a.Consumer); !errors.Is(err, ErrUnknownConsumer) {
+		t.Fatalf("second remove: %v", err)
+	}
+	if err := q.SetPrefetch(a.Consumer, 2); !errors.Is(err, ErrUnknownConsumer) {
+		t.Fatalf("prefetch of a removed consumer: %v", err)
+	}
+}

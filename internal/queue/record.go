@@ -35,7 +35,7 @@ const (
 	attemptSize     = 24
 	maxHeaderCount  = math.MaxUint16
 	maxHeaderName   = math.MaxUint16
-	maxKeyLen       = math.MaxUint32
+	maxKeyLen       = math.MaxUint16 // so that a snapshot entry holds it in a u16
 	maxHeaderValues = math.MaxUint32
 )
 

@@ -28,10 +28,11 @@ type Rebuilder struct {
 	// in its checkpoint state ([Queue.NextID]) and sets it here.
 	NextID uint64
 
-	msgs    map[uint64]*recovered
-	refs    map[Ref]uint64 // live records: enqueue and attempt records, to message ids
-	maxID   uint64
-	skipped int
+	msgs         map[uint64]*recovered
+	refs         map[Ref]uint64 // live records: enqueue and attempt records, to message ids
+	maxID        uint64
+	skipped      int
+	fromSnapshot bool // LoadSnapshot was called: messages are paged
 }
 
 // recovered is a message being rebuilt.
@@ -64,7 +65,9 @@ func (r *Rebuilder) Apply(e Entry) error {
 			id: rec.id, size: len(rec.body), headers: rec.headers, key: rec.key, prio: rec.prio,
 			enqueued: rec.enqueued, due: rec.due, expires: rec.expires, ref: e.Ref, hidx: -1,
 		}
-		if !r.LazyBodies {
+		if r.LazyBodies {
+			m.paged, m.headers = true, nil
+		} else {
 			m.body = slices.Clone(rec.body)
 		}
 		r.msgs[rec.id] = &recovered{m: m, join: max(rec.enqueued, rec.due)}
@@ -126,8 +129,8 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 	if err != nil {
 		return nil, err
 	}
-	if r.LazyBodies && q.reader == nil {
-		return nil, fmt.Errorf("rebuild %q: %w: LazyBodies needs a Journal that is a Reader", name, ErrBadConfig)
+	if (r.LazyBodies || r.fromSnapshot) && q.reader == nil {
+		return nil, fmt.Errorf("rebuild %q: %w: paged messages need a Journal that is a Reader", name, ErrBadConfig)
 	}
 	all := make([]*recovered, 0, len(r.msgs))
 	for _, x := range r.msgs {

@@ -148,3 +148,40 @@ func TestStoreJournalSurvivesCrash(t *testing.T) {
 		t.Fatalf("store: %d bad releases, %d live records after draining", st.BadReleases, st.LiveRecords)
 	}
 }
+
+func TestStoreCheckpointThenReplay(t *testing.T) {
+	fs := store.NewMemFS()
+	opts := store.Options{SegmentSize: 16 << 10}
+	log, _, err := store.Open(fs, "/data", opts)
+	must(t, err)
+	e := newEnv(t)
+	cfg := e.config()
+	cfg.Journal = storeJournal{log, 1}
+	cfg.BackoffBase, cfg.BackoffMax = time.Second, 4*time.Second
+	q, err := New("tasks", cfg)
+	must(t, err)
+	workload(t, e, q, 11, 1500)
+	// The checkpoint holds the queue's snapshot as the store's state.
+	_, err = log.Checkpoint(func(store.Pos) ([]byte, error) { return q.AppendSnapshot(nil), nil })
+	must(t, err)
+	workload(t, e, q, 12, 300)
+	must(t, log.Sync())
+	before, inflight := q.dump(true), inflightIDs(q)
+	q.Close()
+
+	log2, rec, err := store.Open(fs.Crash(nil), "/data", opts)
+	must(t, err)
+	defer log2.Close()
+	if rec.State == nil {
+		t.Fatal("no checkpoint state")
+	}
+	rb := NewRebuilder()
+	must(t, rb.LoadSnapshot(rec.State))
+	replayStore(t, log2, map[uint32]*Rebuilder{1: rb})
+	cfg.Journal = storeJournal{log2, 1}
+	r, err := rb.Build("tasks", cfg)
+	must(t, err)
+	sameState(t, before, r.dump(false), inflight)
+	t.Logf("replayed %d records after the checkpoint; %d messages rebuilt; %d segments deleted by the checkpoint",
+		rec.ReplayRecords, len(before.Msgs), log.Stats().SegmentsDeleted)
+}

@@ -1,0 +1,99 @@
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+)
+
+func TestCheckpointThenReplayRebuildsTheSameState(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			e := newEnv(t)
+			cfg := e.config()
+			cfg.MaxAttempts = 4
+			cfg.BackoffBase, cfg.BackoffMax = time.Second, 8*time.Second
+			q, err := New("q", cfg)
+			must(t, err)
+			workload(t, e, q, seed, 300)
+			// A fuzzy checkpoint: the position is taken, changes go on,
+			// then the snapshot is taken.
+			at := len(e.j.Records())
+			workload(t, e, q, seed+100, 30)
+			snap := q.AppendSnapshot(nil)
+			workload(t, e, q, seed+200, 300)
+			before, inflight := q.dump(true), inflightIDs(q)
+			must(t, q.Close())
+
+			rb := NewRebuilder()
+			must(t, rb.LoadSnapshot(snap))
+			for _, r := range e.j.Records()[at:] {
+				must(t, rb.Apply(Entry{Ref: r.Ref, Kind: r.Kind, Payload: r.Payload, Released: r.Released}))
+			}
+			r, err := rb.Build("q", cfg)
+			must(t, err)
+			sameState(t, before, r.dump(false), inflight)
+			if err := r.check(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestLoadSnapshotRefusesDamage(t *testing.T) {
+	e := newEnv(t)
+	q := e.queue(nil)
+	for i := range 5 {
+		mustEnqueue(t, q, Message{Body: body(i), Key: "k"})
+	}
+	snap := q.AppendSnapshot(nil)
+	for _, tc := range []struct {
+		name string
+		b    []byte
+	}{
+		{"empty", nil},
+		{"magic", append([]byte("XXXX"), snap[4:]...)},
+		{"truncated", snap[:len(snap)-1]},
+		{"trailing", append(snap[:len(snap):len(snap)], 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rb := NewRebuilder()
+			if err := rb.LoadSnapshot(tc.b); !errors.Is(err, errBadRecord) {
+				t.Fatalf("got %v", err)
+			}
+			if rb.Len() != 0 {
+				t.Fatal("a bad snapshot loaded messages")
+			}
+		})
+	}
+	rb := NewRebuilder()
+	must(t, rb.LoadSnapshot(snap))
+	if rb.Len() != 5 {
+		t.Fatalf("loaded %d", rb.Len())
+	}
+}
+
+func FuzzLoadSnapshot(f *testing.F) {
+	e := newEnv(f)
+	q := e.queue(nil)
+	mustEnqueue(f, q, Message{Body: []byte("x"), Key: "k", Priority: 3, DueAt: epoch.Add(time.Hour)})
+	mustEnqueue(f, q, Message{Body: []byte("y")})
+	f.Add(q.AppendSnapshot(nil))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rb := NewRebuilder()
+		if rb.LoadSnapshot(b) != nil {
+			return
+		}
+		cfg := DefaultConfig()
+		cfg.Scheduler = NewScheduler(SchedulerOptions{Clock: newFakeClock()})
+		cfg.Journal = NewMemJournal()
+		r, err := rb.Build("q", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.check(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
