@@ -65,6 +65,7 @@ type Ref struct {
 // IsZero reports whether r names no record.
 func (r Ref) IsZero() bool { return r == Ref{} }
 
+// String formats r as seg:off+len.
 func (r Ref) String() string { return fmt.Sprintf("%d:%d+%d", r.Seg, r.Off, r.Len) }
 
 // Kind tells a queue's records apart. The values fit the store's caller
@@ -82,6 +83,7 @@ const (
 	KindRelease Kind = 0xFF
 )
 
+// String names the kind.
 func (k Kind) String() string {
 	switch k {
 	case KindEnqueue:

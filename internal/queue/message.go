@@ -78,6 +78,7 @@ const (
 	EventFailed
 )
 
+// String names the kind.
 func (k EventKind) String() string {
 	switch k {
 	case EventProgress:
