@@ -7,8 +7,6 @@ import (
 	"runtime/metrics"
 	"strconv"
 	"time"
-
-	"github.com/courier-mq/courier/internal/broker"
 )
 
 // Listener is a listener the node serves, as the overview lists it.
@@ -104,21 +102,11 @@ var (
 // live counters, rates from the last sample.
 func (s *Server) readOverview() *overview {
 	o := &overview{s: s, uptime: s.cfg.now().Sub(s.started), listeners: s.listeners()}
-	o.totals = s.smp.totals()
+	c := s.smp.count()
+	o.totals, o.exchanges, o.queues, o.ready, o.unacked = c.totals, c.exchanges, c.queues, c.ready, c.unacked
 	o.rates = s.smp.lastTick().rates
-	s.b.RangeExchanges(func(*broker.Exchange) bool {
-		o.exchanges++
-		return true
-	})
 	o.conns = s.b.SessionCount()
 	o.atts = s.b.AttachmentCount()
-	if s.cfg.Queues != nil {
-		for _, q := range s.cfg.Queues.AppendQueues(nil) {
-			o.queues++
-			o.ready += q.MessagesReady
-			o.unacked += q.MessagesUnacked
-		}
-	}
 	return o
 }
 

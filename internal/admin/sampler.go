@@ -369,7 +369,7 @@ func (s *sampler) sample(now time.Time) {
 		}
 	}
 
-	t := &tick{at: now, totals: s.totals()}
+	t := &tick{at: now, totals: s.count().totals}
 	if !first && dt > 0 {
 		for i := range t.rates {
 			t.rates[i] = float64(t.totals[i]-prev.totals[i]) / dt
@@ -383,17 +383,27 @@ func (s *sampler) sample(now time.Time) {
 	s.mu.Unlock()
 }
 
-// totals returns the node's message totals now: retired objects plus the
-// live counters of every exchange, connection and queue. It never returns
-// less than it returned before.
-func (s *sampler) totals() [nTotals]uint64 {
-	var t [nTotals]uint64
+// census is what one pass over every object counts.
+type census struct {
+	totals         [nTotals]uint64
+	exchanges      int
+	queues         int
+	ready, unacked uint64
+}
+
+// count returns the node's message totals now, retired objects plus the
+// live counters of every exchange, connection and queue, and counts the
+// objects on the way. Totals never come out lower than before.
+func (s *sampler) count() census {
+	var c census
+	t := &c.totals
 	for i := range t {
 		t[i] = s.retired[i].Load()
 	}
 	s.b.RangeExchanges(func(ex *broker.Exchange) bool {
 		t[totRequest] += ex.Requests()
 		t[totPublish] += ex.Publishes()
+		c.exchanges++
 		return true
 	})
 	for _, sess := range s.b.Sessions(nil) {
@@ -404,6 +414,9 @@ func (s *sampler) totals() [nTotals]uint64 {
 	if s.queues != nil {
 		for _, q := range s.queues.AppendQueues(nil) {
 			t[totAck] += q.Ack
+			c.queues++
+			c.ready += q.MessagesReady
+			c.unacked += q.MessagesUnacked
 		}
 	}
 	for i := range t {
@@ -418,7 +431,7 @@ func (s *sampler) totals() [nTotals]uint64 {
 			}
 		}
 	}
-	return t
+	return c
 }
 
 // lastTick returns the latest sample; zero before the first.

@@ -276,52 +276,71 @@ func appendString(b []byte, s string) []byte {
 // against len(rows) it selects with a bounded heap, O(n log limit),
 // instead of sorting everything.
 func sortRows[R any](rows []R, f *field[R], reverse bool, limit int) []R {
+	if f.num != nil {
+		keys := make([]numKey, len(rows))
+		for i := range rows {
+			keys[i] = numKey{f.num(&rows[i]), int32(i)}
+		}
+		return pick(rows, keys, func(a, b *numKey) int { return tieBreak(cmpFloat(a.v, b.v), a.i, b.i, reverse) }, limit)
+	}
+	keys := make([]strKey, len(rows))
+	for i := range rows {
+		keys[i] = strKey{f.str(&rows[i]), int32(i)}
+	}
+	return pick(rows, keys, func(a, b *strKey) int { return tieBreak(strings.Compare(a.v, b.v), a.i, b.i, reverse) }, limit)
+}
+
+// Sort keys: the value and the row's index, which breaks ties.
+type (
+	numKey struct {
+		v float64
+		i int32
+	}
+	strKey struct {
+		v string
+		i int32
+	}
+	indexed interface{ index() int32 }
+)
+
+func (k numKey) index() int32 { return k.i }
+func (k strKey) index() int32 { return k.i }
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// tieBreak completes a comparison of values with the rows' indexes, and
+// reverses the whole when asked.
+func tieBreak(c int, ai, bi int32, reverse bool) int {
+	if c == 0 {
+		c = int(ai - bi)
+	}
+	if reverse {
+		return -c
+	}
+	return c
+}
+
+// pick returns the rows of the first limit keys in cmp order.
+func pick[R any, K indexed](rows []R, keys []K, cmp func(a, b *K) int, limit int) []R {
 	n := len(rows)
 	if limit <= 0 || limit > n {
 		limit = n
 	}
-	type key struct {
-		num float64
-		str string
-		i   int32
-	}
-	keys := make([]key, n)
-	for i := range rows {
-		keys[i].i = int32(i)
-		if f.num != nil {
-			keys[i].num = f.num(&rows[i])
-		} else {
-			keys[i].str = f.str(&rows[i])
-		}
-	}
-	cmp := func(a, b *key) int {
-		c := 0
-		switch {
-		case f.num != nil && a.num < b.num:
-			c = -1
-		case f.num != nil && a.num > b.num:
-			c = 1
-		case f.num == nil:
-			c = strings.Compare(a.str, b.str)
-		}
-		if c == 0 {
-			c = int(a.i - b.i)
-		}
-		if reverse {
-			return -c
-		}
-		return c
-	}
-	var order []key
 	if limit < n/4 {
-		order = selectSmallest(keys, limit, cmp)
-	} else {
-		order = keys
+		keys = selectSmallest(keys, limit, cmp)
 	}
-	slices.SortFunc(order, func(a, b key) int { return cmp(&a, &b) })
+	slices.SortFunc(keys, func(a, b K) int { return cmp(&a, &b) })
 	out := make([]R, limit)
 	for i := range out {
-		out[i] = rows[order[i].i]
+		out[i] = rows[keys[i].index()]
 	}
 	return out
 }

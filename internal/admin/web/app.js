@@ -10,7 +10,7 @@ const RATE_SERIES = [
   { key: "publish", name: "Publish", color: "#f97316" },
   { key: "request", name: "Request", color: "#2563eb" },
   { key: "deliver", name: "Deliver", color: "#16a34a" },
-  { key: "response", name: "Response", color: "#9333ea" },
+  { key: "response", name: "Response", color: "#9333ea", dash: [6, 4] }, // often equal to requests
   { key: "ack", name: "Ack", color: "#64748b" },
 ];
 const QUEUED_SERIES = [
@@ -171,7 +171,9 @@ function drawChart(canvas, series, spanMs, now) {
     ctx.strokeStyle = s.color;
     ctx.lineWidth = 2;
     ctx.lineJoin = "round";
+    ctx.setLineDash(s.dash || []);
     ctx.stroke();
+    ctx.setLineDash([]);
     ctx.lineTo(xy[xy.length - 1][0], padT + ph);
     ctx.lineTo(xy[0][0], padT + ph);
     ctx.closePath();
