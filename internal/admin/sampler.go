@@ -68,6 +68,9 @@ func (e *entry[K]) update(cur [4]uint64, dt float64) {
 type order[K comparable] struct {
 	list  []*entry[K]
 	index map[K]int32
+	// version is the broker's ExchangeVersion when an exchange order was
+	// built (0: unknown); while it holds, list is the whole set.
+	version uint64
 }
 
 func newOrder[K comparable](list []*entry[K]) *order[K] {
@@ -213,6 +216,15 @@ func byQueueName(a, b QueueInfo) int                   { return cmp.Compare(a.Na
 // liveExchanges returns every exchange in name order with its entry.
 func (s *sampler) liveExchanges() []row[*broker.Exchange, *broker.Exchange] {
 	o := s.exchanges.Load()
+	if o.version != 0 && o.version == s.b.ExchangeVersion() {
+		// Nothing declared or deleted since the last sample: its order is
+		// the set, without walking the broker's map.
+		rows := make([]row[*broker.Exchange, *broker.Exchange], len(o.list))
+		for i, e := range o.list {
+			rows[i] = row[*broker.Exchange, *broker.Exchange]{item: e.key, e: e}
+		}
+		return rows
+	}
 	items := s.rangeExchanges(len(o.list))
 	rows, _ := merge(o, items, exchangeKey, byExchangeName)
 	return rows
@@ -344,7 +356,12 @@ func (s *sampler) sample(now time.Time) {
 		dt = now.Sub(prev.at).Seconds()
 	}
 
+	version := s.b.ExchangeVersion() // before the walk: see order.version
 	eo, gone := track(s.exchanges.Load(), s.rangeExchanges(len(s.exchanges.Load().list)), exchangeKey, byExchangeName, exchangeName, exchangeCounters, dt, first)
+	if eo == s.exchanges.Load() {
+		eo = &order[*broker.Exchange]{list: eo.list, index: eo.index} // never change a published order
+	}
+	eo.version = version
 	s.exchanges.Store(eo)
 	for _, e := range gone {
 		// The exchange is unreachable but its counters are final.

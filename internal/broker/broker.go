@@ -69,6 +69,9 @@ type Broker struct {
 
 	// exchanges maps names to *Exchange; reads take no lock, writes hold mu.
 	exchanges sync.Map
+	// exVersion moves on with every exchange declared or deleted, so that
+	// a reader can tell its snapshot of the set is still whole.
+	exVersion atomic.Uint64
 
 	mu       sync.RWMutex           // guards members, sessions, and exchange writes
 	members  map[string]*Attachment // by member id
@@ -168,6 +171,7 @@ func (b *Broker) Declare(name string, spec Spec) (*Exchange, error) {
 		b.mu.Unlock()
 		return old.(*Exchange), old.(*Exchange).matches(spec)
 	}
+	b.exVersion.Add(1)
 	b.mu.Unlock()
 	b.log.Info("exchange declared", "exchange", name, "pattern", ex.cfg.Pattern, "strategy", ex.cfg.Strategy)
 	return ex, nil
@@ -192,6 +196,9 @@ func (b *Broker) lookup(name string) (*Exchange, error) {
 func (b *Broker) Delete(name string) error {
 	b.mu.Lock()
 	v, ok := b.exchanges.LoadAndDelete(name)
+	if ok {
+		b.exVersion.Add(1)
+	}
 	b.mu.Unlock()
 	if !ok {
 		return wire.Errorf(wire.CodeNotFound, "exchange %q not found", name)

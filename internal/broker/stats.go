@@ -18,6 +18,11 @@ func (b *Broker) RangeExchanges(fn func(*Exchange) bool) {
 	b.exchanges.Range(func(_, v any) bool { return fn(v.(*Exchange)) })
 }
 
+// ExchangeVersion returns a number that changes whenever an exchange is
+// declared or deleted: a list of exchanges taken after reading version v
+// is still the whole set while ExchangeVersion returns v.
+func (b *Broker) ExchangeVersion() uint64 { return b.exVersion.Load() }
+
 // Sessions appends every open session to dst, in no particular order, and
 // returns it.
 func (b *Broker) Sessions(dst []*Session) []*Session {
