@@ -125,9 +125,6 @@ type Attachment struct {
 	active   map[uint64]*Request
 	err      error
 	done     chan struct{}
-	// attached is closed once ATTACH has its answer: the goroutine waits
-	// for it so that the first event sees the member id.
-	attached chan struct{}
 }
 
 // ID returns the attachment's member id, such as "c7.3".
@@ -189,10 +186,14 @@ func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg att
 	a := &Attachment{
 		c: c, id: c.nextAttach.Add(1), exchange: exchange, role: role, cfg: cfg,
 		handler: h, onMsg: m, control: ctl,
-		active:   make(map[uint64]*Request),
-		done:     make(chan struct{}),
-		attached: make(chan struct{}),
+		active: make(map[uint64]*Request),
+		done:   make(chan struct{}),
 	}
+	// The member id is the connection's id and the attachment's (see
+	// docs/protocol.md), known before the broker answers: frames for the
+	// attachment may arrive before its OK and are served at once, so a
+	// busy exchange cannot fill the inbox while the OK waits behind it.
+	a.member = fmt.Sprintf("%s.%d", c.id, a.id)
 	a.in.init()
 	c.mu.Lock()
 	if c.err != nil {
@@ -211,16 +212,14 @@ func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg att
 	if err != nil {
 		c.atts.Delete(a.id)
 		a.stop(err)
-	} else {
-		a.mu.Lock()
-		a.member = res.Member
-		a.patterns = res.Patterns
-		a.mu.Unlock()
-	}
-	close(a.attached)
-	if err != nil {
 		return nil, err
 	}
+	if res.Member != a.member {
+		c.log.Warn("courier: the broker named an attachment unexpectedly", "want", a.member, "got", res.Member)
+	}
+	a.mu.Lock()
+	a.patterns = res.Patterns
+	a.mu.Unlock()
 	return a, nil
 }
 
@@ -299,7 +298,6 @@ func (a *Attachment) stop(err error) {
 // the user's functions, one at a time, in order.
 func (a *Attachment) run() {
 	defer close(a.done)
-	<-a.attached
 	var batch []*wire.Frame
 	var d Delivery
 	for {
