@@ -193,12 +193,22 @@ func (t *transport) Send(f *wire.Frame) error {
 		if f.Type == wire.TypeRequest {
 			mode = wire.Urgent
 		}
+		waited := false
 		for t.avail.Add(-1) < 0 {
 			t.avail.Add(1)
+			waited = true
 			select {
 			case <-t.credit:
 			case <-t.closing:
 				return t.err()
+			}
+		}
+		if waited && t.avail.Load() > 0 {
+			// One CREDIT wakes one waiter; pass the wake-up on while
+			// credit is left, or the other waiters sleep on it.
+			select {
+			case t.credit <- struct{}{}:
+			default:
 			}
 		}
 	case wire.TypeResponse, wire.TypeAsk, wire.TypeAnswer:
