@@ -213,6 +213,11 @@ func (ex *Exchange) join(a *Attachment) error {
 	if ex.closed {
 		return wire.Errorf(wire.CodeNotFound, "exchange %q was deleted", ex.name)
 	}
+	if a.gone.Load() {
+		// Dropped (its session closed) before it could join: drop's leave
+		// found nothing to remove, so it must not join now.
+		return wire.Errorf(wire.CodeCancelled, "attach: the connection closed")
+	}
 	old := ex.view.Load().leader
 	ex.members = append(ex.members, a)
 	v := ex.rebuild()

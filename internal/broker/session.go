@@ -243,6 +243,9 @@ func (s *Session) attach(f *wire.Frame) {
 	// Join before the OK, so that once the client has its OK every request
 	// routed afterwards can reach the new handler. The client holds the
 	// events that arrive first until the OK.
+	if testHookBeforeJoin != nil {
+		testHookBeforeJoin(a)
+	}
 	if err := ex.join(a); err != nil {
 		s.forget(a)
 		s.sendError(f.Ref, err)
@@ -250,6 +253,10 @@ func (s *Session) attach(f *wire.Frame) {
 	}
 	s.reply(f.Ref, jsonBody(wire.AttachResult{Member: a.member}), nil)
 }
+
+// testHookBeforeJoin, set only by tests, runs between an ATTACH's
+// registration in the session and its join of the group.
+var testHookBeforeJoin func(a *Attachment)
 
 // forget removes a from the session and the member index.
 func (s *Session) forget(a *Attachment) {
