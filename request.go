@@ -408,8 +408,16 @@ func (r *Request) respond(flags wire.Flags, code wire.Code, msg string, body []b
 	}
 	f := wire.NewFrame(wire.TypeResponse)
 	f.Ref, f.Flags, f.Aux, f.Tag, f.Body = r.id, flags, uint64(code), msg, body
-	f.Batch = r.batch.Load()
-	return r.a.c.send(f)
+	b := r.batch.Load()
+	f.Batch = b
+	err := r.a.c.send(f)
+	if b != nil && r.batch.Load() == nil {
+		// Sent from another goroutine while serve was returning: the
+		// attachment's goroutine may have flushed its batch before this
+		// frame joined it, and it flushes only after its next input.
+		b.Flush()
+	}
+	return err
 }
 
 // cancelCtx2 releases the context's resources once the request is done.
