@@ -1,0 +1,88 @@
+package server_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/client"
+	"github.com/courier-mq/courier/internal/testutil"
+)
+
+// TestBackpressureIsNotSilence: while a connection's read loop waits for a
+// slow subscriber to make room (backpressure), the connection is not
+// silent, and neither side may close it for a heartbeat timeout. The
+// publisher keeps sending PINGs the server has not read yet; the
+// subscriber's client has frames it has not taken yet.
+func TestBackpressureIsNotSilence(t *testing.T) {
+	t.Skip("known bug, not fixed: the server's heartbeat check counts only frames read, so a read loop held by backpressure (conn.readLoop in Session.Handle, waiting for room in an embedded inbox or a remote outbox) gets its own, live client disconnected with code 15 after 3 intervals; the client has the same flaw (transport.readLoop held in recv). A busy flag around Handle, read by writeLoop, fixes the server's half; the client then still timed out under -race, not yet understood")
+	const hb = 100 * time.Millisecond
+	n := startNode(t, hb)
+	ctx := testutil.Context(t, 10*time.Second)
+	for _, remoteSub := range []bool{false, true} {
+		name := map[bool]string{false: "embedded subscriber", true: "remote subscriber"}[remoteSub]
+		t.Run(name, func(t *testing.T) {
+			sc := n.Connect()
+			if remoteSub {
+				var err error
+				if sc, err = client.Dial(ctx, n.URL(), client.Options{Heartbeat: hb}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			defer sc.Close()
+			exName := map[bool]string{false: "bp.e", true: "bp.r"}[remoteSub]
+			sx, err := sc.PubSub(ctx, exName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			release := make(chan struct{})
+			got := make(chan struct{}, 1)
+			if _, err := sx.Subscribe(ctx, "#", func(*courier.Delivery) {
+				select {
+				case got <- struct{}{}:
+				default:
+				}
+				<-release
+			}); err != nil {
+				t.Fatal(err)
+			}
+			pc, err := client.Dial(ctx, n.URL(), client.Options{Heartbeat: hb})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pc.Close()
+			px, err := pc.PubSub(ctx, exName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := make([]byte, 4096)
+			published := make(chan error, 1)
+			go func() {
+				for range 20000 { // more than the subscriber's inbox holds
+					if err := px.Publish(ctx, "k", body); err != nil {
+						published <- err
+						return
+					}
+				}
+				published <- nil
+			}()
+			<-got
+			// Backpressure now holds a read loop. Many heartbeat timeouts
+			// pass; both connections must stay open.
+			select {
+			case <-pc.Done():
+				t.Fatalf("publisher closed while held by backpressure: %v", pc.Err())
+			case <-sc.Done():
+				t.Fatalf("subscriber closed while held by backpressure: %v", sc.Err())
+			case <-time.After(10 * hb):
+			}
+			close(release)
+			if err := <-published; err != nil {
+				t.Fatal(err)
+			}
+			if err := px.PublishSync(ctx, courier.Message{Key: "k"}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
