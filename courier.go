@@ -222,8 +222,9 @@ func (c *Conn) toCall(f *wire.Frame) bool {
 		return false
 	}
 	if f.Type == wire.TypeAsk {
+		onAsk := cl.onAsk // under the lock: once it is released cl may be recycled
 		sh.mu.Unlock()
-		go c.answer(cl, f)
+		go c.answer(onAsk, f)
 		return true
 	}
 	if f.Type != wire.TypeResponse || f.Flags&wire.FlagLast != 0 {

@@ -280,10 +280,9 @@ func (s *Stream) Close() {
 }
 
 // answer runs the requester's AskFunc for a question from a handler.
-func (c *Conn) answer(cl *call, f *wire.Frame) {
+func (c *Conn) answer(fn AskFunc, f *wire.Frame) {
 	a := wire.NewFrame(wire.TypeAnswer)
 	a.Ref, a.Aux = f.Ref, f.Aux
-	fn := cl.onAsk
 	if fn == nil {
 		a.Flags, a.Tag = wire.FlagError, "the requester takes no questions"
 	} else {
