@@ -112,8 +112,15 @@ func (o *Outbox) Put(f *Frame, mode Mode, timeout time.Duration) error {
 		return nil // written when the batch ends
 	}
 	if was != 0 || o.writing {
+		kick := o.batch != nil && !o.writing
 		o.mu.Unlock()
-		return nil // the writer in progress, or the kick already sent, covers it
+		if kick {
+			// What is buffered waits for a batch that may not end soon
+			// (its producer blocked on backpressure): this frame does not
+			// wait with it, and takes the deferred ones along.
+			o.kick()
+		}
+		return nil // else the writer in progress, or the kick already sent, covers it
 	}
 	if mode == Urgent && time.Now().UnixNano()-o.lastWrite.Load() > int64(busyGap) {
 		o.writeLocked()

@@ -15,8 +15,9 @@ import (
 // publisher keeps sending PINGs the server has not read yet; the
 // subscriber's client has frames it has not taken yet.
 func TestBackpressureIsNotSilence(t *testing.T) {
-	t.Skip("known bug, not fixed: the server's heartbeat check counts only frames read, so a read loop held by backpressure (conn.readLoop in Session.Handle, waiting for room in an embedded inbox or a remote outbox) gets its own, live client disconnected with code 15 after 3 intervals; the client has the same flaw (transport.readLoop held in recv). A busy flag around Handle, read by writeLoop, fixes the server's half; the client then still timed out under -race, not yet understood")
-	const hb = 100 * time.Millisecond
+	t.Skip("known bug, not fixed: a connection held by backpressure can still be cut for heartbeat silence. The server no longer counts a read loop held in the broker as silence (conn.handling) and a frame put behind deferred ones is kicked out, but the read loop can also block in a write to another connection's socket (an inline write from Batch.Flush or an Urgent Put to a peer that does not read, with no write deadline), and the publisher's client still times out; see the closing note of session 1")
+
+	const hb = 250 * time.Millisecond // generous: -race on two loaded cores delays goroutines by tens of ms
 	n := startNode(t, hb)
 	ctx := testutil.Context(t, 10*time.Second)
 	for _, remoteSub := range []bool{false, true} {

@@ -33,6 +33,9 @@ type conn struct {
 
 	heartbeat atomic.Int64 // agreed interval in ns, set by the handshake
 	seen      atomic.Bool  // a frame arrived since the last heartbeat tick
+	// handling is set while the read loop is in the broker: a loop held
+	// there by backpressure is not a silent client.
+	handling atomic.Bool
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed when the connection is to end
@@ -189,7 +192,9 @@ func (c *conn) readLoop() error {
 				c.fail(err, false)
 				return err
 			}
+			c.handling.Store(true)
 			c.sess.Handle(f)
+			c.handling.Store(false)
 			if c.granted-c.used <= half {
 				c.granted += half
 				cr := wire.NewFrame(wire.TypeCredit)
@@ -197,7 +202,9 @@ func (c *conn) readLoop() error {
 				c.Deliver(cr)
 			}
 		default:
+			c.handling.Store(true)
 			c.sess.Handle(f)
+			c.handling.Store(false)
 		}
 	}
 }
@@ -281,7 +288,7 @@ func (c *conn) writeLoop() {
 				hb = agreed
 				tick.Reset(hb / 2)
 			}
-			if c.seen.Swap(false) || c.heartbeat.Load() == 0 {
+			if c.seen.Swap(false) || c.handling.Load() || c.heartbeat.Load() == 0 {
 				// Before the handshake ends, HandshakeTimeout applies.
 				lastSeen = now
 			} else if now.Sub(lastSeen) >= 3*hb-hb/2 {
