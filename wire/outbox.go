@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -123,7 +124,7 @@ func (o *Outbox) Put(f *Frame, mode Mode, timeout time.Duration) error {
 		return nil // else the writer in progress, or the kick already sent, covers it
 	}
 	if mode == Urgent && time.Now().UnixNano()-o.lastWrite.Load() > int64(busyGap) {
-		o.writeLocked()
+		o.writeLocked(true)
 		return nil
 	}
 	o.mu.Unlock()
@@ -173,7 +174,7 @@ func (o *Outbox) flushBatch(b *Batch, inline bool) {
 		return
 	}
 	if inline && time.Now().UnixNano()-o.lastWrite.Load() > int64(busyGap) {
-		o.writeLocked()
+		o.writeLocked(true)
 		return
 	}
 	o.mu.Unlock()
@@ -189,7 +190,7 @@ func (o *Outbox) kick() {
 
 // writeLocked writes what is buffered; o.mu is held on entry and released
 // on return. What others add meanwhile is left to the write loop.
-func (o *Outbox) writeLocked() {
+func (o *Outbox) writeLocked(inline bool) {
 	p := o.buf
 	o.buf, o.spare = o.spare[:0], nil
 	o.writing = true
@@ -198,11 +199,34 @@ func (o *Outbox) writeLocked() {
 		o.room = make(chan struct{})
 	}
 	o.mu.Unlock()
-	_, err := o.w.Write(p)
+	var dl deadliner
+	if inline {
+		// A producer writing for the write loop must not be held by a
+		// peer that does not read: it gives up after inlineLimit and
+		// leaves the rest to the write loop, which alone may block.
+		if d, ok := o.w.(deadliner); ok && d.SetWriteDeadline(time.Now().Add(inlineLimit)) == nil {
+			dl = d
+		}
+	}
+	n, err := o.w.Write(p)
+	if dl != nil {
+		dl.SetWriteDeadline(time.Time{})
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			err = nil
+		}
+	}
 	o.writes.Add(1)
 	o.lastWrite.Store(time.Now().UnixNano())
 	o.mu.Lock()
 	o.writing = false
+	if n < len(p) && err == nil {
+		// Cut short: what was not written goes first, before what others
+		// added meanwhile.
+		rest := make([]byte, 0, len(p)-n+len(o.buf))
+		rest = append(append(rest, p[n:]...), o.buf...)
+		o.buf = rest
+		p = nil
+	}
 	o.spare = p[:0]
 	if cap(p) > maxSpare {
 		o.spare = nil // a burst is over: let its buffer go
@@ -216,6 +240,14 @@ func (o *Outbox) writeLocked() {
 		o.kick()
 	}
 }
+
+// deadliner is the part of net.Conn that bounds a write.
+type deadliner interface {
+	SetWriteDeadline(t time.Time) error
+}
+
+// inlineLimit bounds how long a producer writes for the write loop.
+const inlineLimit = 20 * time.Millisecond
 
 // Writes returns how many writes completed so far.
 func (o *Outbox) Writes() uint64 { return o.writes.Load() }
@@ -237,7 +269,7 @@ func (o *Outbox) Flush() (wrote bool, err error) {
 		o.mu.Unlock()
 		return false, nil
 	}
-	o.writeLocked()
+	o.writeLocked(false)
 	o.mu.Lock()
 	err = o.err
 	o.mu.Unlock()

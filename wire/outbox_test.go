@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"errors"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -122,6 +123,38 @@ func TestBatchFlushesBeforeWaiting(t *testing.T) {
 	default:
 		if ow.count() == 0 {
 			t.Fatal("the deferred frame of another connection stayed held while waiting")
+		}
+	}
+}
+
+// TestInlineWriteGivesUp: a producer writing for an idle connection whose
+// peer does not read gives up after inlineLimit and leaves the rest to
+// the write loop; nothing is lost or reordered.
+func TestInlineWriteGivesUp(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	o := NewOutbox(a, DefaultMaxFrame, 1<<20)
+	start := time.Now()
+	if err := o.Put(&Frame{Type: TypeResponse, Ref: 1, Body: []byte("first")}, Urgent, 0); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 10*inlineLimit {
+		t.Fatalf("the producer was held %s by a peer that does not read", d)
+	}
+	o.Put(&Frame{Type: TypeResponse, Ref: 2, Body: []byte("second")}, Data, 0)
+	go func() { // the write loop
+		for range o.Ready() {
+			if _, err := o.Flush(); err != nil {
+				return
+			}
+		}
+	}()
+	r := NewReader(b, DefaultMaxFrame)
+	for want := uint64(1); want <= 2; want++ {
+		var f Frame
+		if err := r.Next(&f); err != nil || f.Ref != want {
+			t.Fatalf("frame %d: got %+v, %v", want, f, err)
 		}
 	}
 }

@@ -15,11 +15,12 @@ import (
 // publisher keeps sending PINGs the server has not read yet; the
 // subscriber's client has frames it has not taken yet.
 func TestBackpressureIsNotSilence(t *testing.T) {
-	t.Skip("known bug, not fixed: a connection held by backpressure can still be cut for heartbeat silence. The server no longer counts a read loop held in the broker as silence (conn.handling) and a frame put behind deferred ones is kicked out, but the read loop can also block in a write to another connection's socket (an inline write from Batch.Flush or an Urgent Put to a peer that does not read, with no write deadline), and the publisher's client still times out; see the closing note of session 1")
+	t.Skip("known bug, partly fixed: passes without -race (both subtests) since the server counts a read loop held in the broker as live and inline writes give up after 20 ms; under -race the publisher's client still reports 'nothing from the server' after 3 heartbeats while held, cause not found yet (see the closing note of session 1)")
+
 
 	const hb = 250 * time.Millisecond // generous: -race on two loaded cores delays goroutines by tens of ms
 	n := startNode(t, hb)
-	ctx := testutil.Context(t, 10*time.Second)
+	ctx := testutil.Context(t, 60*time.Second)
 	for _, remoteSub := range []bool{false, true} {
 		name := map[bool]string{false: "embedded subscriber", true: "remote subscriber"}[remoteSub]
 		t.Run(name, func(t *testing.T) {
