@@ -65,6 +65,24 @@ func parseHeaders(kvs []string) (map[string]string, error) {
 	return h, nil
 }
 
+// await counts events from an attachment's function until count (0:
+// forever), the attachment or the connection ends, or ctx is done.
+func await(ctx context.Context, conn *courier.Conn, att *courier.Attachment, events <-chan struct{}, count int) error {
+	for seen := 0; count == 0 || seen < count; {
+		select {
+		case <-events:
+			seen++
+		case <-att.Done():
+			return att.Err()
+		case <-conn.Done():
+			return conn.Err()
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	return nil
+}
+
 // messageArgs builds a message from the body argument at i and headers.
 func messageArgs(args []string, i int, headers []string) (courier.Message, error) {
 	body, err := bodyArg(args, i)
@@ -160,19 +178,7 @@ func subCmd() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "subscribed to %s on %s as %s\n", strings.Join(sub.Patterns(), ", "), args[0], sub.ID())
-			for seen := 0; count == 0 || seen < count; {
-				select {
-				case <-got:
-					seen++
-				case <-sub.Done():
-					return sub.Err()
-				case <-conn.Done():
-					return conn.Err()
-				case <-ctx.Done():
-					return nil
-				}
-			}
-			return nil
+			return await(ctx, conn, sub, got, count)
 		},
 	}
 	cf.add(cmd)
@@ -288,19 +294,7 @@ func replyCmd() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "handling requests on %s as %s\n", args[0], att.ID())
-			for seen := 0; count == 0 || seen < count; {
-				select {
-				case <-served:
-					seen++
-				case <-att.Done():
-					return att.Err()
-				case <-conn.Done():
-					return conn.Err()
-				case <-ctx.Done():
-					return nil
-				}
-			}
-			return nil
+			return await(ctx, conn, att, served, count)
 		},
 	}
 	cf.add(cmd)
