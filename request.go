@@ -316,6 +316,7 @@ type Request struct {
 	finished  atomic.Bool
 	cancelled atomic.Bool
 	hasCtx    atomic.Bool // Context was called
+	asked     atomic.Bool // Ask was called
 	// batch is the attachment's write batch while the handler runs on the
 	// attachment's goroutine; answers made meanwhile join it.
 	batch atomic.Pointer[wire.Batch]
@@ -402,6 +403,7 @@ func (r *Request) respond(flags wire.Flags, code wire.Code, msg string, body []b
 		delete(r.a.active, r.id)
 		r.a.mu.Unlock()
 		r.cancelCtx2()
+		r.endAsks() // answers can no longer find the request
 	} else if r.finished.Load() {
 		return ErrResponded
 	}
@@ -417,6 +419,19 @@ func (r *Request) respond(flags wire.Flags, code wire.Code, msg string, body []b
 		b.Flush()
 	}
 	return err
+}
+
+// endAsks ends the questions still waiting for an answer.
+func (r *Request) endAsks() {
+	if !r.asked.Load() {
+		return
+	}
+	r.mu.Lock()
+	for _, ch := range r.asks {
+		close(ch)
+	}
+	r.asks = nil
+	r.mu.Unlock()
 }
 
 // cancelCtx2 releases the context's resources once the request is done.
@@ -460,6 +475,12 @@ func (r *Request) Ask(ctx context.Context, question []byte) ([]byte, error) {
 		r.mu.Unlock()
 		return nil, ErrCancelled
 	}
+	if r.finished.Load() {
+		// Answered already: no answer could find its way back.
+		r.mu.Unlock()
+		return nil, ErrResponded
+	}
+	r.asked.Store(true)
 	r.next++
 	id := r.next
 	if r.asks == nil {
@@ -470,6 +491,9 @@ func (r *Request) Ask(ctx context.Context, question []byte) ([]byte, error) {
 	f := wire.NewFrame(wire.TypeAsk)
 	f.Ref, f.Attach, f.Aux, f.Body = r.id, r.a.id, id, question
 	if err := r.a.c.send(f); err != nil {
+		r.mu.Lock()
+		delete(r.asks, id)
+		r.mu.Unlock()
 		return nil, err
 	}
 	select {
