@@ -40,6 +40,12 @@ type Transport interface {
 	Close() error
 }
 
+// ContextSender is implemented by transports whose Send can wait (for
+// credit, or for a peer to read) and can stop waiting when ctx ends.
+type ContextSender interface {
+	SendContext(ctx context.Context, f *wire.Frame) error
+}
+
 // FuncDeclarer is implemented by transports that can declare exchanges
 // with Go routing functions, which only an embedded node can run.
 type FuncDeclarer interface {
@@ -168,6 +174,26 @@ func (c *Conn) send(f *wire.Frame) error {
 		return fmt.Errorf("courier: %w", err)
 	}
 	return c.t.Send(f)
+}
+
+// sendCtx is send for a caller with a context: a transport that must wait
+// (flow control) stops waiting when ctx ends.
+func (c *Conn) sendCtx(ctx context.Context, f *wire.Frame) error {
+	cs, ok := c.t.(ContextSender)
+	if !ok || ctx.Done() == nil {
+		return c.send(f)
+	}
+	select {
+	case <-c.closed:
+		f.Release()
+		return c.Err()
+	default:
+	}
+	if err := f.Check(); err != nil {
+		f.Release()
+		return fmt.Errorf("courier: %w", err)
+	}
+	return cs.SendContext(ctx, f)
 }
 
 // receive dispatches a frame from the broker.
@@ -391,7 +417,7 @@ func (c *Conn) roundTrip(ctx context.Context, f *wire.Frame, out any) error {
 		cl.release()
 		return err
 	}
-	if err := c.send(f); err != nil {
+	if err := c.sendCtx(ctx, f); err != nil {
 		c.unregister(cl)
 		cl.release()
 		return err

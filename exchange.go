@@ -146,14 +146,14 @@ func (e *PubSub) Name() string { return e.name }
 func (e *PubSub) Publish(ctx context.Context, key string, body []byte) error {
 	f := wire.NewFrame(wire.TypePublish)
 	f.Name, f.Key, f.Body = e.name, key, body
-	return e.c.send(f)
+	return e.c.sendCtx(ctx, f)
 }
 
 // PublishMsg publishes m, with its headers, under m.Key.
 func (e *PubSub) PublishMsg(ctx context.Context, m Message) error {
 	f := wire.NewFrame(wire.TypePublish)
 	f.Name, f.Key, f.Header, f.Body = e.name, m.Key, m.Header, m.Body
-	return e.c.send(f)
+	return e.c.sendCtx(ctx, f)
 }
 
 // PublishSync publishes m and waits until the broker has routed it, so

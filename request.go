@@ -56,7 +56,7 @@ func (e *ReqResp) startRequest(ctx context.Context, cl *call, m *Message, opts [
 		f.Release()
 		return err
 	}
-	if err := e.c.send(f); err != nil {
+	if err := e.c.sendCtx(ctx, f); err != nil {
 		e.c.unregister(cl)
 		return err
 	}
@@ -490,7 +490,7 @@ func (r *Request) Ask(ctx context.Context, question []byte) ([]byte, error) {
 	r.mu.Unlock()
 	f := wire.NewFrame(wire.TypeAsk)
 	f.Ref, f.Attach, f.Aux, f.Body = r.id, r.a.id, id, question
-	if err := r.a.c.send(f); err != nil {
+	if err := r.a.c.sendCtx(ctx, f); err != nil {
 		r.mu.Lock()
 		delete(r.asks, id)
 		r.mu.Unlock()

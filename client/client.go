@@ -136,7 +136,10 @@ type transport struct {
 	done      chan struct{} // closed when the read loop ended
 }
 
-var _ courier.Transport = (*transport)(nil)
+var (
+	_ courier.Transport     = (*transport)(nil)
+	_ courier.ContextSender = (*transport)(nil)
+)
 
 func (t *transport) handshake(ctx context.Context, opts Options) (wire.Welcome, error) {
 	var w wire.Welcome
@@ -185,6 +188,12 @@ func (t *transport) Start(recv func(*wire.Frame)) { t.recv = recv }
 
 // Send encodes f for the server. PUBLISH and REQUEST wait for credit.
 func (t *transport) Send(f *wire.Frame) error {
+	return t.SendContext(context.Background(), f)
+}
+
+// SendContext is Send for a caller that may give up: waiting for credit
+// or for room in the outbox ends with ctx, before f was sent.
+func (t *transport) SendContext(ctx context.Context, f *wire.Frame) error {
 	defer f.Release()
 	mode := wire.Control
 	switch f.Type {
@@ -201,6 +210,8 @@ func (t *transport) Send(f *wire.Frame) error {
 			case <-t.credit:
 			case <-t.closing:
 				return t.err()
+			case <-ctx.Done():
+				return fmt.Errorf("client: waiting for credit: %w", ctx.Err())
 			}
 		}
 		if waited && t.avail.Load() > 0 {
@@ -214,9 +225,12 @@ func (t *transport) Send(f *wire.Frame) error {
 	case wire.TypeResponse, wire.TypeAsk, wire.TypeAnswer:
 		mode = wire.Urgent
 	}
-	if err := t.out.Put(f, mode, 0); err != nil {
+	if err := t.out.PutCancel(f, mode, ctx.Done()); err != nil {
 		if errors.Is(err, wire.ErrOutboxClosed) {
 			return t.err()
+		}
+		if errors.Is(err, wire.ErrOutboxFull) && ctx.Err() != nil {
+			return fmt.Errorf("client: waiting for the server to read: %w", ctx.Err())
 		}
 		return err
 	}

@@ -84,6 +84,16 @@ func (o *Outbox) SetMax(maxFrame int) {
 // frame waits while the outbox is over its limit, at most timeout (zero:
 // as long as it takes).
 func (o *Outbox) Put(f *Frame, mode Mode, timeout time.Duration) error {
+	return o.put(f, mode, timeout, nil)
+}
+
+// PutCancel is Put for a producer that may give up: a data frame waits for
+// room until cancel is closed, then fails with ErrOutboxFull.
+func (o *Outbox) PutCancel(f *Frame, mode Mode, cancel <-chan struct{}) error {
+	return o.put(f, mode, 0, cancel)
+}
+
+func (o *Outbox) put(f *Frame, mode Mode, timeout time.Duration, cancel <-chan struct{}) error {
 	o.mu.Lock()
 	if mode != Control && len(o.buf) > o.limit && !o.closed {
 		if f.Batch != nil && f.Batch.Pending() {
@@ -92,7 +102,7 @@ func (o *Outbox) Put(f *Frame, mode Mode, timeout time.Duration) error {
 			f.Batch.Flush()
 			o.mu.Lock()
 		}
-		if err := o.waitRoom(timeout); err != nil {
+		if err := o.waitRoom(timeout, cancel); err != nil {
 			return err
 		}
 	}
@@ -134,7 +144,7 @@ func (o *Outbox) Put(f *Frame, mode Mode, timeout time.Duration) error {
 
 // waitRoom waits, with o.mu held (and held again on a nil return), until
 // the buffer is under its limit.
-func (o *Outbox) waitRoom(timeout time.Duration) error {
+func (o *Outbox) waitRoom(timeout time.Duration, cancel <-chan struct{}) error {
 	o.mu.Unlock()
 	o.kick() // the write loop may not know of deferred frames
 	o.mu.Lock()
@@ -148,9 +158,15 @@ func (o *Outbox) waitRoom(timeout time.Duration) error {
 		room := o.room
 		o.waiters++
 		o.mu.Unlock()
+		gaveUp := false
 		select {
 		case <-room:
 		case <-deadline:
+			gaveUp = true
+		case <-cancel:
+			gaveUp = true
+		}
+		if gaveUp {
 			o.mu.Lock()
 			o.waiters--
 			o.mu.Unlock()

@@ -407,3 +407,63 @@ func TestDeadlineEnforced(t *testing.T) {
 		t.Fatal("the handler was not told the request expired")
 	}
 }
+
+// TestPublishGivesUpWithContext: a publisher waiting for credit that never
+// comes stops when its context ends, and the message is not sent.
+func TestPublishGivesUpWithContext(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	publishes := make(chan struct{}, 16)
+	go func() {
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		r := wire.NewReader(nc, 1<<16)
+		var f wire.Frame
+		r.Next(&f)
+		body, _ := json.Marshal(wire.Welcome{Version: 1, Conn: "c1", HeartbeatMS: 1000, TimeoutMS: 3000, MaxFrame: 1 << 20, Credit: 1})
+		p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeWelcome, Body: body}, 0)
+		nc.Write(p)
+		for r.Next(&f) == nil {
+			switch f.Type {
+			case wire.TypeDeclare:
+				info, _ := json.Marshal(wire.ExchangeInfo{Name: f.Name, Pattern: wire.PatternPubSub})
+				p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeOK, Ref: f.Ref, Body: info}, 0)
+				nc.Write(p)
+			case wire.TypePublish:
+				publishes <- struct{}{}
+			}
+		}
+	}()
+	conn, err := client.Dial(context.Background(), "courier://"+ln.Addr().String(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ps, err := conn.PubSub(context.Background(), "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.Publish(context.Background(), "k", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	<-publishes
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := ps.Publish(ctx, "k", []byte("2")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("publish without credit: %v, want a deadline error", err)
+	}
+	if conn.Err() != nil {
+		t.Fatalf("the connection ended: %v", conn.Err())
+	}
+	select {
+	case <-publishes:
+		t.Fatal("a publish that gave up was sent")
+	default:
+	}
+}
