@@ -163,15 +163,8 @@ func (c *Conn) report(err error) {
 
 // send hands a frame to the transport, failing fast once closed.
 func (c *Conn) send(f *wire.Frame) error {
-	select {
-	case <-c.closed:
-		f.Release()
-		return c.Err()
-	default:
-	}
-	if err := f.Check(); err != nil {
-		f.Release()
-		return fmt.Errorf("courier: %w", err)
+	if err := c.admit(f); err != nil {
+		return err
 	}
 	return c.t.Send(f)
 }
@@ -183,6 +176,14 @@ func (c *Conn) sendCtx(ctx context.Context, f *wire.Frame) error {
 	if !ok || ctx.Done() == nil {
 		return c.send(f)
 	}
+	if err := c.admit(f); err != nil {
+		return err
+	}
+	return cs.SendContext(ctx, f)
+}
+
+// admit checks f before it goes out; on an error f is released.
+func (c *Conn) admit(f *wire.Frame) error {
 	select {
 	case <-c.closed:
 		f.Release()
@@ -193,7 +194,7 @@ func (c *Conn) sendCtx(ctx context.Context, f *wire.Frame) error {
 		f.Release()
 		return fmt.Errorf("courier: %w", err)
 	}
-	return cs.SendContext(ctx, f)
+	return nil
 }
 
 // receive dispatches a frame from the broker.

@@ -287,44 +287,22 @@ func TestClientSeesDeadServer(t *testing.T) {
 // frames until a CREDIT frame arrives, and the server sees no more frames
 // than it granted.
 func TestClientWaitsForCredit(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	publishes := make(chan int, 16)
 	grant := make(chan struct{})
-	go func() {
-		nc, err := ln.Accept()
-		if err != nil {
+	n := 0
+	url := fakeServer(t, 2, func(nc net.Conn, f *wire.Frame) {
+		if f.Type != wire.TypePublish {
 			return
 		}
-		defer nc.Close()
-		r := wire.NewReader(nc, 1<<16)
-		var f wire.Frame
-		r.Next(&f)
-		body, _ := json.Marshal(wire.Welcome{Version: 1, Conn: "c1", HeartbeatMS: 1000, TimeoutMS: 3000, MaxFrame: 1 << 20, Credit: 2})
-		p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeWelcome, Body: body}, 0)
-		nc.Write(p)
-		n := 0
-		for r.Next(&f) == nil {
-			if f.Type == wire.TypeDeclare {
-				info, _ := json.Marshal(wire.ExchangeInfo{Name: f.Name, Pattern: wire.PatternPubSub})
-				p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeOK, Ref: f.Ref, Body: info}, 0)
-				nc.Write(p)
-			}
-			if f.Type == wire.TypePublish {
-				n++
-				publishes <- n
-				if n == 2 {
-					<-grant
-					p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeCredit, Aux: 5}, 0)
-					nc.Write(p)
-				}
-			}
+		n++
+		publishes <- n
+		if n == 2 {
+			<-grant
+			p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeCredit, Aux: 5}, 0)
+			nc.Write(p)
 		}
-	}()
-	conn, err := client.Dial(context.Background(), "courier://"+ln.Addr().String(), client.Options{})
+	})
+	conn, err := client.Dial(context.Background(), url, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,36 +389,13 @@ func TestDeadlineEnforced(t *testing.T) {
 // TestPublishGivesUpWithContext: a publisher waiting for credit that never
 // comes stops when its context ends, and the message is not sent.
 func TestPublishGivesUpWithContext(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	publishes := make(chan struct{}, 16)
-	go func() {
-		nc, err := ln.Accept()
-		if err != nil {
-			return
+	url := fakeServer(t, 1, func(nc net.Conn, f *wire.Frame) {
+		if f.Type == wire.TypePublish {
+			publishes <- struct{}{}
 		}
-		defer nc.Close()
-		r := wire.NewReader(nc, 1<<16)
-		var f wire.Frame
-		r.Next(&f)
-		body, _ := json.Marshal(wire.Welcome{Version: 1, Conn: "c1", HeartbeatMS: 1000, TimeoutMS: 3000, MaxFrame: 1 << 20, Credit: 1})
-		p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeWelcome, Body: body}, 0)
-		nc.Write(p)
-		for r.Next(&f) == nil {
-			switch f.Type {
-			case wire.TypeDeclare:
-				info, _ := json.Marshal(wire.ExchangeInfo{Name: f.Name, Pattern: wire.PatternPubSub})
-				p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeOK, Ref: f.Ref, Body: info}, 0)
-				nc.Write(p)
-			case wire.TypePublish:
-				publishes <- struct{}{}
-			}
-		}
-	}()
-	conn, err := client.Dial(context.Background(), "courier://"+ln.Addr().String(), client.Options{})
+	})
+	conn, err := client.Dial(context.Background(), url, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -466,4 +421,39 @@ func TestPublishGivesUpWithContext(t *testing.T) {
 		t.Fatal("a publish that gave up was sent")
 	default:
 	}
+}
+
+// fakeServer accepts one client on loopback, welcomes it with credit,
+// answers DECLARE with OK, and hands every other frame to onFrame, which
+// may write to nc. It returns the server's URL.
+func fakeServer(t *testing.T, credit uint64, onFrame func(nc net.Conn, f *wire.Frame)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		r := wire.NewReader(nc, 1<<16)
+		var f wire.Frame
+		r.Next(&f)
+		body, _ := json.Marshal(wire.Welcome{Version: 1, Conn: "c1", HeartbeatMS: 1000, TimeoutMS: 3000, MaxFrame: 1 << 20, Credit: credit})
+		p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeWelcome, Body: body}, 0)
+		nc.Write(p)
+		for r.Next(&f) == nil {
+			if f.Type == wire.TypeDeclare {
+				info, _ := json.Marshal(wire.ExchangeInfo{Name: f.Name, Pattern: wire.PatternPubSub})
+				p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeOK, Ref: f.Ref, Body: info}, 0)
+				nc.Write(p)
+				continue
+			}
+			onFrame(nc, &f)
+		}
+	}()
+	return "courier://" + ln.Addr().String()
 }
