@@ -328,7 +328,10 @@ func (t *transport) writeLoop() {
 			if _, err := t.out.Flush(); err != nil {
 				t.end(fmt.Errorf("%w: %v", courier.ErrClosed, err))
 			}
-		case now := <-tick.C:
+		case <-tick.C:
+			// Not the tick's own time: after the loop was held in a long
+			// write, a tick can carry the time it fired, long ago.
+			now := time.Now()
 			if t.seen.Swap(false) {
 				lastSeen = now
 			} else if now.Sub(lastSeen) >= timeout-hb/2 {

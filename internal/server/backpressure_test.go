@@ -15,8 +15,6 @@ import (
 // publisher keeps sending PINGs the server has not read yet; the
 // subscriber's client has frames it has not taken yet.
 func TestBackpressureIsNotSilence(t *testing.T) {
-	t.Skip("known bug, partly fixed: passes without -race (both subtests) since the server counts a read loop held in the broker as live and inline writes give up after 20 ms; under -race the publisher's client still reports 'nothing from the server' after 3 heartbeats while held, cause not found yet (see the closing note of session 1)")
-
 	const hb = 250 * time.Millisecond // generous: -race on two loaded cores delays goroutines by tens of ms
 	n := startNode(t, hb)
 	ctx := testutil.Context(t, 60*time.Second)

@@ -283,7 +283,10 @@ func (c *conn) writeLoop() {
 				c.nc.Close()
 				return
 			}
-		case now := <-tick.C:
+		case <-tick.C:
+			// Not the tick's own time: after the loop was held in a long
+			// write, a tick can carry the time it fired, long ago.
+			now := time.Now()
 			if agreed := time.Duration(c.heartbeat.Load()); agreed > 0 && agreed != hb {
 				hb = agreed
 				tick.Reset(hb / 2)
