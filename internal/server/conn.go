@@ -279,6 +279,9 @@ func (c *conn) writeLoop() {
 		select {
 		case <-c.out.Ready():
 			if _, err := c.out.Flush(); err != nil {
+				// The peer is gone: producers waiting for room must not
+				// wait out the slow-consumer timeout for it.
+				c.out.Close()
 				c.fail(nil, false)
 				c.nc.Close()
 				return
