@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -20,23 +19,18 @@ import (
 type amqpDriver struct {
 	cfg *Config
 
-	mu      sync.Mutex // guards conns, reqConn, pong, events
+	eventCounts // errors and disconnects seen, by text
+
+	mu      sync.Mutex // guards conns, reqConn, pong
 	conns   []*amqp.Connection
 	reqConn *amqp.Connection
 	pong    []byte
-	events  map[string]int
 }
 
 var _ driver = (*amqpDriver)(nil)
 
 func newAMQPDriver(cfg *Config) *amqpDriver {
-	return &amqpDriver{cfg: cfg, events: map[string]int{}}
-}
-
-func (d *amqpDriver) event(what string) {
-	d.mu.Lock()
-	d.events[what]++
-	d.mu.Unlock()
+	return &amqpDriver{cfg: cfg}
 }
 
 func (d *amqpDriver) connect(name string) (*amqp.Connection, error) {
@@ -218,17 +212,6 @@ func (p *amqpPublisher) publish(ctx context.Context, body []byte) error {
 
 // flush: amqp091 writes each publish to the socket before it returns.
 func (p *amqpPublisher) flush(ctx context.Context) error { return nil }
-
-func (d *amqpDriver) notes() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var out []string
-	for what, n := range d.events {
-		out = append(out, fmt.Sprintf("%dx %s", n, what))
-	}
-	slices.Sort(out)
-	return out
-}
 
 func (d *amqpDriver) close() error {
 	d.mu.Lock()

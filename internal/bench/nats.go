@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -19,23 +18,18 @@ import (
 type natsDriver struct {
 	cfg *Config
 
-	mu      sync.Mutex // guards conns, reqConn, pong, events
+	eventCounts // errors and disconnects seen, by text
+
+	mu      sync.Mutex // guards conns, reqConn, pong
 	conns   []*nats.Conn
 	reqConn *nats.Conn
 	pong    []byte
-	events  map[string]int // errors and disconnects seen, by text
 }
 
 var _ driver = (*natsDriver)(nil)
 
 func newNATSDriver(cfg *Config) *natsDriver {
-	return &natsDriver{cfg: cfg, events: map[string]int{}}
-}
-
-func (d *natsDriver) event(what string) {
-	d.mu.Lock()
-	d.events[what]++
-	d.mu.Unlock()
+	return &natsDriver{cfg: cfg}
 }
 
 func (d *natsDriver) connect(name string) (*nats.Conn, error) {
@@ -154,17 +148,6 @@ func (p *natsPublisher) flush(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	return p.nc.FlushWithContext(ctx)
-}
-
-func (d *natsDriver) notes() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var out []string
-	for what, n := range d.events {
-		out = append(out, fmt.Sprintf("%dx %s", n, what))
-	}
-	slices.Sort(out)
-	return out
 }
 
 func (d *natsDriver) close() error {
