@@ -111,6 +111,7 @@ type Attachment struct {
 	handler HandlerFunc
 	onMsg   MessageFunc
 	control ControlFunc
+	job     JobFunc
 
 	in inbox
 	// batch defers the writes of responses made while the goroutine works
@@ -182,10 +183,10 @@ func (a *Attachment) Err() error {
 	return a.err
 }
 
-func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg attachCfg, h HandlerFunc, m MessageFunc, ctl ControlFunc) (*Attachment, error) {
+func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg attachCfg, h HandlerFunc, m MessageFunc, ctl ControlFunc, job JobFunc) (*Attachment, error) {
 	a := &Attachment{
 		c: c, id: c.nextAttach.Add(1), exchange: exchange, role: role, cfg: cfg,
-		handler: h, onMsg: m, control: ctl,
+		handler: h, onMsg: m, control: ctl, job: job,
 		active: make(map[uint64]*Request),
 		done:   make(chan struct{}),
 	}
@@ -322,6 +323,8 @@ func (a *Attachment) run() {
 				a.event(f)
 			case wire.TypeSubRequest:
 				a.decide(f)
+			case wire.TypeTask:
+				a.work(f, &d)
 			default:
 				f.Release()
 			}
@@ -330,15 +333,19 @@ func (a *Attachment) run() {
 	}
 }
 
-func (a *Attachment) deliver(d *Delivery) {
+// deliver calls the subscriber's function; it reports false if it
+// panicked.
+func (a *Attachment) deliver(d *Delivery) (ok bool) {
 	defer func() {
 		if p := recover(); p != nil {
 			a.c.log.Error("courier: subscriber panicked", "attachment", a.member, "panic", p)
+			ok = false
 		}
 	}()
 	if a.onMsg != nil {
 		a.onMsg(d)
 	}
+	return true
 }
 
 func (a *Attachment) event(f *wire.Frame) {

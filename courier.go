@@ -200,7 +200,7 @@ func (c *Conn) admit(f *wire.Frame) error {
 // receive dispatches a frame from the broker.
 func (c *Conn) receive(f *wire.Frame) {
 	switch f.Type {
-	case wire.TypeOK, wire.TypeResponse, wire.TypeAsk:
+	case wire.TypeOK, wire.TypeResponse, wire.TypeAsk, wire.TypeTaskEvent:
 		c.toCall(f)
 	case wire.TypeError:
 		if f.Ref != 0 && c.toCall(f) {
@@ -209,13 +209,13 @@ func (c *Conn) receive(f *wire.Frame) {
 		err := &wire.Error{Code: wire.Code(f.Aux), Msg: f.Tag, Fatal: f.Flags&wire.FlagFatal != 0}
 		f.Release()
 		c.report(err)
-	case wire.TypeRequest, wire.TypeMessage, wire.TypeEvent, wire.TypeSubRequest:
+	case wire.TypeRequest, wire.TypeMessage, wire.TypeEvent, wire.TypeSubRequest, wire.TypeTask:
 		a := c.attachment(f.Attach)
 		if a == nil {
 			c.orphan(f)
 			return
 		}
-		if !a.in.push(f, f.Type == wire.TypeRequest || f.Type == wire.TypeMessage) {
+		if !a.in.push(f, f.Type == wire.TypeRequest || f.Type == wire.TypeMessage || f.Type == wire.TypeTask) {
 			c.orphan(f) // it stopped meanwhile: a request still gets an answer
 		}
 	case wire.TypeCancel, wire.TypeAnswer:
@@ -254,12 +254,30 @@ func (c *Conn) toCall(f *wire.Frame) bool {
 		go c.answer(onAsk, f)
 		return true
 	}
-	if f.Type != wire.TypeResponse || f.Flags&wire.FlagLast != 0 {
+	if !more(f) {
 		delete(sh.m, f.Ref)
+	}
+	if fn := cl.fn; fn != nil {
+		sh.mu.Unlock()
+		fn(f)
+		return true
 	}
 	cl.push(f)
 	sh.mu.Unlock()
 	return true
+}
+
+// more reports whether frames may follow f for the same call: a response
+// that is not the last, the OK of a watched submit, or a task event that
+// is not the last.
+func more(f *wire.Frame) bool {
+	switch f.Type {
+	case wire.TypeResponse, wire.TypeTaskEvent:
+		return f.Flags&wire.FlagLast == 0
+	case wire.TypeOK:
+		return f.Flags&wire.FlagWatch != 0
+	}
+	return false
 }
 
 const callShards = 8 // power of two
@@ -291,11 +309,19 @@ func (t *callTable) close() {
 		sh := &t.shard[i]
 		sh.mu.Lock()
 		sh.closed = true
+		var fns []func(*wire.Frame)
 		for ref, cl := range sh.m {
 			delete(sh.m, ref)
+			if cl.fn != nil {
+				fns = append(fns, cl.fn)
+				continue
+			}
 			cl.push(nil)
 		}
 		sh.mu.Unlock()
+		for _, fn := range fns {
+			fn(nil)
+		}
 	}
 }
 
@@ -307,6 +333,10 @@ type call struct {
 	head  int // q[head:] are waiting
 	ready chan struct{}
 	onAsk AskFunc
+	// fn, if set, takes the call's frames in the receiving goroutine
+	// instead of the queue, and nil when the Conn closes; it must not
+	// block. The call is not pooled.
+	fn func(*wire.Frame)
 	// closed: the Conn closed under the call (a nil frame was pushed).
 	closed bool
 }

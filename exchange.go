@@ -127,7 +127,7 @@ func (e *ReqResp) Strategy() Strategy { return Strategy(e.info.Strategy) }
 // Handle attaches fn as a handler. fn is called from one goroutine of its
 // own, one request at a time; it may respond later from any goroutine.
 func (e *ReqResp) Handle(ctx context.Context, fn HandlerFunc, opts ...AttachOption) (*Attachment, error) {
-	return e.c.attach(ctx, e.name, wire.RoleHandler, attachConfig(opts), fn, nil, nil)
+	return e.c.attach(ctx, e.name, wire.RoleHandler, attachConfig(opts), fn, nil, nil, nil)
 }
 
 // PubSub is a publish-subscribe exchange as seen through one Conn.
@@ -173,13 +173,13 @@ func (e *PubSub) Subscribe(ctx context.Context, pattern string, fn MessageFunc, 
 	if pattern != "" {
 		cfg.spec.Patterns = append([]string{pattern}, cfg.spec.Patterns...)
 	}
-	return e.c.attach(ctx, e.name, wire.RoleSubscriber, cfg, nil, fn, nil)
+	return e.c.attach(ctx, e.name, wire.RoleSubscriber, cfg, nil, fn, nil, nil)
 }
 
 // Control attaches fn as a controller of a controlled exchange. The
 // leader among controllers decides on each subscription.
 func (e *PubSub) Control(ctx context.Context, fn ControlFunc, opts ...AttachOption) (*Attachment, error) {
-	return e.c.attach(ctx, e.name, wire.RoleController, attachConfig(opts), nil, nil, fn)
+	return e.c.attach(ctx, e.name, wire.RoleController, attachConfig(opts), nil, nil, fn, nil)
 }
 
 // Message is what requests and publications carry.

@@ -197,7 +197,7 @@ func (t *transport) SendContext(ctx context.Context, f *wire.Frame) error {
 	defer f.Release()
 	mode := wire.Control
 	switch f.Type {
-	case wire.TypePublish, wire.TypeRequest:
+	case wire.TypePublish, wire.TypeRequest, wire.TypeSubmit:
 		mode = wire.Data
 		if f.Type == wire.TypeRequest {
 			mode = wire.Urgent

@@ -30,6 +30,7 @@ const (
 	CodeApplication     Code = 18 // the handler failed the request
 	CodeSlowConsumer    Code = 19 // messages dropped for a subscriber that fell behind
 	CodeExchangeDeleted Code = 20 // the exchange of an attachment was deleted
+	CodeStorage         Code = 30 // the store failed: the message may not be durable
 )
 
 var codeNames = [...]string{
@@ -41,6 +42,7 @@ var codeNames = [...]string{
 	CodeHeartbeat: "heartbeat timeout", CodeShutdown: "shutting down",
 	CodeUnauthorized: "unauthorized", CodeApplication: "application error",
 	CodeSlowConsumer: "slow consumer", CodeExchangeDeleted: "exchange deleted",
+	CodeStorage: "storage error",
 }
 
 // String returns the short name of c, such as "no handler".

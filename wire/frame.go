@@ -60,7 +60,15 @@ const (
 	TypePublish  Type = 0x28 // client → server: Name exchange, Key routing key
 	TypeMessage  Type = 0x29 // server → subscriber: Attach, Key routing key
 
-	maxType = 0x29
+	TypeSubmit    Type = 0x30 // client → server: Ref, Name exchange, Key task key, Aux priority, Tag options
+	TypeTask      Type = 0x31 // server → worker: Attach, Ref task id, Aux attempts, Key, Header, Body
+	TypeAck       Type = 0x32 // worker → server: Attach, Ref task id
+	TypeNack      Type = 0x33 // worker → server: Attach, Ref task id, Aux 1 requeue, Tag reason
+	TypeProgress  Type = 0x34 // worker → server: Attach, Ref task id, Aux percent, Tag text
+	TypeTaskEvent Type = 0x35 // server → watcher: Ref of SUBMIT or WATCH, Aux TaskEventKind, Body JSON
+	TypeWatch     Type = 0x36 // client → server: Ref, Name exchange, Aux task id
+
+	maxType = 0x36
 )
 
 var typeNames = [...]string{
@@ -71,6 +79,8 @@ var typeNames = [...]string{
 	TypeDecision: "DECISION", TypeSubRequest: "SUBREQUEST", TypeEvent: "EVENT",
 	TypeRequest: "REQUEST", TypeResponse: "RESPONSE", TypeCancel: "CANCEL", TypeAsk: "ASK",
 	TypeAnswer: "ANSWER", TypePublish: "PUBLISH", TypeMessage: "MESSAGE",
+	TypeSubmit: "SUBMIT", TypeTask: "TASK", TypeAck: "ACK", TypeNack: "NACK",
+	TypeProgress: "PROGRESS", TypeTaskEvent: "TASKEVENT", TypeWatch: "WATCH",
 }
 
 // String returns the protocol name of t, such as "REQUEST".
@@ -102,10 +112,16 @@ const (
 	// for this request from any handler.
 	FlagLast Flags = 1 << 4
 	// FlagReply on a PUBLISH: the server answers OK (or ERROR) with Ref
-	// once the message is routed.
+	// once the message is routed. On a SUBMIT: the server answers OK,
+	// Aux the task id, once the task is durable (a publisher confirm).
 	FlagReply Flags = 1 << 5
+	// FlagWatch on a SUBMIT: after its OK, TASKEVENT frames with its Ref
+	// report the task's progress through to completion or failure. On a
+	// TASK: the submitter or someone else is watching, so PROGRESS is
+	// worth sending.
+	FlagWatch Flags = 1 << 6
 
-	allFlags = FlagFatal | FlagChunk | FlagEnd | FlagError | FlagLast | FlagReply
+	allFlags = FlagFatal | FlagChunk | FlagEnd | FlagError | FlagLast | FlagReply | FlagWatch
 )
 
 // Field presence bits, in wire order.

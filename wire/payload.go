@@ -41,6 +41,17 @@ type Welcome struct {
 const (
 	PatternReqResp = "reqresp"
 	PatternPubSub  = "pubsub"
+	PatternTasks   = "tasks"
+)
+
+// Task exchange strategies.
+const (
+	// StrategyCompeting: workers compete for tasks, round-robin (the
+	// default).
+	StrategyCompeting = "competing"
+	// StrategySingleActive: one worker at a time takes tasks, the oldest;
+	// the next takes over when it goes away, announced as its leader.
+	StrategySingleActive = "single-active"
 )
 
 // ExchangeConfig is the JSON body of DECLARE.
@@ -50,6 +61,26 @@ type ExchangeConfig struct {
 	KeyExpr    string `json:"key_expr,omitempty"`
 	RouteExpr  string `json:"route_expr,omitempty"`
 	Controlled bool   `json:"controlled,omitempty"`
+
+	// Task exchanges only. Zero values take the defaults.
+
+	// Transient makes a task exchange's queue live in memory only: its
+	// tasks and its definition are lost when the node stops. By default
+	// a task exchange is durable.
+	Transient bool `json:"transient,omitempty"`
+	// MaxAttempts is how many times a task may fail before it is
+	// dead-lettered: 0 takes the default (20), -1 means no limit.
+	MaxAttempts int `json:"max_attempts,omitempty"`
+	// TTLMS bounds, in milliseconds, how long a task may wait once due.
+	TTLMS int64 `json:"ttl_ms,omitempty"`
+	// BackoffMS and BackoffMaxMS set the exponential backoff between
+	// attempts: the first wait and its cap (defaults 100 ms and 30 s).
+	BackoffMS    int64 `json:"backoff_ms,omitempty"`
+	BackoffMaxMS int64 `json:"backoff_max_ms,omitempty"`
+	// DeadLetter names the exchange that receives the tasks that fail
+	// for good: a task exchange (they are submitted to it) or a pub-sub
+	// exchange (they are published with their key). Empty drops them.
+	DeadLetter string `json:"dead_letter,omitempty"`
 }
 
 // ExchangeInfo describes an exchange in OK bodies of DECLARE and LIST.
@@ -65,6 +96,32 @@ type ExchangeInfo struct {
 	Subscribers int      `json:"subscribers"`
 	Requests    uint64   `json:"requests"`
 	Publishes   uint64   `json:"publishes"`
+
+	// Task exchanges only.
+	Transient    bool       `json:"transient,omitempty"`
+	MaxAttempts  int        `json:"max_attempts,omitempty"`
+	TTLMS        int64      `json:"ttl_ms,omitempty"`
+	BackoffMS    int64      `json:"backoff_ms,omitempty"`
+	BackoffMaxMS int64      `json:"backoff_max_ms,omitempty"`
+	DeadLetter   string     `json:"dead_letter,omitempty"`
+	Queue        *QueueInfo `json:"queue,omitempty"`
+}
+
+// QueueInfo is the live state of a queue: a task exchange's, or a
+// durable subscription's.
+type QueueInfo struct {
+	Name         string `json:"name"`
+	Durable      bool   `json:"durable"`
+	Messages     int64  `json:"messages"`
+	Ready        int64  `json:"messages_ready"`
+	Unacked      int64  `json:"messages_unacknowledged"`
+	Delayed      int64  `json:"messages_delayed"`
+	Consumers    int64  `json:"consumers"`
+	Bytes        int64  `json:"bytes"`
+	Published    uint64 `json:"published"`
+	Delivered    uint64 `json:"delivered"`
+	Acked        uint64 `json:"acked"`
+	DeadLettered uint64 `json:"dead_lettered"`
 }
 
 // Attachment roles, the Aux of ATTACH.
@@ -72,6 +129,7 @@ const (
 	RoleHandler    = 1
 	RoleSubscriber = 2
 	RoleController = 3
+	RoleWorker     = 4
 )
 
 // RoleName returns the name of an attachment role.
@@ -83,6 +141,8 @@ func RoleName(r uint64) string {
 		return "subscriber"
 	case RoleController:
 		return "controller"
+	case RoleWorker:
+		return "worker"
 	}
 	return "unknown"
 }
@@ -98,9 +158,16 @@ type Member struct {
 
 // AttachSpec is the JSON body of ATTACH.
 type AttachSpec struct {
-	Patterns []string          `json:"patterns,omitempty"`
-	ConnTag  string            `json:"conn_tag,omitempty"`
-	Options  map[string]string `json:"options,omitempty"`
+	Patterns []string `json:"patterns,omitempty"`
+	// Prefetch is a worker's credit: how many tasks it may hold unsettled.
+	// 0 takes the default (100). A durable subscriber has one too.
+	Prefetch int `json:"prefetch,omitempty"`
+	// Durable, on a pub-sub subscriber, names a durable subscription: a
+	// queue bound to the patterns that keeps receiving while no one is
+	// attached, and delivers its backlog as TASK frames to be acked.
+	Durable string            `json:"durable,omitempty"`
+	ConnTag string            `json:"conn_tag,omitempty"`
+	Options map[string]string `json:"options,omitempty"`
 }
 
 // AttachResult is the JSON body of the OK answering ATTACH.
@@ -142,3 +209,22 @@ const (
 	VerdictAccept = 0
 	VerdictRefuse = 1
 )
+
+// Task event kinds, the Aux of TASKEVENT.
+const (
+	TaskProgress  = 1 // a worker reported progress
+	TaskRetry     = 2 // the task failed and will be delivered again
+	TaskCompleted = 3 // a worker acked it; the last event
+	TaskFailed    = 4 // it was dead-lettered; the last event
+)
+
+// TaskEventBody is the JSON body of TASKEVENT.
+type TaskEventBody struct {
+	ID       uint64 `json:"id"`
+	Percent  int    `json:"percent,omitempty"`
+	Text     string `json:"text,omitempty"`
+	Attempts uint32 `json:"attempts,omitempty"`
+	DueMS    int64  `json:"due_ms,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	Worker   string `json:"worker,omitempty"`
+}

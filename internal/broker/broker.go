@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/internal/queue"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -77,6 +78,13 @@ type Broker struct {
 	members  map[string]*Attachment // by member id
 	sessions map[uint64]*Session
 
+	// queues maps queue names to *taskQueue; qmu serializes their
+	// creation and deletion.
+	queues sync.Map
+	qmu    sync.Mutex
+	sched  *queue.Scheduler
+	dur    *durability // nil without a store
+
 	nextSession atomic.Uint64
 	nextSubReq  atomic.Uint64
 
@@ -95,6 +103,7 @@ func New(cfg Config) *Broker {
 		sessions: make(map[uint64]*Session),
 		stop:     make(chan struct{}),
 		stopped:  make(chan struct{}),
+		sched:    queue.NewScheduler(queue.SchedulerOptions{}),
 	}
 	go b.sweep()
 	return b
@@ -129,10 +138,24 @@ func (b *Broker) sweep() {
 	}
 }
 
-// Close stops the broker's background work. Sessions stay usable.
-func (b *Broker) Close() {
-	b.closeOnce.Do(func() { close(b.stop) })
-	<-b.stopped
+// Close stops the broker's background work, takes a last checkpoint of
+// the durable queues and closes the store. Sessions stay usable, but task
+// queues stop.
+func (b *Broker) Close() error {
+	var err error
+	b.closeOnce.Do(func() {
+		close(b.stop)
+		<-b.stopped
+		b.queues.Range(func(_, v any) bool {
+			v.(*taskQueue).q.Close()
+			return true
+		})
+		b.sched.Close()
+		if b.dur != nil {
+			err = b.dur.close()
+		}
+	})
+	return err
 }
 
 // Node returns the node name.
@@ -153,6 +176,12 @@ type Spec = courier.ExchangeSpec
 // Declare creates the exchange name, or checks that the existing one
 // matches spec. Fields left empty in spec match anything.
 func (b *Broker) Declare(name string, spec Spec) (*Exchange, error) {
+	return b.declare(name, spec, nil)
+}
+
+// declare is Declare; rq, if not nil, is a task exchange's queue being
+// brought back from the store at restart.
+func (b *Broker) declare(name string, spec Spec, rq *recoveredQueue) (*Exchange, error) {
 	if !ValidName(name) {
 		return nil, wire.Errorf(wire.CodeBadOptions, "invalid exchange name %q: use dot-separated words of letters, digits, '_', '-', ':'", name)
 	}
@@ -165,6 +194,9 @@ func (b *Broker) Declare(name string, spec Spec) (*Exchange, error) {
 	ex, err := newExchange(b, name, spec)
 	if err != nil {
 		return nil, err
+	}
+	if ex.cfg.Pattern == wire.PatternTasks {
+		return b.declareTasks(ex, spec, rq)
 	}
 	b.mu.Lock()
 	if old, loaded := b.exchanges.LoadOrStore(name, ex); loaded {
@@ -205,6 +237,12 @@ func (b *Broker) Delete(name string) error {
 	}
 	ex := v.(*Exchange)
 	ex.close()
+	if ex.tq != nil {
+		b.dropQueue(ex.tq, fmt.Sprintf("exchange %q was deleted", name))
+	}
+	if ex.subs != nil {
+		b.dropSubscriptions(ex)
+	}
 	b.log.Info("exchange deleted", "exchange", name)
 	return nil
 }

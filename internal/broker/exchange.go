@@ -49,6 +49,8 @@ type Exchange struct {
 
 	requests  atomic.Uint64
 	publishes atomic.Uint64
+
+	tq *taskQueue // a task exchange's queue
 }
 
 // view is a snapshot of an exchange's members for routing.
@@ -89,10 +91,17 @@ func newExchange(b *Broker, name string, spec Spec) (*Exchange, error) {
 		ex.subs = newTopicTree()
 		ex.cache = make(map[string][]*Attachment)
 		ex.pending = make(map[uint64]*subRequest)
+	case wire.PatternTasks:
+		if err := checkTaskConfig(name, &ex.cfg, spec); err != nil {
+			return nil, err
+		}
 	case "":
-		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: pattern missing (reqresp or pubsub)", name)
+		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: pattern missing (reqresp, pubsub or tasks)", name)
 	default:
-		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: unknown pattern %q (reqresp or pubsub)", name, cfg.Pattern)
+		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: unknown pattern %q (reqresp, pubsub or tasks)", name, cfg.Pattern)
+	}
+	if cfg.Pattern != wire.PatternTasks && (cfg.Transient || cfg.MaxAttempts != 0 || cfg.TTLMS != 0 || cfg.BackoffMS != 0 || cfg.BackoffMaxMS != 0 || cfg.DeadLetter != "") {
+		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: transient, max_attempts, ttl_ms, backoff and dead_letter are options of task exchanges", name)
 	}
 	ex.view.Store(&view{all: &group{}, byTag: map[string]*group{}})
 	return ex, nil
@@ -160,6 +169,9 @@ func (ex *Exchange) matches(spec Spec) error {
 	case c.Controlled && !ex.cfg.Controlled:
 		return clash("controlled", "false", "true")
 	}
+	if ex.tq != nil {
+		return ex.taskMatches(c)
+	}
 	return nil
 }
 
@@ -191,6 +203,12 @@ func (ex *Exchange) Info() wire.ExchangeInfo {
 		info.Subscribers = ex.nsubs
 		ex.subMu.RUnlock()
 	}
+	if ex.tq != nil {
+		c := ex.cfg
+		info.Transient, info.MaxAttempts, info.TTLMS, info.DeadLetter = c.Transient, c.MaxAttempts, c.TTLMS, c.DeadLetter
+		info.BackoffMS, info.BackoffMaxMS = c.BackoffMS, c.BackoffMaxMS
+		info.Queue = ex.tq.info()
+	}
 	return info
 }
 
@@ -198,8 +216,11 @@ func (ex *Exchange) Info() wire.ExchangeInfo {
 // elects a leader: handlers on request-response exchanges, controllers on
 // pub-sub ones.
 func (ex *Exchange) isMemberRole(role uint64) bool {
-	if ex.cfg.Pattern == wire.PatternReqResp {
+	switch ex.cfg.Pattern {
+	case wire.PatternReqResp:
 		return role == wire.RoleHandler
+	case wire.PatternTasks:
+		return role == wire.RoleWorker
 	}
 	return role == wire.RoleController
 }

@@ -28,6 +28,15 @@ func (s *Session) publish(f *wire.Frame) {
 	reply, ref := f.Flags&wire.FlagReply != 0, f.Ref
 	ex.publishes.Add(1)
 	s.stats.Publishes.Add(1)
+	ex.fanout(f)
+	if reply {
+		s.reply(ref, nil, nil)
+	}
+}
+
+// fanout delivers a publication to every matching subscriber as MESSAGE
+// frames, and takes ownership of f.
+func (ex *Exchange) fanout(f *wire.Frame) {
 	subs := ex.match(f.Key)
 	last := len(subs) - 1
 	for i, a := range subs {
@@ -41,9 +50,6 @@ func (s *Session) publish(f *wire.Frame) {
 	}
 	if last < 0 {
 		f.Release()
-	}
-	if reply {
-		s.reply(ref, nil, nil)
 	}
 }
 

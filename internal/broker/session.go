@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/courier-mq/courier/internal/queue"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -18,9 +19,10 @@ type Session struct {
 	name string
 	sink Sink
 
-	mu          sync.Mutex // guards attachments, closed
+	mu          sync.Mutex // guards attachments, closed, watches
 	attachments map[uint32]*Attachment
 	closed      bool
+	watches     map[uint64]func() // WATCHes by ref: their cancel funcs
 
 	requests requestTable // requests this session made, by its ids
 	handling slotTable    // requests delivered to this session's handlers
@@ -66,6 +68,13 @@ type Attachment struct {
 	patterns   []string // subscriber patterns, guarded by ex.subMu
 	busy       atomic.Int64
 	gone       atomic.Bool
+
+	// A worker's, or a durable subscriber's, queue and consumer. tmu is
+	// held while the consumer is being added, so that a settle racing
+	// with the attach waits for it.
+	tq       *taskQueue
+	tmu      sync.Mutex
+	consumer atomic.Pointer[queue.Consumer]
 }
 
 func (a *Attachment) info() wire.Member {
@@ -100,7 +109,9 @@ func (s *Session) Handle(f *wire.Frame) {
 	case wire.TypePublish:
 		s.publish(f)
 	case wire.TypeCancel:
-		s.cancel(f.Ref)
+		if !s.unwatch(f.Ref) {
+			s.cancel(f.Ref)
+		}
 		f.Release()
 	case wire.TypeAsk:
 		s.ask(f)
@@ -110,7 +121,11 @@ func (s *Session) Handle(f *wire.Frame) {
 		body, err := s.declare(f)
 		s.reply(f.Ref, body, err)
 	case wire.TypeDelete:
-		s.reply(f.Ref, nil, s.b.Delete(f.Name))
+		if f.Aux == 1 {
+			s.reply(f.Ref, nil, s.b.DeleteQueue(f.Name))
+		} else {
+			s.reply(f.Ref, nil, s.b.Delete(f.Name))
+		}
 	case wire.TypeList:
 		s.reply(f.Ref, jsonBody(s.b.Exchanges()), nil)
 	case wire.TypeAttach:
@@ -121,6 +136,12 @@ func (s *Session) Handle(f *wire.Frame) {
 		s.subscribe(f)
 	case wire.TypeDecision:
 		s.decide(f)
+	case wire.TypeSubmit:
+		s.submit(f)
+	case wire.TypeAck, wire.TypeNack, wire.TypeProgress:
+		s.settle(f)
+	case wire.TypeWatch:
+		s.watchTask(f)
 	default:
 		s.sendError(f.Ref, wire.Errorf(wire.CodeProtocol, "unexpected %s frame from a client", f.Type))
 	}
@@ -200,6 +221,12 @@ func (s *Session) attach(f *wire.Frame) {
 	switch {
 	case ex.cfg.Pattern == wire.PatternReqResp && a.role != wire.RoleHandler:
 		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is request-response: attach as a handler", ex.name)
+	case ex.cfg.Pattern == wire.PatternTasks && a.role != wire.RoleWorker:
+		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is a task exchange: attach as a worker", ex.name)
+	case spec.Durable != "" && a.role != wire.RoleSubscriber:
+		err = wire.Errorf(wire.CodeBadOptions, "attach: only pub-sub subscribers can be durable")
+	case spec.Prefetch < 0:
+		err = wire.Errorf(wire.CodeBadOptions, "attach: negative prefetch %d", spec.Prefetch)
 	case ex.cfg.Pattern == wire.PatternPubSub && a.role != wire.RoleSubscriber && a.role != wire.RoleController:
 		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is pub-sub: attach as a subscriber or controller", ex.name)
 	case a.role == wire.RoleController && !ex.cfg.Controlled:
@@ -209,6 +236,12 @@ func (s *Session) attach(f *wire.Frame) {
 		if perr := checkPatterns(spec.Patterns); perr != nil {
 			err = wire.Errorf(wire.CodeBadOptions, "attach: %v", perr)
 		}
+	}
+	if err == nil && spec.Durable != "" {
+		a.tq, err = s.b.durableSub(ex, spec.Durable, spec.Patterns)
+	}
+	if a.role == wire.RoleWorker {
+		a.tq = ex.tq
 	}
 	if err != nil {
 		s.sendError(f.Ref, err)
@@ -230,6 +263,21 @@ func (s *Session) attach(f *wire.Frame) {
 	s.b.members[a.member] = a
 	s.b.mu.Unlock()
 
+	if a.tq != nil {
+		if err := a.tq.attachConsumer(a, spec.Prefetch); err != nil {
+			s.forget(a)
+			s.sendError(f.Ref, err)
+			return
+		}
+		res := wire.AttachResult{Member: a.member}
+		if a.role == wire.RoleSubscriber {
+			a.tq.defMu.Lock()
+			res.Patterns = a.tq.def.Patterns
+			a.tq.defMu.Unlock()
+		}
+		s.reply(f.Ref, jsonBody(res), nil)
+		return
+	}
 	if a.role == wire.RoleSubscriber {
 		if ex.cfg.Controlled && len(spec.Patterns) > 0 {
 			// The OK waits for the controller's decision.
@@ -287,6 +335,10 @@ func (s *Session) detach(id uint32) error {
 // drop takes a out of its exchange.
 func (s *Session) drop(a *Attachment) {
 	a.gone.Store(true)
+	if a.tq != nil {
+		a.tq.detachConsumer(a)
+		return
+	}
 	if a.ex.isMemberRole(a.role) {
 		a.ex.leave(a)
 	}
@@ -316,7 +368,12 @@ func (s *Session) Close() {
 	s.closed = true
 	atts := s.attachments
 	s.attachments = map[uint32]*Attachment{}
+	watches := s.watches
+	s.watches = nil
 	s.mu.Unlock()
+	for _, cancel := range watches {
+		cancel()
+	}
 	reqs := s.requests.drain()
 	handling := s.handling.drain()
 

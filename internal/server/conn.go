@@ -66,6 +66,7 @@ var clientTypes = func() (t [256]bool) {
 		wire.TypeSubscribe, wire.TypeUnsubscribe, wire.TypeDecision,
 		wire.TypeRequest, wire.TypeResponse, wire.TypeCancel, wire.TypeAsk, wire.TypeAnswer,
 		wire.TypePublish,
+		wire.TypeSubmit, wire.TypeAck, wire.TypeNack, wire.TypeProgress, wire.TypeWatch,
 	} {
 		t[ty] = true
 	}
@@ -184,7 +185,7 @@ func (c *conn) readLoop() error {
 			f.Release()
 			c.fail(nil, false)
 			return fmt.Errorf("the client sent CLOSE (%s)", reason)
-		case wire.TypePublish, wire.TypeRequest:
+		case wire.TypePublish, wire.TypeRequest, wire.TypeSubmit:
 			c.used++
 			if c.used > c.granted {
 				err := wire.Errorf(wire.CodeLimit, "%s sent without credit (window %d)", f.Type, c.s.cfg.Credit)
@@ -229,7 +230,7 @@ func modeOf(t wire.Type) wire.Mode {
 	switch t {
 	case wire.TypeRequest, wire.TypeResponse, wire.TypeAsk, wire.TypeAnswer:
 		return wire.Urgent
-	case wire.TypeMessage:
+	case wire.TypeMessage, wire.TypeTask:
 		return wire.Data
 	}
 	return wire.Control

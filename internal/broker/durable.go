@@ -1,0 +1,440 @@
+package broker
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/courier-mq/courier/internal/queue"
+	"github.com/courier-mq/courier/internal/store"
+	"github.com/courier-mq/courier/wire"
+)
+
+// Durability. The broker keeps its durable queues in one store.Log under
+// the node's data directory. Each durable queue has an id in the log; id 0
+// is the broker's own: the definitions of the durable queues, one record
+// per change. A checkpoint holds every definition with its queue's
+// snapshot, so a restart reads the checkpoint and replays only what was
+// written after it; definition records older than the last checkpoint
+// are released.
+
+const (
+	metaQueue  uint32     = 0
+	kindDefine store.Kind = 1 // payload: a queueDef in JSON
+	kindDrop   store.Kind = 2 // payload: the queue id, u32 little-endian
+)
+
+// StoreConfig configures [Broker.OpenStore].
+type StoreConfig struct {
+	// Dir is the log's directory.
+	Dir string
+	// FS is the file system. Default: store.OSFS{}.
+	FS store.FS
+	// Options are the log's. Default: store.DefaultOptions().
+	Options *store.Options
+	// CheckpointEvery is the longest time between checkpoints while
+	// something was written. Default: 30s.
+	CheckpointEvery time.Duration
+	// CheckpointBytes starts a checkpoint once that many bytes were
+	// appended since the last one, bounding the work of a restart.
+	// Default: 256 MiB.
+	CheckpointBytes uint64
+}
+
+// durability is the broker's store and the state of its checkpoints.
+type durability struct {
+	b   *Broker
+	log *store.Log
+	cfg StoreConfig
+
+	// mu is held across every definition record and its change to the
+	// broker's queues, and by the checkpoint's snapshot, so that a
+	// checkpoint sees each definition with its record.
+	mu       sync.Mutex
+	nextID   uint32
+	metaRefs []store.Ref // definition records since the last checkpoint
+
+	cpMu      sync.Mutex // one checkpoint at a time
+	lastCP    time.Time
+	lastBytes uint64
+
+	pending *recovering // between recover and build
+	stop    chan struct{}
+	done chan struct{}
+}
+
+func (d *durability) newID() uint32 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	id := d.nextID
+	d.nextID++
+	return id
+}
+
+// defineQueue records a durable queue's definition, or its new version,
+// and calls then, under the lock a checkpoint takes, so that a checkpoint
+// sees the change exactly when it covers the record. It returns a function
+// that waits until the record is durable. A broker without a store, or a
+// transient queue, just calls then.
+func (b *Broker) defineQueue(def queueDef, then func()) func() error {
+	if b.dur == nil || (def.Config.Transient && def.Sub == "") {
+		then()
+		return func() error { return nil }
+	}
+	return b.dur.appendMeta(kindDefine, jsonBody(def), then)
+}
+
+// undefineQueue records that a durable queue is gone, calling then as
+// defineQueue does.
+func (b *Broker) undefineQueue(id uint32, then func()) {
+	if b.dur == nil {
+		then()
+		return
+	}
+	if err := b.dur.appendMeta(kindDrop, binary.LittleEndian.AppendUint32(nil, id), then)(); err != nil {
+		b.log.Error("store: deleting a queue's definition failed; it may come back at restart", "id", id, "err", err)
+	}
+}
+
+func (d *durability) appendMeta(kind store.Kind, payload []byte, then func()) func() error {
+	done := make(chan error, 1)
+	d.mu.Lock()
+	ref, err := d.log.Append(metaQueue, kind, payload, func(err error) { done <- err })
+	if err == nil {
+		d.metaRefs = append(d.metaRefs, ref)
+		then()
+	}
+	d.mu.Unlock()
+	return func() error {
+		if err == nil {
+			err = <-done
+		}
+		if err != nil {
+			return wire.Errorf(wire.CodeStorage, "store: %v", err)
+		}
+		return nil
+	}
+}
+
+// OpenStore opens (or creates) the broker's store and brings back the
+// durable queues it holds, with their tasks, and the pub-sub exchanges of
+// durable subscriptions. Call it once, before serving clients.
+func (b *Broker) OpenStore(cfg StoreConfig) (*store.Recovery, error) {
+	if b.dur != nil {
+		return nil, errors.New("broker: store already open")
+	}
+	if cfg.FS == nil {
+		cfg.FS = store.OSFS{}
+	}
+	opts := store.DefaultOptions()
+	if cfg.Options != nil {
+		opts = *cfg.Options
+	}
+	if opts.Logger == nil {
+		opts.Logger = b.log
+	}
+	if cfg.CheckpointEvery <= 0 {
+		cfg.CheckpointEvery = 30 * time.Second
+	}
+	if cfg.CheckpointBytes == 0 {
+		cfg.CheckpointBytes = 256 << 20
+	}
+	log, rec, err := store.Open(cfg.FS, cfg.Dir, opts)
+	if err != nil {
+		return nil, fmt.Errorf("broker: open store: %w", err)
+	}
+	d := &durability{b: b, log: log, cfg: cfg, nextID: 1, stop: make(chan struct{}), done: make(chan struct{})}
+	if err := d.recover(rec); err != nil {
+		log.Close()
+		return nil, err
+	}
+	b.dur = d
+	if err := d.build(); err != nil {
+		b.dur = nil
+		log.Close()
+		return nil, err
+	}
+	// A checkpoint right away makes the next restart start here, and lets
+	// the definition records replayed now be released.
+	if err := d.checkpoint(); err != nil {
+		b.log.Warn("store: first checkpoint failed", "err", err)
+	}
+	go d.loop()
+	return rec, nil
+}
+
+// recovering is the state rebuilt from a checkpoint and the records
+// after it, before the queues are built.
+type recovering struct {
+	defs map[uint32]queueDef
+	rbs  map[uint32]*queue.Rebuilder
+}
+
+var stateMagic = [4]byte{'C', 'B', 'S', 'T'}
+
+// recover reads the checkpoint's state and replays the log into
+// rebuilders, one per durable queue.
+func (d *durability) recover(rec *store.Recovery) error {
+	r := &recovering{defs: map[uint32]queueDef{}, rbs: map[uint32]*queue.Rebuilder{}}
+	if rec.CheckpointErr != nil {
+		d.b.log.Warn("store: checkpoint unusable; rebuilding from the whole log", "err", rec.CheckpointErr)
+	}
+	if rec.State != nil {
+		if err := r.loadState(d, rec.State); err != nil {
+			return fmt.Errorf("broker: checkpoint state: %w", err)
+		}
+	}
+	var rel []store.Ref
+	skipped := 0
+	err := d.log.Replay(func(x store.Record) error {
+		if x.Queue == metaQueue {
+			d.metaRefs = append(d.metaRefs, x.Ref)
+			switch x.Kind {
+			case kindDefine:
+				var def queueDef
+				if err := json.Unmarshal(x.Payload, &def); err != nil || def.ID == 0 {
+					d.b.log.Error("store: bad queue definition skipped", "ref", x.Ref, "err", err)
+					return nil
+				}
+				r.defs[def.ID] = def
+				if r.rbs[def.ID] == nil {
+					r.rbs[def.ID] = newRebuilder()
+				}
+				d.nextID = max(d.nextID, def.ID+1)
+			case kindDrop:
+				if len(x.Payload) == 4 {
+					id := binary.LittleEndian.Uint32(x.Payload)
+					delete(r.defs, id)
+					delete(r.rbs, id)
+				}
+			}
+			return nil
+		}
+		rb := r.rbs[x.Queue]
+		if rb == nil {
+			return nil // a queue deleted since
+		}
+		e := queue.Entry{Ref: fromStore(x.Ref), Kind: queue.Kind(x.Kind), Payload: x.Payload}
+		if x.Kind == store.KindRelease {
+			var err error
+			if rel, err = x.Released(rel[:0]); err != nil {
+				skipped++
+				return nil
+			}
+			for _, r := range rel {
+				e.Released = append(e.Released, fromStore(r))
+			}
+		}
+		if err := rb.Apply(e); err != nil {
+			skipped++
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("broker: replay: %w", err)
+	}
+	if skipped > 0 {
+		d.b.log.Warn("store: records that did not decode were skipped", "count", skipped)
+	}
+	d.pending = r
+	return nil
+}
+
+func newRebuilder() *queue.Rebuilder {
+	rb := queue.NewRebuilder()
+	rb.LazyBodies = true
+	return rb
+}
+
+// build makes the recovered queues and their exchanges.
+func (d *durability) build() error {
+	r := d.pending
+	d.pending = nil
+	ids := make([]uint32, 0, len(r.defs))
+	for id := range r.defs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	b := d.b
+	tasks := 0
+	for _, id := range ids {
+		def := r.defs[id]
+		spec := Spec{ExchangeConfig: def.Config}
+		var rq *recoveredQueue
+		if def.Sub == "" {
+			rq = &recoveredQueue{def: def, rb: r.rbs[id]}
+		}
+		ex, err := b.declare(def.Exchange, spec, rq)
+		if err != nil {
+			b.log.Error("store: a durable exchange could not be brought back", "exchange", def.Exchange, "queue", def.Name, "err", err)
+			continue
+		}
+		if def.Sub != "" {
+			tq, err := b.newTaskQueue(ex, def, r.rbs[id])
+			if err != nil {
+				b.log.Error("store: a durable subscription could not be brought back", "queue", def.Name, "err", err)
+				continue
+			}
+			tq.bind(def.Patterns)
+			b.queues.Store(def.Name, tq)
+		}
+		tasks += r.rbs[id].Len()
+	}
+	if len(ids) > 0 {
+		b.log.Info("store: durable queues recovered", "queues", len(ids), "messages", tasks)
+	}
+	return nil
+}
+
+// loadState decodes a checkpoint's state:
+//
+//	"CBST" | v u8 | 0 0 0 | nextID u32 | count u32
+//	count × ( defLen u32 | def JSON | snapLen u32 | queue snapshot )
+func (r *recovering) loadState(d *durability, p []byte) error {
+	if len(p) < 16 || [4]byte(p[:4]) != stateMagic || p[4] != 1 {
+		return errors.New("not a broker state, or an unknown version")
+	}
+	d.nextID = max(d.nextID, binary.LittleEndian.Uint32(p[8:]))
+	n := int(binary.LittleEndian.Uint32(p[12:]))
+	p = p[16:]
+	next := func() ([]byte, error) {
+		if len(p) < 4 {
+			return nil, errors.New("truncated")
+		}
+		l := int(binary.LittleEndian.Uint32(p))
+		if l > len(p)-4 {
+			return nil, errors.New("truncated")
+		}
+		b := p[4 : 4+l]
+		p = p[4+l:]
+		return b, nil
+	}
+	for range n {
+		dj, err := next()
+		if err != nil {
+			return err
+		}
+		snap, err := next()
+		if err != nil {
+			return err
+		}
+		var def queueDef
+		if err := json.Unmarshal(dj, &def); err != nil {
+			return fmt.Errorf("queue definition: %w", err)
+		}
+		rb := newRebuilder()
+		if err := rb.LoadSnapshot(snap); err != nil {
+			return fmt.Errorf("queue %q: %w", def.Name, err)
+		}
+		r.defs[def.ID], r.rbs[def.ID] = def, rb
+		d.nextID = max(d.nextID, def.ID+1)
+	}
+	if len(p) != 0 {
+		return errors.New("bytes after the last queue")
+	}
+	return nil
+}
+
+// snapshot encodes the broker's durable state for a checkpoint; d.mu is
+// held.
+func (d *durability) snapshot() []byte {
+	var list []*taskQueue
+	d.b.queues.Range(func(_, v any) bool {
+		if tq := v.(*taskQueue); tq.durable {
+			list = append(list, tq)
+		}
+		return true
+	})
+	out := append([]byte(nil), stateMagic[:]...)
+	out = append(out, 1, 0, 0, 0)
+	out = binary.LittleEndian.AppendUint32(out, d.nextID)
+	out = binary.LittleEndian.AppendUint32(out, uint32(len(list)))
+	for _, tq := range list {
+		tq.defMu.Lock()
+		dj := jsonBody(tq.def)
+		tq.defMu.Unlock()
+		out = binary.LittleEndian.AppendUint32(out, uint32(len(dj)))
+		out = append(out, dj...)
+		at := len(out)
+		out = append(out, 0, 0, 0, 0)
+		out = tq.q.AppendSnapshot(out)
+		binary.LittleEndian.PutUint32(out[at:], uint32(len(out)-at-4))
+	}
+	return out
+}
+
+// checkpoint saves the broker's state, then releases the definition
+// records it covers.
+func (d *durability) checkpoint() error {
+	d.cpMu.Lock()
+	defer d.cpMu.Unlock()
+	bytes := d.log.Stats().AppendedBytes
+	var covered []store.Ref
+	_, err := d.log.Checkpoint(func(store.Pos) ([]byte, error) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		covered, d.metaRefs = d.metaRefs, nil
+		return d.snapshot(), nil
+	})
+	if err != nil {
+		d.mu.Lock()
+		d.metaRefs = append(covered, d.metaRefs...)
+		d.mu.Unlock()
+		return err
+	}
+	d.lastCP, d.lastBytes = time.Now(), bytes
+	if len(covered) > 0 {
+		if err := d.log.Release(metaQueue, covered, nil); err != nil {
+			d.b.log.Warn("store: releasing old definitions failed", "err", err)
+		}
+	}
+	return nil
+}
+
+// loop checkpoints every CheckpointEvery while something is written, or
+// sooner once CheckpointBytes were appended.
+func (d *durability) loop() {
+	defer close(d.done)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case now := <-t.C:
+			bytes := d.log.Stats().AppendedBytes
+			if bytes == d.lastBytes {
+				continue
+			}
+			if bytes-d.lastBytes < d.cfg.CheckpointBytes && now.Sub(d.lastCP) < d.cfg.CheckpointEvery {
+				continue
+			}
+			if err := d.checkpoint(); err != nil {
+				d.b.log.Error("store: checkpoint failed", "err", err)
+			}
+		}
+	}
+}
+
+// close takes a last checkpoint and closes the log.
+func (d *durability) close() error {
+	close(d.stop)
+	<-d.done
+	err := d.checkpoint()
+	if cerr := d.log.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Store returns the broker's log, or nil without one.
+func (b *Broker) Store() *store.Log {
+	if b.dur == nil {
+		return nil
+	}
+	return b.dur.log
+}

@@ -1,0 +1,747 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/courier-mq/courier/internal/queue"
+	"github.com/courier-mq/courier/wire"
+)
+
+// Task queues. A task exchange owns one queue, of its own name; a durable
+// subscription on a pub-sub exchange owns a queue named
+// "<exchange>/<subscription>", fed by a binding: a subscriber of the
+// exchange that lives in the broker and enqueues what it receives. Workers
+// and durable subscribers are the queue's consumers; they receive TASK
+// frames and settle them with ACK or NACK.
+
+// Task exchange strategies.
+const (
+	Competing    = wire.StrategyCompeting
+	SingleActive = wire.StrategySingleActive
+)
+
+// defaultPrefetch is a consumer's credit when it asks for none.
+const defaultPrefetch = 100
+
+// queueDef is what the broker persists of a durable queue.
+type queueDef struct {
+	ID   uint32 `json:"id"`
+	Name string `json:"name"`
+	// Exchange and Config are the task exchange's, or the pub-sub exchange
+	// of a durable subscription, which is declared again at restart.
+	Exchange string              `json:"exchange"`
+	Config   wire.ExchangeConfig `json:"config"`
+	// Sub and Patterns describe a durable subscription.
+	Sub      string   `json:"sub,omitempty"`
+	Patterns []string `json:"patterns,omitempty"`
+}
+
+// taskQueue is a queue the broker holds.
+type taskQueue struct {
+	b       *Broker
+	q       *queue.Queue
+	ex      *Exchange // the task exchange, or the subscription's pub-sub exchange
+	durable bool
+
+	// attachMu orders consumers joining and leaving with the exchange's
+	// group, so that the oldest member, the leader, is the oldest consumer,
+	// the one that receives in single-active mode.
+	attachMu sync.Mutex
+
+	defMu   sync.Mutex // guards def, binding
+	def     queueDef
+	binding *Attachment // durable subscription: its subscriber in ex
+}
+
+// Name returns the queue's name.
+func (tq *taskQueue) Name() string { return tq.q.Name() }
+
+func queueConfig(cfg wire.ExchangeConfig) (queue.Config, error) {
+	qc := queue.DefaultConfig()
+	switch {
+	case cfg.MaxAttempts < 0:
+		qc.MaxAttempts = 0
+	case cfg.MaxAttempts > 0:
+		qc.MaxAttempts = cfg.MaxAttempts
+	}
+	if cfg.TTLMS < 0 || cfg.BackoffMS < 0 || cfg.BackoffMaxMS < 0 {
+		return qc, errors.New("ttl_ms, backoff_ms and backoff_max_ms must not be negative")
+	}
+	qc.TTL = time.Duration(cfg.TTLMS) * time.Millisecond
+	if cfg.BackoffMS > 0 {
+		qc.BackoffBase = time.Duration(cfg.BackoffMS) * time.Millisecond
+		if qc.BackoffMax < qc.BackoffBase {
+			qc.BackoffMax = qc.BackoffBase
+		}
+	}
+	if cfg.BackoffMaxMS > 0 {
+		qc.BackoffMax = time.Duration(cfg.BackoffMaxMS) * time.Millisecond
+	}
+	qc.SingleActive = cfg.Strategy == SingleActive
+	return qc, qc.Validate()
+}
+
+// checkTaskConfig validates a task exchange's configuration.
+func checkTaskConfig(name string, cfg *wire.ExchangeConfig, spec Spec) error {
+	switch cfg.Strategy {
+	case "":
+		cfg.Strategy = Competing
+	case Competing, SingleActive:
+	default:
+		return wire.Errorf(wire.CodeBadOptions, "exchange %q: unknown task strategy %q (%s or %s)", name, cfg.Strategy, Competing, SingleActive)
+	}
+	if cfg.KeyExpr != "" || cfg.RouteExpr != "" || spec.KeyFunc != nil || spec.RouteFunc != nil || cfg.Controlled {
+		return wire.Errorf(wire.CodeBadOptions, "exchange %q: task exchanges take no routing functions and no controller", name)
+	}
+	if cfg.DeadLetter == name {
+		return wire.Errorf(wire.CodeBadOptions, "exchange %q: dead_letter names the exchange itself", name)
+	}
+	if cfg.DeadLetter != "" && !ValidName(cfg.DeadLetter) {
+		return wire.Errorf(wire.CodeBadOptions, "exchange %q: invalid dead_letter %q", name, cfg.DeadLetter)
+	}
+	if _, err := queueConfig(*cfg); err != nil {
+		return wire.Errorf(wire.CodeBadOptions, "exchange %q: %v", name, err)
+	}
+	return nil
+}
+
+// taskMatches checks the task options of a declaration against ex.
+func (ex *Exchange) taskMatches(c wire.ExchangeConfig) error {
+	have := ex.cfg
+	clash := func(what string, h, w any) error {
+		return wire.Errorf(wire.CodeClash, "exchange %q exists with %s %v, not %v", ex.name, what, h, w)
+	}
+	switch {
+	case c.Transient && !have.Transient:
+		return clash("transient", false, true)
+	case c.MaxAttempts != 0 && c.MaxAttempts != have.MaxAttempts:
+		return clash("max_attempts", have.MaxAttempts, c.MaxAttempts)
+	case c.TTLMS != 0 && c.TTLMS != have.TTLMS:
+		return clash("ttl_ms", have.TTLMS, c.TTLMS)
+	case c.BackoffMS != 0 && c.BackoffMS != have.BackoffMS:
+		return clash("backoff_ms", have.BackoffMS, c.BackoffMS)
+	case c.BackoffMaxMS != 0 && c.BackoffMaxMS != have.BackoffMaxMS:
+		return clash("backoff_max_ms", have.BackoffMaxMS, c.BackoffMaxMS)
+	case c.DeadLetter != "" && c.DeadLetter != have.DeadLetter:
+		return clash("dead_letter", have.DeadLetter, c.DeadLetter)
+	}
+	return nil
+}
+
+// newTaskQueue makes the queue of a task exchange or a durable
+// subscription, journaled when durable and the broker has a store. rb,
+// if not nil, rebuilds it from the store's records.
+func (b *Broker) newTaskQueue(ex *Exchange, def queueDef, rb *queue.Rebuilder) (*taskQueue, error) {
+	qc, err := queueConfig(def.Config)
+	if err != nil {
+		return nil, wire.Errorf(wire.CodeBadOptions, "queue %q: %v", def.Name, err)
+	}
+	if def.Sub != "" {
+		qc, _ = queueConfig(wire.ExchangeConfig{})
+	}
+	tq := &taskQueue{b: b, ex: ex, def: def}
+	qc.Scheduler = b.sched
+	qc.Logger = b.log
+	qc.DeadLetter = tq.deadLetter
+	durable := !def.Config.Transient || def.Sub != ""
+	if durable && b.dur != nil {
+		tq.durable = true
+		qc.Journal = &storeJournal{log: b.dur.log, id: def.ID}
+	}
+	if rb != nil {
+		tq.q, err = rb.Build(def.Name, qc)
+	} else {
+		tq.q, err = queue.New(def.Name, qc)
+	}
+	if err != nil {
+		return nil, wire.Errorf(wire.CodeInternal, "queue %q: %v", def.Name, err)
+	}
+	return tq, nil
+}
+
+// recoveredQueue is a durable queue being brought back at restart.
+type recoveredQueue struct {
+	def queueDef
+	rb  *queue.Rebuilder
+}
+
+// declareTasks creates a task exchange and its queue; the caller checked
+// that no exchange had the name.
+func (b *Broker) declareTasks(ex *Exchange, spec Spec, rq *recoveredQueue) (*Exchange, error) {
+	b.qmu.Lock()
+	if old := b.Exchange(ex.name); old != nil {
+		b.qmu.Unlock()
+		return old, old.matches(spec)
+	}
+	def := queueDef{Name: ex.name, Exchange: ex.name, Config: ex.cfg}
+	var rb *queue.Rebuilder
+	if rq != nil {
+		def, rb = rq.def, rq.rb
+	} else if b.dur != nil && !ex.cfg.Transient {
+		def.ID = b.dur.newID()
+	}
+	tq, err := b.newTaskQueue(ex, def, rb)
+	if err != nil {
+		b.qmu.Unlock()
+		return nil, err
+	}
+	ex.tq = tq
+	stored := false
+	store := func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if _, loaded := b.exchanges.LoadOrStore(ex.name, ex); loaded {
+			return
+		}
+		b.exVersion.Add(1)
+		b.queues.Store(def.Name, tq)
+		stored = true
+	}
+	wait := func() error { return nil }
+	if rq != nil {
+		store()
+	} else {
+		wait = b.defineQueue(def, store)
+	}
+	b.qmu.Unlock()
+	err = wait()
+	if !stored {
+		tq.q.Close()
+		if old := b.Exchange(ex.name); old != nil && err == nil {
+			return old, old.matches(spec)
+		}
+		return nil, err
+	}
+	if err != nil {
+		return ex, err
+	}
+	if rq == nil {
+		b.log.Info("exchange declared", "exchange", ex.name, "pattern", ex.cfg.Pattern, "strategy", ex.cfg.Strategy, "durable", tq.durable)
+	}
+	return ex, nil
+}
+
+// Queue returns the queue name, a task exchange's or a durable
+// subscription's ("<exchange>/<subscription>"), or nil.
+func (b *Broker) Queue(name string) *queue.Queue {
+	if v, ok := b.queues.Load(name); ok {
+		return v.(*taskQueue).q
+	}
+	return nil
+}
+
+// RangeQueues calls fn with every queue until it returns false.
+func (b *Broker) RangeQueues(fn func(q *queue.Queue, durable bool) bool) {
+	b.queues.Range(func(_, v any) bool {
+		tq := v.(*taskQueue)
+		return fn(tq.q, tq.durable)
+	})
+}
+
+// QueueInfo describes a queue from its live counters.
+func (tq *taskQueue) info() *wire.QueueInfo {
+	st := tq.q.Stats()
+	return &wire.QueueInfo{
+		Name: tq.q.Name(), Durable: tq.durable,
+		Messages: st.Messages(), Ready: st.Ready, Unacked: st.Unacked, Delayed: st.Delayed,
+		Consumers: st.Consumers, Bytes: st.Bytes,
+		Published: st.Published, Delivered: st.Delivered, Acked: st.Acked, DeadLettered: st.DeadLettered,
+	}
+}
+
+// deadLetter takes the tasks that leave tq for good to its dead-letter
+// exchange: submitted to a task exchange, published to a pub-sub one.
+func (tq *taskQueue) deadLetter(dl queue.DeadLetter) {
+	target := tq.def.Config.DeadLetter
+	if tq.def.Sub != "" || target == "" {
+		return
+	}
+	ex := tq.b.Exchange(target)
+	if ex == nil {
+		tq.b.log.Warn("dead letter dropped: no such exchange", "queue", dl.Queue, "dead_letter", target, "task", dl.Message.ID, "reason", dl.Reason)
+		return
+	}
+	h := make(map[string]string, len(dl.Message.Headers)+3)
+	for k, v := range dl.Message.Headers {
+		h[k] = v
+	}
+	h["x-death-queue"] = dl.Queue
+	h["x-death-reason"] = string(dl.Reason)
+	h["x-death-attempts"] = fmt.Sprint(dl.Message.Attempts)
+	switch {
+	case ex.tq != nil:
+		m := queue.Message{Body: dl.Message.Body, Headers: h, Key: dl.Message.Key, Priority: dl.Message.Priority}
+		if _, err := ex.tq.q.Enqueue(m, nil, nil); err != nil {
+			tq.b.log.Error("dead letter lost", "queue", dl.Queue, "dead_letter", target, "task", dl.Message.ID, "err", err)
+		}
+	case ex.subs != nil:
+		f := wire.NewFrame(wire.TypePublish)
+		f.Name, f.Key, f.Header, f.Body = target, dl.Message.Key, h, dl.Message.Body
+		ex.publishes.Add(1)
+		ex.fanout(f)
+	}
+}
+
+// taskMessage turns a SUBMIT into a queue message; the message shares
+// f's body and headers.
+func taskMessage(f *wire.Frame) (queue.Message, error) {
+	m := queue.Message{Body: f.Body, Headers: f.Header, Key: f.Key}
+	if f.Aux > queue.MaxPriority {
+		return m, wire.Errorf(wire.CodeBadOptions, "submit: priority %d above %d", f.Aux, queue.MaxPriority)
+	}
+	m.Priority = uint8(f.Aux)
+	if f.Tag != "" {
+		o, err := wire.ParseTaskOptions(f.Tag)
+		if err != nil {
+			return m, wire.Errorf(wire.CodeBadOptions, "submit: %v", err)
+		}
+		if o.DueMS != 0 {
+			m.DueAt = time.UnixMilli(o.DueMS)
+		}
+		m.TTL = time.Duration(o.TTLMS) * time.Millisecond
+	}
+	return m, nil
+}
+
+// queueError maps a queue error onto the wire.
+func queueError(op string, err error) error {
+	switch {
+	case errors.Is(err, queue.ErrBadMessage):
+		return wire.Errorf(wire.CodeBadOptions, "%s: %v", op, err)
+	case errors.Is(err, queue.ErrClosed):
+		return wire.Errorf(wire.CodeExchangeDeleted, "%s: the queue was deleted", op)
+	case errors.Is(err, queue.ErrNotInFlight), errors.Is(err, queue.ErrUnknownConsumer), errors.Is(err, queue.ErrNotFound):
+		return wire.Errorf(wire.CodeNotFound, "%s: %v", op, err)
+	}
+	return wire.Errorf(wire.CodeStorage, "%s: %v", op, err)
+}
+
+// submit enqueues a SUBMIT. With FlagReply the submitter gets an OK
+// carrying the task id once the task is durable; with FlagWatch, the
+// task's events follow it.
+func (s *Session) submit(f *wire.Frame) {
+	ref, flags := f.Ref, f.Flags
+	ex, err := s.b.lookup(f.Name)
+	if err == nil && ex.tq == nil {
+		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is %s: submit needs a task exchange", ex.name, ex.cfg.Pattern)
+	}
+	var m queue.Message
+	if err == nil {
+		m, err = taskMessage(f)
+	}
+	f.Release() // m keeps the body and headers
+	if err != nil {
+		s.sendError(ref, err)
+		return
+	}
+	var tw *taskWatch
+	var confirm func(error)
+	var watch queue.WatchFunc
+	if ref != 0 && flags&(wire.FlagReply|wire.FlagWatch) != 0 {
+		tw = &taskWatch{s: s, ref: ref, watch: flags&wire.FlagWatch != 0}
+		confirm = tw.confirmed
+		if tw.watch {
+			watch = tw.event
+		}
+	}
+	ex.publishes.Add(1)
+	s.stats.Publishes.Add(1)
+	id, err := ex.tq.q.Enqueue(m, confirm, watch)
+	if err != nil {
+		s.sendError(ref, queueError("submit to "+ex.name, err))
+		return
+	}
+	if tw != nil {
+		tw.enqueued(id)
+	}
+}
+
+// taskWatch answers a SUBMIT (or a WATCH) once both the queue has given
+// the task its id and the task is durable, whichever comes last, and then
+// forwards the task's events, none before the OK.
+type taskWatch struct {
+	s     *Session
+	ref   uint64
+	watch bool
+
+	id   uint64
+	err  error
+	half atomic.Int32 // 2 once both the id and the confirm are in
+
+	mu      sync.Mutex // guards sent, pending (watching only)
+	sent    bool
+	pending []*wire.Frame
+}
+
+func (tw *taskWatch) confirmed(err error) {
+	tw.err = err
+	if tw.half.Add(1) == 2 {
+		tw.answer()
+	}
+}
+
+func (tw *taskWatch) enqueued(id uint64) {
+	tw.id = id
+	if tw.half.Add(1) == 2 {
+		tw.answer()
+	}
+}
+
+func (tw *taskWatch) answer() {
+	var f *wire.Frame
+	if tw.err != nil {
+		f = wire.NewFrame(wire.TypeError)
+		f.Ref, f.Aux, f.Tag = tw.ref, uint64(wire.CodeStorage), fmt.Sprintf("task %d may not be durable: %v", tw.id, tw.err)
+	} else {
+		f = wire.NewFrame(wire.TypeOK)
+		f.Ref, f.Aux = tw.ref, tw.id
+		if tw.watch {
+			f.Flags = wire.FlagWatch
+		}
+	}
+	if !tw.watch {
+		tw.s.sink.Deliver(f)
+		return
+	}
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	tw.s.sink.Deliver(f)
+	for _, e := range tw.pending {
+		if tw.err != nil {
+			e.Release()
+			continue
+		}
+		tw.s.sink.Deliver(e)
+	}
+	tw.sent, tw.pending = true, nil
+}
+
+// event forwards one of the task's events as a TASKEVENT.
+func (tw *taskWatch) event(ev queue.Event) {
+	f := taskEventFrame(tw.ref, ev)
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	if !tw.sent {
+		tw.pending = append(tw.pending, f)
+		return
+	}
+	if tw.err != nil {
+		f.Release()
+		return
+	}
+	if f.Flags&wire.FlagLast != 0 {
+		tw.s.unwatch(tw.ref)
+	}
+	tw.s.sink.Deliver(f)
+}
+
+func taskEventFrame(ref uint64, ev queue.Event) *wire.Frame {
+	f := wire.NewFrame(wire.TypeTaskEvent)
+	f.Ref = ref
+	body := wire.TaskEventBody{ID: ev.ID, Attempts: ev.Attempts, Worker: ev.Consumer}
+	switch ev.Kind {
+	case queue.EventProgress:
+		f.Aux = wire.TaskProgress
+		body.Percent, body.Text = ev.Percent, ev.Text
+	case queue.EventRetry:
+		f.Aux = wire.TaskRetry
+		body.DueMS = ev.Due.UnixMilli()
+	case queue.EventCompleted:
+		f.Aux, f.Flags = wire.TaskCompleted, wire.FlagLast
+	case queue.EventFailed:
+		f.Aux, f.Flags = wire.TaskFailed, wire.FlagLast
+		body.Reason = string(ev.Reason)
+	}
+	f.Body = jsonBody(body)
+	return f
+}
+
+// watchTask handles WATCH: the task's events, from now to its last one.
+func (s *Session) watchTask(f *wire.Frame) {
+	defer f.Release()
+	ex, err := s.b.lookup(f.Name)
+	if err == nil && ex.tq == nil {
+		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is %s: only tasks can be watched", ex.name, ex.cfg.Pattern)
+	}
+	if err != nil {
+		s.sendError(f.Ref, err)
+		return
+	}
+	tw := &taskWatch{s: s, ref: f.Ref, watch: true}
+	cancel, err := ex.tq.q.Watch(f.Aux, tw.event)
+	if err != nil {
+		s.sendError(f.Ref, queueError(fmt.Sprintf("watch task %d of %s", f.Aux, ex.name), err))
+		return
+	}
+	s.mu.Lock()
+	if s.watches == nil {
+		s.watches = make(map[uint64]func())
+	}
+	s.watches[f.Ref] = cancel
+	s.mu.Unlock()
+	tw.half.Store(1)
+	tw.enqueued(f.Aux)
+}
+
+// unwatch forgets a WATCH that ended; it reports whether there was one,
+// after cancelling it.
+func (s *Session) unwatch(ref uint64) bool {
+	s.mu.Lock()
+	cancel, ok := s.watches[ref]
+	delete(s.watches, ref)
+	s.mu.Unlock()
+	if ok {
+		cancel()
+	}
+	return ok
+}
+
+// attachConsumer makes a a consumer of tq: a worker of a task exchange
+// (which joins its group), or a durable subscriber.
+func (tq *taskQueue) attachConsumer(a *Attachment, prefetch int) error {
+	if prefetch <= 0 {
+		prefetch = defaultPrefetch
+	}
+	tag := a.connTag
+	if tag == "" {
+		tag = a.member
+	}
+	tq.attachMu.Lock()
+	defer tq.attachMu.Unlock()
+	if a.gone.Load() {
+		return wire.Errorf(wire.CodeCancelled, "attach: the connection closed")
+	}
+	member := a.role == wire.RoleWorker
+	if member {
+		if err := tq.ex.join(a); err != nil {
+			return err
+		}
+	}
+	a.tmu.Lock()
+	c, err := tq.q.AddConsumer(a.member, queue.ConsumerConfig{Prefetch: prefetch, Tag: tag, Deliver: a.deliverTask})
+	if err == nil {
+		a.consumer.Store(c)
+	}
+	a.tmu.Unlock()
+	if err != nil {
+		if member {
+			tq.ex.leave(a)
+		}
+		return queueError("attach to "+tq.Name(), err)
+	}
+	return nil
+}
+
+// detachConsumer takes a's consumer off its queue: what it had in flight
+// is redelivered.
+func (tq *taskQueue) detachConsumer(a *Attachment) {
+	tq.attachMu.Lock()
+	defer tq.attachMu.Unlock()
+	if c := a.consumer.Swap(nil); c != nil {
+		tq.q.RemoveConsumer(c)
+	}
+	if a.role == wire.RoleWorker {
+		tq.ex.leave(a)
+	}
+}
+
+// deliverTask sends one task to the consumer's client.
+func (a *Attachment) deliverTask(d queue.Delivery) {
+	f := wire.NewFrame(wire.TypeTask)
+	f.Attach, f.Ref, f.Aux = a.id, d.ID, uint64(d.Attempts)
+	f.Key, f.Header, f.Body = d.Key, d.Headers, d.Body
+	a.s.stats.Delivered.Add(1)
+	a.s.sink.Deliver(f)
+}
+
+// settle handles ACK, NACK and PROGRESS from a consumer.
+func (s *Session) settle(f *wire.Frame) {
+	defer f.Release()
+	s.mu.Lock()
+	a := s.attachments[f.Attach]
+	s.mu.Unlock()
+	var c *queue.Consumer
+	if a != nil {
+		if c = a.consumer.Load(); c == nil {
+			a.tmu.Lock() // its attach may still be running
+			c = a.consumer.Load()
+			a.tmu.Unlock()
+		}
+	}
+	if c == nil {
+		s.sendError(0, wire.Errorf(wire.CodeNotFound, "%s task %d: attachment %d is not a worker", f.Type, f.Ref, f.Attach))
+		return
+	}
+	q := a.tq.q
+	var err error
+	switch f.Type {
+	case wire.TypeAck:
+		err = q.Ack(c, f.Ref)
+	case wire.TypeNack:
+		err = q.Nack(c, f.Ref, f.Aux == 1)
+	case wire.TypeProgress:
+		err = q.Progress(c, f.Ref, int(min(f.Aux, 100)), f.Tag)
+	}
+	if err != nil {
+		s.sendError(0, queueError(fmt.Sprintf("%s task %d of %s", f.Type, f.Ref, q.Name()), err))
+	}
+}
+
+// bindingSink is the sink of a durable subscription's binding: what the
+// binding receives is enqueued.
+type bindingSink struct{ tq *taskQueue }
+
+func (bs bindingSink) Deliver(f *wire.Frame) {
+	if f.Type == wire.TypeMessage {
+		m := queue.Message{Body: f.Body, Headers: f.Header, Key: f.Key}
+		if _, err := bs.tq.q.Enqueue(m, nil, nil); err != nil && !errors.Is(err, queue.ErrClosed) {
+			bs.tq.b.log.Error("durable subscription lost a message", "queue", bs.tq.Name(), "err", err)
+		}
+	}
+	f.Release()
+}
+
+// bind subscribes the durable subscription's binding to patterns, in
+// place of the ones it had.
+func (tq *taskQueue) bind(patterns []string) {
+	tq.defMu.Lock()
+	defer tq.defMu.Unlock()
+	if tq.binding == nil {
+		s := &Session{b: tq.b, id: "q", name: tq.Name(), sink: bindingSink{tq}, attachments: map[uint32]*Attachment{}}
+		tq.binding = &Attachment{s: s, id: 1, member: "queue:" + tq.Name(), ex: tq.ex, role: wire.RoleSubscriber}
+	}
+	a := tq.binding
+	var gone []string
+	for _, p := range a.patterns {
+		if !slices.Contains(patterns, p) {
+			gone = append(gone, p)
+		}
+	}
+	tq.ex.removePatterns(a, gone)
+	tq.ex.addPatterns(a, patterns)
+	tq.def.Patterns = slices.Clone(patterns)
+}
+
+// durableSub returns the durable subscription sub of pub-sub exchange ex,
+// created if new, bound to patterns.
+func (b *Broker) durableSub(ex *Exchange, sub string, patterns []string) (*taskQueue, error) {
+	if ex.cfg.Controlled {
+		return nil, wire.Errorf(wire.CodeNotAllowed, "exchange %q is controlled: durable subscriptions need an exchange without a controller", ex.name)
+	}
+	if !ValidName(sub) {
+		return nil, wire.Errorf(wire.CodeBadOptions, "invalid durable subscription name %q: use dot-separated words of letters, digits, '_', '-', ':'", sub)
+	}
+	name := ex.name + "/" + sub
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	if v, ok := b.queues.Load(name); ok {
+		tq := v.(*taskQueue)
+		if tq.ex != ex {
+			return nil, wire.Errorf(wire.CodeClash, "durable subscription %q belongs to an exchange deleted since", name)
+		}
+		tq.defMu.Lock()
+		same := slices.Equal(tq.def.Patterns, patterns)
+		def := tq.def
+		tq.defMu.Unlock()
+		if len(patterns) == 0 || same {
+			return tq, nil
+		}
+		def.Patterns = slices.Clone(patterns)
+		if err := b.defineQueue(def, func() { tq.bind(patterns) })(); err != nil {
+			return nil, err
+		}
+		return tq, nil
+	}
+	def := queueDef{Name: name, Exchange: ex.name, Config: ex.cfg, Sub: sub, Patterns: slices.Clone(patterns)}
+	if b.dur != nil {
+		def.ID = b.dur.newID()
+	}
+	tq, err := b.newTaskQueue(ex, def, nil)
+	if err != nil {
+		return nil, err
+	}
+	err = b.defineQueue(def, func() {
+		tq.bind(patterns)
+		b.queues.Store(name, tq)
+	})()
+	if err != nil {
+		return nil, err
+	}
+	b.log.Info("durable subscription created", "queue", name, "patterns", patterns)
+	return tq, nil
+}
+
+// DeleteQueue deletes a queue and its messages: a durable subscription,
+// or the task exchange that owns the queue.
+func (b *Broker) DeleteQueue(name string) error {
+	v, ok := b.queues.Load(name)
+	if !ok {
+		return wire.Errorf(wire.CodeNotFound, "queue %q not found", name)
+	}
+	tq := v.(*taskQueue)
+	if tq.def.Sub == "" {
+		return b.Delete(tq.ex.name)
+	}
+	b.dropQueue(tq, fmt.Sprintf("durable subscription %q was deleted", name))
+	return nil
+}
+
+// dropQueue removes tq and its consumers for good.
+func (b *Broker) dropQueue(tq *taskQueue, why string) {
+	name := tq.Name()
+	b.qmu.Lock()
+	if v, ok := b.queues.Load(name); !ok || v != tq {
+		b.qmu.Unlock()
+		return
+	}
+	remove := func() { b.queues.Delete(name) }
+	if tq.durable {
+		b.undefineQueue(tq.def.ID, remove)
+	} else {
+		remove()
+	}
+	b.qmu.Unlock()
+	tq.defMu.Lock()
+	binding := tq.binding
+	tq.defMu.Unlock()
+	if binding != nil {
+		tq.ex.removeAll(binding)
+	}
+	// Durable subscribers of the queue are detached; a task exchange's
+	// workers were, with the exchange.
+	b.mu.RLock()
+	var subs []*Attachment
+	for _, a := range b.members {
+		if a.tq == tq && a.role == wire.RoleSubscriber {
+			subs = append(subs, a)
+		}
+	}
+	b.mu.RUnlock()
+	for _, a := range subs {
+		a.s.forget(a)
+		a.consumer.Store(nil)
+		a.detached(why)
+	}
+	tq.q.Close()
+	b.log.Info("queue deleted", "queue", name, "why", why)
+}
+
+// dropSubscriptions deletes the durable subscriptions of a pub-sub
+// exchange that was deleted.
+func (b *Broker) dropSubscriptions(ex *Exchange) {
+	var list []*taskQueue
+	b.queues.Range(func(_, v any) bool {
+		if tq := v.(*taskQueue); tq.ex == ex && tq.def.Sub != "" {
+			list = append(list, tq)
+		}
+		return true
+	})
+	for _, tq := range list {
+		b.dropQueue(tq, fmt.Sprintf("exchange %q was deleted", ex.name))
+	}
+}
