@@ -64,7 +64,7 @@ type durability struct {
 
 	pending *recovering // between recover and build
 	stop    chan struct{}
-	done chan struct{}
+	done    chan struct{}
 }
 
 func (d *durability) newID() uint32 {
