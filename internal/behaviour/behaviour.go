@@ -62,6 +62,7 @@ func Run(t *testing.T, newConn func(t *testing.T) *courier.Conn) {
 	t.Run("Leader", s.testLeader)
 	t.Run("Exchanges", s.testExchanges)
 	t.Run("Edges", s.testEdges)
+	t.Run("Tasks", s.testTasks)
 }
 
 // suite is the state of one Run.

@@ -142,7 +142,10 @@ func (b *Broker) newTaskQueue(ex *Exchange, def queueDef, rb *queue.Rebuilder) (
 		return nil, wire.Errorf(wire.CodeBadOptions, "queue %q: %v", def.Name, err)
 	}
 	if def.Sub != "" {
+		// A subscriber that went away with messages in flight gets them
+		// back at once, ahead of the rest: a subscription keeps order.
 		qc, _ = queueConfig(wire.ExchangeConfig{})
+		qc.BackoffBase, qc.MaxAttempts = 0, 0
 	}
 	tq := &taskQueue{b: b, ex: ex, def: def}
 	qc.Scheduler = b.sched
