@@ -251,6 +251,7 @@ func (n *Node) Close() error {
 	if n.closed.Swap(true) {
 		return nil
 	}
+	n.broker.StopQueues()
 	if n.admin != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		n.admin.Shutdown(ctx)

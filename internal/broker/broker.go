@@ -146,16 +146,25 @@ func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
 		close(b.stop)
 		<-b.stopped
-		b.queues.Range(func(_, v any) bool {
-			v.(*taskQueue).q.Close()
-			return true
-		})
+		b.StopQueues()
 		b.sched.Close()
 		if b.dur != nil {
 			err = b.dur.close()
 		}
 	})
 	return err
+}
+
+// StopQueues stops every task queue: no more deliveries, timers or
+// settles. A node shutting down calls it before it closes its
+// connections, so that the tasks its workers hold are kept as they were
+// (ready again at restart) rather than failed by their workers going
+// away.
+func (b *Broker) StopQueues() {
+	b.queues.Range(func(_, v any) bool {
+		v.(*taskQueue).q.Close()
+		return true
+	})
 }
 
 // Node returns the node name.

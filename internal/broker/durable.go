@@ -438,3 +438,12 @@ func (b *Broker) Store() *store.Log {
 	}
 	return b.dur.log
 }
+
+// Checkpoint takes a checkpoint of the durable queues now; the broker
+// also takes them on its own. Without a store it does nothing.
+func (b *Broker) Checkpoint() error {
+	if b.dur == nil {
+		return nil
+	}
+	return b.dur.checkpoint()
+}
