@@ -326,9 +326,13 @@ func exchangesCmd() *cobra.Command {
 			return enc.Encode(exs)
 		}
 		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tPATTERN\tSTRATEGY\tMEMBERS\tSUBSCRIBERS\tLEADER\tREQUESTS\tPUBLISHES")
+		fmt.Fprintln(tw, "NAME\tPATTERN\tSTRATEGY\tMEMBERS\tSUBSCRIBERS\tLEADER\tREQUESTS\tPUBLISHES\tQUEUED")
 		for _, e := range exs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\n", e.Name, e.Pattern, dash(e.Strategy), len(e.Members), e.Subscribers, dash(e.Leader), e.Requests, e.Publishes)
+			queued := "-"
+			if e.Queue != nil {
+				queued = fmt.Sprint(e.Queue.Messages)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\n", e.Name, e.Pattern, dash(e.Strategy), len(e.Members), e.Subscribers, dash(e.Leader), e.Requests, e.Publishes, queued)
 		}
 		return tw.Flush()
 	}
@@ -366,8 +370,12 @@ func exchangesCmd() *cobra.Command {
 		},
 	}
 	cf.add(cc)
-	cc.Flags().StringVar(&spec.Pattern, "pattern", "reqresp", "reqresp or pubsub")
-	cc.Flags().StringVar(&spec.Strategy, "strategy", "", "broadcast, round-robin, leader, leader-round-robin, sticky, sticky-fun, fun, least-busy")
+	cc.Flags().StringVar(&spec.Pattern, "pattern", "reqresp", "reqresp, pubsub or tasks")
+	cc.Flags().StringVar(&spec.Strategy, "strategy", "", "reqresp: broadcast, round-robin, leader, leader-round-robin, sticky, sticky-fun, fun, least-busy; tasks: competing, single-active")
+	cc.Flags().BoolVar(&spec.Transient, "transient", false, "tasks: keep the queue in memory only")
+	cc.Flags().IntVar(&spec.MaxAttempts, "max-attempts", 0, "tasks: failures before a task is dead-lettered (0: default 20, -1: no limit)")
+	cc.Flags().Int64Var(&spec.TTLMS, "ttl-ms", 0, "tasks: how long a task may wait once due, in ms (0: no limit)")
+	cc.Flags().StringVar(&spec.DeadLetter, "dead-letter", "", "tasks: exchange that receives the tasks that fail for good")
 	cc.Flags().StringVar(&spec.KeyExpr, "key-expr", "", "sticky-fun key expression")
 	cc.Flags().StringVar(&spec.RouteExpr, "route-expr", "", "fun routing expression")
 	cc.Flags().BoolVar(&spec.Controlled, "controlled", false, "pub-sub: a controller decides on subscriptions")

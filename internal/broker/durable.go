@@ -263,6 +263,7 @@ func (d *durability) build() error {
 	tasks := 0
 	for _, id := range ids {
 		def := r.defs[id]
+		tasks += r.rbs[id].Len()
 		spec := Spec{ExchangeConfig: def.Config}
 		var rq *recoveredQueue
 		if def.Sub == "" {
@@ -282,7 +283,6 @@ func (d *durability) build() error {
 			tq.bind(def.Patterns)
 			b.queues.Store(def.Name, tq)
 		}
-		tasks += r.rbs[id].Len()
 	}
 	if len(ids) > 0 {
 		b.log.Info("store: durable queues recovered", "queues", len(ids), "messages", tasks)
