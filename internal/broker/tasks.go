@@ -748,3 +748,18 @@ func (b *Broker) dropSubscriptions(ex *Exchange) {
 		b.dropQueue(tq, fmt.Sprintf("exchange %q was deleted", ex.name))
 	}
 }
+
+// PurgeQueue removes the messages of a queue that are not in flight and
+// returns how many.
+func (b *Broker) PurgeQueue(name string) (uint64, error) {
+	q := b.Queue(name)
+	if q == nil {
+		return 0, wire.Errorf(wire.CodeNotFound, "queue %q not found", name)
+	}
+	n, err := q.Purge()
+	if err != nil {
+		return 0, queueError("purge "+name, err)
+	}
+	b.log.Info("queue purged", "queue", name, "messages", n)
+	return uint64(n), nil
+}

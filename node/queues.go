@@ -1,0 +1,97 @@
+package node
+
+import (
+	"fmt"
+
+	"github.com/courier-mq/courier/internal/admin"
+	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/internal/queue"
+	"github.com/courier-mq/courier/wire"
+)
+
+// queueSource shows the broker's queues to the management API: task
+// exchanges' queues and durable subscriptions, from their live counters.
+type queueSource struct{ b *broker.Broker }
+
+var _ admin.QueueSource = queueSource{}
+
+func queueInfo(q *queue.Queue) admin.QueueInfo {
+	st := q.Stats()
+	return admin.QueueInfo{
+		Name:          q.Name(),
+		MessagesReady: uint64(st.Ready + st.Delayed), MessagesUnacked: uint64(st.Unacked),
+		Consumers: int(st.Consumers), Memory: uint64(st.Bytes),
+		Publish: st.Published, Deliver: st.Delivered, Ack: st.Acked,
+	}
+}
+
+func (s queueSource) AppendQueues(dst []admin.QueueInfo) []admin.QueueInfo {
+	s.b.RangeQueues(func(q *queue.Queue, _ bool) bool {
+		dst = append(dst, queueInfo(q))
+		return true
+	})
+	return dst
+}
+
+func (s queueSource) Queue(name string) (admin.QueueInfo, bool) {
+	q := s.b.Queue(name)
+	if q == nil {
+		return admin.QueueInfo{}, false
+	}
+	return queueInfo(q), true
+}
+
+// CreateQueue declares a task exchange of that name. The RabbitMQ
+// arguments that map onto its options are understood:
+// x-message-ttl (ms), x-dead-letter-exchange, x-delivery-limit and
+// x-single-active-consumer.
+func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.QueueInfo, bool, error) {
+	cfg := wire.ExchangeConfig{Pattern: wire.PatternTasks, Transient: !spec.Durable}
+	for k, v := range spec.Arguments {
+		bad := func() error {
+			return wire.Errorf(wire.CodeBadOptions, "queue %q: argument %s: bad value %v", name, k, v)
+		}
+		switch k {
+		case "x-message-ttl", "x-delivery-limit":
+			n, ok := v.(float64)
+			if !ok || n < 0 || n != float64(int64(n)) {
+				return admin.QueueInfo{}, false, bad()
+			}
+			if k == "x-message-ttl" {
+				cfg.TTLMS = int64(n)
+			} else {
+				cfg.MaxAttempts = int(n)
+			}
+		case "x-dead-letter-exchange":
+			str, ok := v.(string)
+			if !ok {
+				return admin.QueueInfo{}, false, bad()
+			}
+			cfg.DeadLetter = str
+		case "x-single-active-consumer":
+			on, ok := v.(bool)
+			if !ok {
+				return admin.QueueInfo{}, false, bad()
+			}
+			if on {
+				cfg.Strategy = wire.StrategySingleActive
+			}
+		default:
+			return admin.QueueInfo{}, false, wire.Errorf(wire.CodeBadOptions, "queue %q: unsupported argument %s", name, k)
+		}
+	}
+	existed := s.b.Queue(name) != nil
+	if _, err := s.b.Declare(name, broker.Spec{ExchangeConfig: cfg}); err != nil {
+		return admin.QueueInfo{}, false, err
+	}
+	q := s.b.Queue(name)
+	if q == nil {
+		return admin.QueueInfo{}, false, fmt.Errorf("queue %q vanished", name)
+	}
+	return queueInfo(q), !existed, nil
+}
+
+func (s queueSource) DeleteQueue(name string) error { return s.b.DeleteQueue(name) }
+
+func (s queueSource) PurgeQueue(name string) (uint64, error) { return s.b.PurgeQueue(name) }
+
