@@ -165,7 +165,7 @@ func Start(cfg Config) (*Node, error) {
 func (n *Node) startAdmin() error {
 	a, err := admin.New(admin.Config{
 		Listen: n.cfg.HTTP, Broker: n.broker, Node: n.cfg.Name, Log: n.cfg.Log,
-		Queues: queueSource{n.broker},
+		Queues:   queueSource{n.broker},
 		Describe: describe,
 		Listeners: func() []admin.Listener {
 			if n.addr == nil {

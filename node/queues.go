@@ -94,4 +94,3 @@ func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.Queue
 func (s queueSource) DeleteQueue(name string) error { return s.b.DeleteQueue(name) }
 
 func (s queueSource) PurgeQueue(name string) (uint64, error) { return s.b.PurgeQueue(name) }
-

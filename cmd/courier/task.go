@@ -186,4 +186,3 @@ func taskWorkCmd() *cobra.Command {
 	f.StringVar(&connTag, "conn-tag", "", "worker tag: a worker that comes back with it gets its keys back")
 	return cmd
 }
-
