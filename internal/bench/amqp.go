@@ -55,32 +55,36 @@ func (d *amqpDriver) connect(name string) (*amqp.Connection, error) {
 	return conn, nil
 }
 
-func (d *amqpDriver) serve(ctx context.Context, pong []byte) error {
-	hc, err := d.connect("bench-handler")
-	if err != nil {
-		return err
-	}
-	ch, err := hc.Channel()
-	if err != nil {
-		return fmt.Errorf("bench: handler channel: %w", err)
-	}
-	q, err := ch.QueueDeclare(names("reqresp"), false, true, true, false, nil)
-	if err != nil {
-		return fmt.Errorf("bench: declare queue: %w", err)
-	}
-	msgs, err := ch.Consume(q.Name, "bench-handler", true, true, false, false, nil)
-	if err != nil {
-		return fmt.Errorf("bench: consume: %w", err)
-	}
-	go func() {
-		for m := range msgs {
-			err := ch.PublishWithContext(context.Background(), "", m.ReplyTo, false, false,
-				amqp.Publishing{CorrelationId: m.CorrelationId, Body: pong})
-			if err != nil {
-				d.event("bench-handler: reply: " + err.Error())
-			}
+func (d *amqpDriver) serve(ctx context.Context, n int, pong []byte) error {
+	// The handlers are competing consumers of one queue.
+	for i := range n {
+		name := fmt.Sprintf("bench-handler-%d", i)
+		hc, err := d.connect(name)
+		if err != nil {
+			return err
 		}
-	}()
+		ch, err := hc.Channel()
+		if err != nil {
+			return fmt.Errorf("bench: handler channel: %w", err)
+		}
+		q, err := ch.QueueDeclare(names("reqresp"), false, true, false, false, nil)
+		if err != nil {
+			return fmt.Errorf("bench: declare queue: %w", err)
+		}
+		msgs, err := ch.Consume(q.Name, name, true, false, false, false, nil)
+		if err != nil {
+			return fmt.Errorf("bench: consume: %w", err)
+		}
+		go func() {
+			for m := range msgs {
+				err := ch.PublishWithContext(context.Background(), "", m.ReplyTo, false, false,
+					amqp.Publishing{CorrelationId: m.CorrelationId, Body: pong})
+				if err != nil {
+					d.event(name + ": reply: " + err.Error())
+				}
+			}
+		}()
+	}
 	rc, err := d.connect("bench-requesters")
 	if err != nil {
 		return err

@@ -30,6 +30,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -48,6 +49,10 @@ const (
 	KindCourier  Kind = "courier"
 	KindNATS     Kind = "nats"
 	KindAMQP     Kind = "amqp"
+	// KindEcho is no broker: an in-process echo that answers requests
+	// and hands messages to subscribers directly, to show what the load
+	// generator itself sustains.
+	KindEcho Kind = "echo"
 )
 
 // Target is the broker a scenario runs against.
@@ -74,8 +79,10 @@ func ParseTarget(raw string) (Target, error) {
 		return Target{Kind: KindNATS, URL: raw}, nil
 	case "amqp", "amqps":
 		return Target{Kind: KindAMQP, URL: raw}, nil
+	case "echo":
+		return Target{Kind: KindEcho}, nil
 	}
-	return Target{}, fmt.Errorf("bench: target %q: scheme must be courier, nats or amqp", raw)
+	return Target{}, fmt.Errorf("bench: target %q: scheme must be courier, nats, amqp or echo", raw)
 }
 
 // String describes the target for reports, without credentials.
@@ -89,6 +96,8 @@ func (t Target) String() string {
 		return "NATS at " + redact(t.URL)
 	case KindAMQP:
 		return "RabbitMQ at " + redact(t.URL)
+	case KindEcho:
+		return "in-process echo (no broker)"
 	}
 	return string(t.Kind)
 }
@@ -142,10 +151,47 @@ func redact(raw string) string {
 }
 
 // Config configures a scenario. The zero value of a field means its
-// default.
+// default. The shared settings (Size, Count, Duration, Publishers,
+// Subscribers, Workers, Rate, Warmup) mean the same in every scenario
+// that uses them; see [Scenario.Uses].
 type Config struct {
 	// Target is the broker to measure. Default: an embedded node.
 	Target Target
+
+	// Size is the body size in bytes: the request's (and the response's)
+	// in request-response, the message's in pub-sub and users. Default: 4
+	// ("ping") for request-response, 128 for pub-sub, 64 for users.
+	Size int
+	// Count is the number of messages published in pub-sub (shared by
+	// the publishers). Default: 1000000, or no limit with a Duration.
+	Count int
+	// Duration, if set, bounds each run by time: a run ends when its
+	// count is done or its time is over, whichever comes first. In
+	// request-response it replaces the default counts: one sequential
+	// run and each parallel run last Duration. Users: the whole run.
+	Duration time.Duration
+	// Publishers is the number of pub-sub publishers, each on its own
+	// connection. Default: 1.
+	Publishers int
+	// Subscribers is the number of pub-sub subscribers, each on its own
+	// connection. Default: 10 with one publisher, else 1 (fan-in).
+	Subscribers int
+	// Workers is the number of request handlers, each on its own
+	// connection, sharing the requests round-robin. Default: 1 for
+	// request-response, 2 for users.
+	Workers int
+	// Rate, if above 0, is the offered rate in requests or messages per
+	// second, shared by the requesters or publishers; each keeps to its
+	// schedule open loop and latency counts from when a message was due.
+	// Default: as fast as the broker takes them.
+	Rate float64
+	// Warmup is the number of cycles (or messages) run, and not counted,
+	// before measuring. Default: 1000; negative for none.
+	Warmup int
+	// Interval is how often the run is sampled for its time series
+	// (rates, latencies, CPU and memory over time). Default: 1s.
+	Interval time.Duration
+
 	// Counts are the cycle counts of the sequential request-response
 	// runs. Default: 10000, 20000, 100000.
 	Counts []int
@@ -155,28 +201,20 @@ type Config struct {
 	// ParallelCount is the cycle count each parallel run shares among its
 	// goroutines. Default: the largest of Counts.
 	ParallelCount int
-	// Warmup is the number of request-response cycles run, and not
-	// counted, before the first run. Default: 1000; negative for none.
-	Warmup int
-	// Size is the body size in bytes: the request's (and the response's)
-	// in request-response, the message's in pub-sub. Default: 4 ("ping")
-	// for request-response, 128 for pub-sub.
-	Size int
-	// Subscribers is the number of pub-sub subscribers, each on its own
-	// connection. Default: 10.
-	Subscribers int
-	// Messages is the number of messages published. Default: 1000000.
-	Messages int
 	// Drain is how long the pub-sub scenario waits, once everything is
 	// published, for deliveries that have stopped coming before it counts
 	// the rest as lost. Default: 3s.
 	Drain time.Duration
+
+	// Users configures the users scenario.
+	Users UsersConfig
+
 	// ServerPID, if not 0, is the broker's process for CPU and memory
 	// figures, instead of the one found listening on the target's port.
 	ServerPID int
 	// Progress, if set, is called every 200ms or so from one goroutine
-	// with what the scenario is doing and how far it is. It must not
-	// block.
+	// with what the scenario is doing and how far it is; total is -1
+	// for a run bounded by time. It must not block.
 	Progress func(stage string, done, total int64)
 	// DataDir is the embedded node's data directory. Default: a new
 	// temporary directory, removed afterwards.
@@ -185,9 +223,12 @@ type Config struct {
 	Log *slog.Logger
 }
 
-func (c Config) withDefaults(pubsub bool) Config {
+func (c Config) withDefaults(scenario string) Config {
 	if len(c.Counts) == 0 {
 		c.Counts = []int{10000, 20000, 100000}
+		if c.Duration > 0 {
+			c.Counts = []int{0} // one sequential run, bounded by time
+		}
 	}
 	if c.Parallel == nil {
 		c.Parallel = []int{2, 4, 10, 100}
@@ -201,20 +242,40 @@ func (c Config) withDefaults(pubsub bool) Config {
 		c.Warmup = 1000
 	}
 	if c.Size == 0 {
-		c.Size = 4
-		if pubsub {
+		switch scenario {
+		case "pubsub":
 			c.Size = 128
+		case "users":
+			c.Size = 64
+		default:
+			c.Size = 4
 		}
 	}
-	if c.Subscribers == 0 {
-		c.Subscribers = 10
+	if c.Publishers == 0 {
+		c.Publishers = 1
 	}
-	if c.Messages == 0 {
-		c.Messages = 1000000
+	if c.Subscribers == 0 {
+		c.Subscribers = 1
+		if c.Publishers == 1 {
+			c.Subscribers = 10
+		}
+	}
+	if c.Workers == 0 {
+		c.Workers = 1
+		if scenario == "users" {
+			c.Workers = 2
+		}
+	}
+	if c.Count == 0 && c.Duration == 0 {
+		c.Count = 1000000
+	}
+	if c.Interval == 0 {
+		c.Interval = time.Second
 	}
 	if c.Drain == 0 {
 		c.Drain = 3 * time.Second
 	}
+	c.Users = c.Users.withDefaults()
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
@@ -224,8 +285,11 @@ func (c Config) withDefaults(pubsub bool) Config {
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	for _, n := range c.Counts {
-		if n <= 0 {
+		if n < 0 {
 			return fmt.Errorf("bench: counts must be positive, got %d", n)
+		}
+		if n == 0 && c.Duration == 0 && len(c.Counts) > 0 {
+			return errors.New("bench: a count of 0 needs a duration")
 		}
 	}
 	for _, p := range c.Parallel {
@@ -238,13 +302,28 @@ func (c Config) Validate() error {
 		return fmt.Errorf("bench: parallel count must be positive, got %d", c.ParallelCount)
 	case c.Size < 0:
 		return fmt.Errorf("bench: size must be positive, got %d", c.Size)
+	case c.Count < 0:
+		return fmt.Errorf("bench: count must be positive, got %d", c.Count)
+	case c.Duration < 0:
+		return fmt.Errorf("bench: duration must be positive, got %s", c.Duration)
+	case c.Publishers < 0:
+		return fmt.Errorf("bench: publishers must be positive, got %d", c.Publishers)
 	case c.Subscribers < 0:
 		return fmt.Errorf("bench: subscribers must be positive, got %d", c.Subscribers)
-	case c.Messages < 0:
-		return fmt.Errorf("bench: messages must be positive, got %d", c.Messages)
+	case c.Workers < 0:
+		return fmt.Errorf("bench: workers must be positive, got %d", c.Workers)
+	case c.Rate < 0:
+		return fmt.Errorf("bench: rate must be positive, got %g", c.Rate)
+	case c.Interval < 0:
+		return fmt.Errorf("bench: interval must be positive, got %s", c.Interval)
+	case c.Publishers > maxConns || c.Subscribers > maxConns || c.Workers > maxConns:
+		return fmt.Errorf("bench: at most %d publishers, subscribers or workers", maxConns)
 	}
-	return nil
+	return c.Users.validate()
 }
+
+// maxConns bounds the connections a scenario opens of one kind.
+const maxConns = 10000
 
 // progress reports a counter to cfg.Progress every 200ms until stop is
 // called.

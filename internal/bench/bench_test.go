@@ -120,7 +120,7 @@ func checkReqResp(t *testing.T, cfg bench.Config) {
 
 func checkPubSub(t *testing.T, cfg bench.Config) {
 	t.Helper()
-	cfg.Subscribers, cfg.Messages, cfg.Drain = 3, 500, 2*time.Second
+	cfg.Subscribers, cfg.Count, cfg.Drain = 3, 500, 2*time.Second
 	res, err := bench.RunPubSub(ctxFor(t), cfg)
 	if err != nil {
 		t.Fatalf("RunPubSub: %v", err)
@@ -234,7 +234,7 @@ func BenchmarkReqResp(b *testing.B) {
 func BenchmarkPubSub(b *testing.B) {
 	for _, tc := range benchTargets {
 		b.Run(tc.name, func(b *testing.B) {
-			cfg := bench.Config{Target: tc.target(b), Messages: b.N, Subscribers: 10}
+			cfg := bench.Config{Target: tc.target(b), Count: b.N, Subscribers: 10}
 			res, err := bench.RunPubSub(context.Background(), cfg)
 			if err != nil {
 				b.Fatal(err)

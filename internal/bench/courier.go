@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -79,20 +80,22 @@ func (d *courierDriver) connect(ctx context.Context, name string) (*courier.Conn
 	return c, nil
 }
 
-func (d *courierDriver) serve(ctx context.Context, pong []byte) error {
-	hc, err := d.connect(ctx, "bench-handler")
-	if err != nil {
-		return err
-	}
+func (d *courierDriver) serve(ctx context.Context, n int, pong []byte) error {
 	name := names("reqresp")
-	rr, err := hc.ReqResp(ctx, name, courier.RoundRobin)
-	if err != nil {
-		return fmt.Errorf("bench: declare %s: %w", name, err)
-	}
-	// The handler runs on its attachment's goroutine, one request at a
-	// time, and answers at once.
-	if _, err := rr.Handle(ctx, func(r *courier.Request) { r.Reply(pong) }); err != nil {
-		return fmt.Errorf("bench: attach handler: %w", err)
+	for i := range n {
+		hc, err := d.connect(ctx, fmt.Sprintf("bench-handler-%d", i))
+		if err != nil {
+			return err
+		}
+		rr, err := hc.ReqResp(ctx, name, courier.RoundRobin)
+		if err != nil {
+			return fmt.Errorf("bench: declare %s: %w", name, err)
+		}
+		// The handler runs on its attachment's goroutine, one request at
+		// a time, and answers at once.
+		if _, err := rr.Handle(ctx, func(r *courier.Request) { r.Reply(pong) }); err != nil {
+			return fmt.Errorf("bench: attach handler: %w", err)
+		}
 	}
 	// One connection for all requesters.
 	rc, err := d.connect(ctx, "bench-requesters")
@@ -190,6 +193,52 @@ func (p *courierPublisher) flush(ctx context.Context) error {
 	return p.ps.PublishSync(ctx, courier.Message{Key: "bench.flush"})
 }
 
+// courierUser is a simulated user: a Conn with the request-response
+// exchange of serve and the users' pub-sub exchange, subscribed to the
+// key "user.<i>".
+type courierUser struct {
+	c    *courier.Conn
+	rr   *courier.ReqResp
+	ps   *courier.PubSub
+	pong []byte
+}
+
+var _ userDriver = (*courierDriver)(nil)
+
+func (d *courierDriver) user(ctx context.Context, i int, fn func([]byte)) (userConn, error) {
+	d.mu.Lock()
+	pong := d.pong
+	d.mu.Unlock()
+	c, err := d.connect(ctx, fmt.Sprintf("bench-user-%d", i))
+	if err != nil {
+		return nil, err
+	}
+	u := &courierUser{c: c, pong: pong}
+	if u.rr, err = c.ReqResp(ctx, names("reqresp"), courier.RoundRobin); err != nil {
+		return nil, fmt.Errorf("bench: user %d: %w", i, err)
+	}
+	if u.ps, err = c.PubSub(ctx, names("users")); err != nil {
+		return nil, fmt.Errorf("bench: user %d: %w", i, err)
+	}
+	if _, err := u.ps.Subscribe(ctx, userKey(i), func(m *courier.Delivery) { fn(m.Body) }); err != nil {
+		return nil, fmt.Errorf("bench: user %d: subscribe: %w", i, err)
+	}
+	return u, nil
+}
+
+// userKey is the routing key (or subject) of user i's messages.
+func userKey(i int) string { return "user." + strconv.Itoa(i) }
+
+func (u *courierUser) request(ctx context.Context, body []byte) error {
+	return (&courierRequester{rr: u.rr, pong: u.pong}).request(ctx, body)
+}
+
+func (u *courierUser) publish(ctx context.Context, to int, body []byte) error {
+	return u.ps.Publish(ctx, userKey(to), body)
+}
+
+func (u *courierUser) close() error { return u.c.Close() }
+
 func (d *courierDriver) notes() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -208,7 +257,7 @@ func (d *courierDriver) close() error {
 	// Leave no exchanges behind on a server.
 	if len(conns) > 0 && d.node == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		for _, name := range []string{names("reqresp"), names("pubsub")} {
+		for _, name := range []string{names("reqresp"), names("pubsub"), names("users")} {
 			conns[0].DeleteExchange(ctx, name)
 		}
 		cancel()

@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"time"
 )
 
@@ -21,7 +22,7 @@ func newCPUMeter(cfg *Config) *cpuMeter {
 	switch {
 	case cfg.ServerPID != 0:
 		m.pid = cfg.ServerPID
-	case cfg.Target.Kind == KindEmbedded:
+	case cfg.Target.Kind == KindEmbedded || cfg.Target.Kind == KindEcho:
 		m.embedded = true
 		m.pid = os.Getpid()
 	case !cfg.Target.local():
@@ -89,6 +90,87 @@ func (m *cpuMeter) per(from, to cpuSample, n int64) CPU {
 	return c
 }
 
+// rss returns the broker's resident memory now, in bytes; 0 if unknown.
+func (m *cpuMeter) rss() int64 {
+	if m.pid == 0 {
+		return 0
+	}
+	rss, _, _ := procMem(m.pid)
+	return rss
+}
+
+// Usage is what the server and this process used over a measured run.
+type Usage struct {
+	// Seconds is the run's wall-clock time.
+	Seconds float64 `json:"seconds"`
+	// ServerCPUSeconds is the server process's user plus system time; -1
+	// when unknown. For an embedded node it is the whole process's, the
+	// same as ClientCPUSeconds.
+	ServerCPUSeconds float64 `json:"server_cpu_s"`
+	// ServerPeakRSS is the highest resident memory of the server seen
+	// during the run (sampled every interval and at the ends), and
+	// ServerHWM its peak over the process's life (VmHWM), in bytes; 0
+	// when unknown.
+	ServerPeakRSS int64 `json:"server_peak_rss_bytes"`
+	ServerHWM     int64 `json:"server_hwm_bytes"`
+	// ClientCPUSeconds is this process's CPU time: the load generator
+	// (and, embedded, the broker too).
+	ClientCPUSeconds float64 `json:"client_cpu_s"`
+	// Cores is the number of CPUs this process may use (GOMAXPROCS).
+	Cores int `json:"cores"`
+}
+
+func (m *cpuMeter) usage(from, to cpuSample, wall time.Duration, peakRSS int64) Usage {
+	u := Usage{
+		Seconds:          wall.Seconds(),
+		ServerCPUSeconds: -1,
+		ClientCPUSeconds: (to.client - from.client).Seconds(),
+		Cores:            runtime.GOMAXPROCS(0),
+	}
+	if from.broker >= 0 && to.broker >= 0 {
+		u.ServerCPUSeconds = (to.broker - from.broker).Seconds()
+	}
+	if m.pid != 0 {
+		var rss int64
+		rss, u.ServerHWM, _ = procMem(m.pid)
+		u.ServerPeakRSS = max(peakRSS, rss)
+	}
+	return u
+}
+
+// ClientCores is the average number of cores this process kept busy.
+func (u Usage) ClientCores() float64 {
+	if u.Seconds <= 0 {
+		return 0
+	}
+	return u.ClientCPUSeconds / u.Seconds
+}
+
+// lines describes the usage for reports: the server's CPU seconds and
+// memory, and the client's CPU with a warning when it may have been the
+// bottleneck.
+func (u Usage) lines(p Process) []string {
+	mb := func(b int64) string { return fmt.Sprintf("%.0f MB", float64(b)/1e6) }
+	var out []string
+	switch {
+	case p.Embedded:
+		out = append(out, fmt.Sprintf("Process (broker and load generator together): CPU %.2f s over %.1f s (%.2f cores), peak RSS %s during the run",
+			u.ClientCPUSeconds, u.Seconds, u.ClientCores(), mb(u.ServerPeakRSS)))
+		return out
+	case u.ServerCPUSeconds >= 0:
+		out = append(out, fmt.Sprintf("Server: CPU %.2f s over %.1f s (%.2f cores), peak RSS %s during the run (%s over its life)",
+			u.ServerCPUSeconds, u.Seconds, u.ServerCPUSeconds/max(u.Seconds, 1e-9), mb(u.ServerPeakRSS), mb(u.ServerHWM)))
+	default:
+		out = append(out, "Server: CPU and memory unknown: "+p.Unknown)
+	}
+	out = append(out, fmt.Sprintf("Client: CPU %.2f s (%.2f of %d cores)", u.ClientCPUSeconds, u.ClientCores(), u.Cores))
+	server := max(u.ServerCPUSeconds, 0) / max(u.Seconds, 1e-9)
+	if u.Cores > 0 && u.ClientCores()+server >= 0.9*float64(u.Cores) && u.ClientCores() >= server {
+		out = append(out, "Warning: the machine's cores were busy and the load generator used more CPU than the server: it may be the bottleneck (compare with courier bench echo)")
+	}
+	return out
+}
+
 // Process describes the broker's process for reports.
 type Process struct {
 	PID int `json:"pid,omitempty"`
@@ -113,24 +195,16 @@ func (m *cpuMeter) process() Process {
 	return p
 }
 
-// describe returns the text lines about the broker's CPU and memory.
+// describe returns the text lines about the CPU time spent per unit of
+// work (cycle, delivery).
 func (p Process) describe(total CPU, unit string) []string {
-	mb := func(b int64) string { return fmt.Sprintf("%.0f MB", float64(b)/1e6) }
+	client := fmt.Sprintf("Client CPU %.1f us/%s (this process)", total.Client, unit)
 	switch {
 	case p.Embedded:
-		return []string{
-			fmt.Sprintf("Process CPU %.1f us/%s (broker in this process: broker and clients together, pid %d), RSS %s (peak %s)",
-				total.Client, unit, p.PID, mb(p.RSS), mb(p.PeakRSS)),
-		}
-	case p.PID != 0:
-		return []string{
-			fmt.Sprintf("Broker CPU %.1f us/%s (%s pid %d, utime+stime), RSS %s (peak %s)",
-				total.Broker, unit, p.Name, p.PID, mb(p.RSS), mb(p.PeakRSS)),
-			fmt.Sprintf("Client CPU %.1f us/%s (this process)", total.Client, unit),
-		}
+		return []string{fmt.Sprintf("Process CPU %.1f us/%s (broker in this process: broker and clients together, pid %d)",
+			total.Client, unit, p.PID)}
+	case p.PID != 0 && total.Broker >= 0:
+		return []string{fmt.Sprintf("Broker CPU %.1f us/%s (%s pid %d, utime+stime)", total.Broker, unit, p.Name, p.PID), client}
 	}
-	return []string{
-		fmt.Sprintf("Broker CPU unknown: %s", p.Unknown),
-		fmt.Sprintf("Client CPU %.1f us/%s (this process)", total.Client, unit),
-	}
+	return []string{client}
 }

@@ -9,9 +9,9 @@ import (
 // driver speaks to one kind of broker. A driver is used from one
 // goroutine except where a method says otherwise.
 type driver interface {
-	// serve attaches the request-response handler, on a connection of its
-	// own, answering every request with pong.
-	serve(ctx context.Context, pong []byte) error
+	// serve attaches n request-response handlers, each on a connection
+	// of its own, sharing the requests and answering each with pong.
+	serve(ctx context.Context, n int, pong []byte) error
 	// requester returns a requester for one goroutine. Requesters share
 	// one connection where the client library allows it.
 	requester(ctx context.Context) (requester, error)
@@ -19,7 +19,8 @@ type driver interface {
 	// returns once all of them receive. fn is called with the
 	// subscriber's index, from one goroutine per subscriber.
 	subscribe(ctx context.Context, n int, fn func(sub int, body []byte)) error
-	// publisher returns the pub-sub publisher, on a connection of its own.
+	// publisher returns a pub-sub publisher, on a connection of its own.
+	// Safe for concurrent use.
 	publisher(ctx context.Context) (publisher, error)
 	// notes returns what the report should say about the run, such as
 	// slow-consumer errors the client saw. Safe for concurrent use.
@@ -43,6 +44,25 @@ type publisher interface {
 	flush(ctx context.Context) error
 }
 
+// userDriver is a driver's optional capability for the users scenario:
+// one connection per simulated user.
+type userDriver interface {
+	// user connects simulated user i on a connection of its own, able
+	// to request from serve's handlers, and subscribes it to the
+	// messages published to it; fn is called with each, from one
+	// goroutine per user. Safe for concurrent use.
+	user(ctx context.Context, i int, fn func(body []byte)) (userConn, error)
+}
+
+// userConn is one simulated user's connection, used from one goroutine.
+type userConn interface {
+	// request sends body to the handlers and waits for the response.
+	request(ctx context.Context, body []byte) error
+	// publish sends body to user to.
+	publish(ctx context.Context, to int, body []byte) error
+	close() error
+}
+
 // newDriver returns the driver of the target.
 func newDriver(ctx context.Context, cfg *Config) (driver, error) {
 	switch cfg.Target.Kind {
@@ -52,6 +72,8 @@ func newDriver(ctx context.Context, cfg *Config) (driver, error) {
 		return newNATSDriver(cfg), nil
 	case KindAMQP:
 		return newAMQPDriver(cfg), nil
+	case KindEcho:
+		return newEchoDriver(cfg), nil
 	}
 	return nil, fmt.Errorf("bench: unknown target kind %q", cfg.Target.Kind)
 }

@@ -53,17 +53,20 @@ func (d *natsDriver) connect(name string) (*nats.Conn, error) {
 	return nc, nil
 }
 
-func (d *natsDriver) serve(ctx context.Context, pong []byte) error {
-	hc, err := d.connect("bench-handler")
-	if err != nil {
-		return err
-	}
-	if _, err := hc.Subscribe(names("reqresp"), func(m *nats.Msg) { m.Respond(pong) }); err != nil {
-		return fmt.Errorf("bench: subscribe handler: %w", err)
-	}
-	// The subscription is in place once the server answered a PING.
-	if err := hc.FlushWithContext(ctx); err != nil {
-		return fmt.Errorf("bench: flush: %w", err)
+func (d *natsDriver) serve(ctx context.Context, n int, pong []byte) error {
+	// A queue group shares the requests among the handlers.
+	for i := range n {
+		hc, err := d.connect(fmt.Sprintf("bench-handler-%d", i))
+		if err != nil {
+			return err
+		}
+		if _, err := hc.QueueSubscribe(names("reqresp"), "handlers", func(m *nats.Msg) { m.Respond(pong) }); err != nil {
+			return fmt.Errorf("bench: subscribe handler: %w", err)
+		}
+		// The subscription is in place once the server answered a PING.
+		if err := hc.FlushWithContext(ctx); err != nil {
+			return fmt.Errorf("bench: flush: %w", err)
+		}
 	}
 	rc, err := d.connect("bench-requesters")
 	if err != nil {
@@ -149,6 +152,40 @@ func (p *natsPublisher) flush(ctx context.Context) error {
 	defer cancel()
 	return p.nc.FlushWithContext(ctx)
 }
+
+// natsUser is a simulated user: a connection of its own, subscribed to
+// the subject "bench.users.<pid>.user.<i>".
+type natsUser struct {
+	nc  *nats.Conn
+	req natsRequester
+}
+
+var _ userDriver = (*natsDriver)(nil)
+
+func (d *natsDriver) user(ctx context.Context, i int, fn func([]byte)) (userConn, error) {
+	d.mu.Lock()
+	pong := d.pong
+	d.mu.Unlock()
+	nc, err := d.connect(fmt.Sprintf("bench-user-%d", i))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := nc.Subscribe(names("users")+"."+userKey(i), func(m *nats.Msg) { fn(m.Data) }); err != nil {
+		return nil, fmt.Errorf("bench: user %d: subscribe: %w", i, err)
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		return nil, fmt.Errorf("bench: user %d: flush: %w", i, err)
+	}
+	return &natsUser{nc: nc, req: natsRequester{nc: nc, subject: names("reqresp"), pong: pong}}, nil
+}
+
+func (u *natsUser) request(ctx context.Context, body []byte) error { return u.req.request(ctx, body) }
+
+func (u *natsUser) publish(ctx context.Context, to int, body []byte) error {
+	return u.nc.Publish(names("users")+"."+userKey(to), body)
+}
+
+func (u *natsUser) close() error { u.nc.Close(); return nil }
 
 func (d *natsDriver) close() error {
 	d.mu.Lock()

@@ -3,25 +3,30 @@ package bench
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// PubSubResult is what the pub-sub fan-out scenario measured.
+// PubSubResult is what the pub-sub scenario measured.
 type PubSubResult struct {
-	Scenario    string `json:"scenario"` // "pubsub"
-	Target      string `json:"target"`
-	Kind        Kind   `json:"kind"`
-	Size        int    `json:"size"`
+	Report
+	// Mode is "fan-out" (one publisher), "fan-in" (one subscriber) or
+	// "many-to-many".
+	Mode        string `json:"mode"`
+	Publishers  int    `json:"publishers"`
 	Subscribers int    `json:"subscribers"`
-	Messages    int    `json:"messages"`
+	// Messages is the count asked for; 0 for a run bounded by time.
+	Messages int     `json:"messages"`
+	Duration float64 `json:"duration_s,omitempty"`
+	Warmup   int     `json:"warmup"`
 	// Published messages, and the time from the first publish until the
-	// publisher's flush returned.
+	// publishers' flushes returned.
 	Published      int64   `json:"published"`
 	PublishSeconds float64 `json:"publish_seconds"`
 	PublishRate    float64 `json:"publish_per_s"`
@@ -35,43 +40,61 @@ type PubSubResult struct {
 	// they stopped coming (for Config.Drain) or the time ran out.
 	Lost int64 `json:"lost"`
 	// OutOfOrder counts deliveries with a sequence number not above the
-	// subscriber's previous one.
+	// previous one from the same publisher.
 	OutOfOrder int64 `json:"out_of_order"`
+	// Latency is from publish (or, with a rate, from when the message was
+	// due) to delivery; none for messages under stampSize bytes.
+	Latency Latency `json:"latency_us"`
 	// CPU is per delivered message.
-	CPU     CPU      `json:"cpu_per_delivery"`
-	Process Process  `json:"broker_process"`
-	Notes   []string `json:"notes,omitempty"`
-	Error   string   `json:"error,omitempty"`
+	CPU CPU `json:"cpu_per_delivery"`
 }
+
+// A message of at least stampSize bytes carries its sequence number
+// (8 bytes), the time it was due in nanoseconds since the run's epoch
+// (8 bytes) and its publisher's index (4 bytes), so that subscribers
+// count losses, reordering and latency.
+const stampSize = 20
 
 // subCounter is one subscriber's tally, written by its goroutine only;
 // padded so that subscribers do not share cache lines.
 type subCounter struct {
 	n    atomic.Int64
 	ooo  atomic.Int64
-	last uint64
+	last []uint64 // by publisher
 	_    [40]byte
 }
 
-// RunPubSub runs the pub-sub fan-out scenario: cfg.Subscribers
-// subscribers, each on its own connection, and one publisher that
-// publishes cfg.Messages messages of cfg.Size bytes as fast as the
-// broker takes them. Each message carries its sequence number, so that
-// losses and reordering are counted. ctx bounds the whole scenario.
+// RunPubSub runs the pub-sub scenario: cfg.Subscribers subscribers and
+// cfg.Publishers publishers, each on its own connection (fan-out: one
+// publisher; fan-in: one subscriber). The publishers share cfg.Count
+// messages of cfg.Size bytes (or publish for cfg.Duration), as fast as
+// the broker takes them or at cfg.Rate in total. ctx bounds the whole
+// scenario.
 func RunPubSub(ctx context.Context, cfg Config) (*PubSubResult, error) {
-	cfg = cfg.withDefaults(true)
+	cfg = cfg.withDefaults("pubsub")
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	res := &PubSubResult{
-		Scenario: "pubsub", Target: cfg.Target.String(), Kind: cfg.Target.Kind,
-		Size: cfg.Size, Subscribers: cfg.Subscribers, Messages: cfg.Messages,
+		Report: newReport("pubsub", &cfg), Mode: pubSubMode(cfg.Publishers, cfg.Subscribers),
+		Publishers: cfg.Publishers, Subscribers: cfg.Subscribers, Messages: cfg.Count,
+		Duration: cfg.Duration.Seconds(), Warmup: max(cfg.Warmup, 0),
 	}
 	err := runPubSub(ctx, &cfg, res)
 	if err != nil {
 		res.Error = err.Error()
 	}
 	return res, err
+}
+
+func pubSubMode(pubs, subs int) string {
+	switch {
+	case pubs == 1:
+		return "fan-out"
+	case subs == 1:
+		return "fan-in"
+	}
+	return "many-to-many"
 }
 
 func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
@@ -83,28 +106,42 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 		res.Notes = append(res.Notes, d.notes()...)
 		d.close()
 	}()
+	stamped := cfg.Size >= stampSize
+	if !stamped {
+		res.Notes = append(res.Notes, fmt.Sprintf("messages under %d bytes carry no sequence number or time stamp: no latency, no order check", stampSize))
+	}
+	epoch := time.Now()
+	rec := newRecorder(cfg.Subscribers)
 	counters := make([]subCounter, cfg.Subscribers)
-	seqd := cfg.Size >= 8
+	for i := range counters {
+		counters[i].last = make([]uint64, cfg.Publishers)
+	}
 	err = d.subscribe(ctx, cfg.Subscribers, func(i int, b []byte) {
 		c := &counters[i]
-		if seqd && len(b) >= 8 {
+		if stamped && len(b) >= stampSize {
 			seq := binary.BigEndian.Uint64(b)
-			if seq <= c.last {
-				c.ooo.Add(1)
+			due := time.Duration(binary.BigEndian.Uint64(b[8:]))
+			if p := binary.BigEndian.Uint32(b[16:]); int(p) < len(c.last) {
+				if seq <= c.last[p] {
+					c.ooo.Add(1)
+				}
+				c.last[p] = seq
 			}
-			c.last = seq
+			rec.record(i, time.Since(epoch)-due)
 		}
 		c.n.Add(1)
 	})
 	if err != nil {
 		return err
 	}
-	pub, err := d.publisher(ctx)
-	if err != nil {
-		return err
+	pubs := make([]*pubState, cfg.Publishers)
+	for j := range pubs {
+		pub, err := d.publisher(ctx)
+		if err != nil {
+			return err
+		}
+		pubs[j] = &pubState{pub: pub, index: uint32(j), stamped: stamped, size: cfg.Size, epoch: epoch}
 	}
-	meter := newCPUMeter(cfg)
-	defer func() { res.Process = meter.process() }()
 	delivered := func() int64 {
 		var n int64
 		for i := range counters {
@@ -113,9 +150,10 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 		return n
 	}
 
-	// A publisher stuck in flow control is unblocked by closing its
-	// connection when the time is up.
+	// Publishers stuck in flow control are unblocked by closing their
+	// connections when the time is up.
 	publishing := make(chan struct{})
+	defer close(publishing)
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -123,14 +161,45 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 		case <-publishing:
 		}
 	}()
+
+	if cfg.Warmup > 0 {
+		var published atomic.Int64
+		err := pubs[0].run(ctx, newBudget(cfg.Warmup, 0), newPacer(0, 0), &published)
+		if err != nil {
+			return fmt.Errorf("bench: warm-up: %w", err)
+		}
+		want := published.Load() * int64(cfg.Subscribers)
+		awaitDeliveries(ctx, delivered, want, epoch, cfg.Drain)
+	}
+	base := delivered()
+
+	meter := newCPUMeter(cfg)
 	var published atomic.Int64
-	stop := progress(cfg, "Published", published.Load, int64(cfg.Messages))
+	pr := probe{sent: published.Load, received: delivered, lat: rec}
+	if cfg.Rate > 0 {
+		pr.offered = func() float64 { return cfg.Rate }
+	}
+	smp := startSampler(pr, meter, cfg.Interval)
+	// The sampler's totals hold every delivery, the late ones too, once
+	// it stopped (deferred calls run last first).
+	defer func() { res.Latency, _ = smp.latency() }()
+	defer res.finish(smp, meter)
+
+	b := newBudget(cfg.Count, cfg.Duration)
+	smp.setStage("publishing")
+	stop := progress(cfg, "Published", b.done, total(cfg.Count))
 	from := meter.sample()
 	start := time.Now()
-	pubErr := publishAll(ctx, cfg, pub, &published)
+	var wg sync.WaitGroup
+	errs := make([]error, len(pubs))
+	for j, ps := range pubs {
+		p := newPacer(cfg.Rate/float64(len(pubs)), float64(j)/float64(len(pubs)))
+		wg.Go(func() { errs[j] = ps.run(ctx, b, p, &published) })
+	}
+	wg.Wait()
 	pubElapsed := time.Since(start)
-	close(publishing)
 	stop()
+	pubErr := errors.Join(errs...)
 	res.Published = published.Load()
 	res.PublishSeconds = pubElapsed.Seconds()
 	res.PublishRate = float64(res.Published) / pubElapsed.Seconds()
@@ -138,22 +207,13 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 
 	// Wait for the deliveries until all came, none came for cfg.Drain,
 	// or the time is up. A publisher that failed ends the wait at once.
-	stop = progress(cfg, "Delivered", delivered, res.Expected)
-	last, lastAt := delivered(), time.Now()
-	if last == 0 {
-		lastAt = start
+	smp.setStage("draining")
+	measured := func() int64 { return delivered() - base }
+	stop = progress(cfg, "Delivered", measured, res.Expected)
+	last, lastAt := measured(), time.Now()
+	if pubErr == nil {
+		last, lastAt = awaitDeliveries(ctx, measured, res.Expected, start, cfg.Drain)
 	}
-	tick := time.NewTicker(5 * time.Millisecond)
-	for pubErr == nil && last < res.Expected && time.Since(lastAt) < cfg.Drain && ctx.Err() == nil {
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-		}
-		if n := delivered(); n != last {
-			last, lastAt = n, time.Now()
-		}
-	}
-	tick.Stop()
 	stop()
 	res.CPU = meter.per(from, meter.sample(), last)
 	res.Delivered = last
@@ -171,36 +231,76 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 	return pubErr
 }
 
-// publishAll publishes cfg.Messages messages, each with its sequence
-// number in its first 8 bytes, and flushes; published counts them.
-func publishAll(ctx context.Context, cfg *Config, pub publisher, published *atomic.Int64) error {
-	seqd := cfg.Size >= 8
-	var buf []byte
-	for i := range cfg.Messages {
-		if i&1023 == 0 && ctx.Err() != nil {
-			return fmt.Errorf("bench: published %d of %d messages before the time ran out: %w", i, cfg.Messages, ctx.Err())
+// awaitDeliveries waits until delivered reaches want, stays unchanged
+// for drain, or ctx ends; it returns the last count and when it changed
+// (start if nothing came).
+func awaitDeliveries(ctx context.Context, delivered func() int64, want int64, start time.Time, drain time.Duration) (int64, time.Time) {
+	last, lastAt := delivered(), time.Now()
+	if last == 0 {
+		lastAt = start
+	}
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for last < want && time.Since(lastAt) < drain && ctx.Err() == nil {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+		}
+		if n := delivered(); n != last {
+			last, lastAt = n, time.Now()
+		}
+	}
+	return last, lastAt
+}
+
+// pubState is one publisher, used by one goroutine at a time.
+type pubState struct {
+	pub     publisher
+	index   uint32
+	stamped bool
+	size    int
+	epoch   time.Time
+	seq     uint64 // the last sequence number published
+	buf     []byte // the rest of the slab bodies are cut from
+}
+
+// run publishes the budget's messages at the pacer's rate, then
+// flushes; published counts them.
+func (ps *pubState) run(ctx context.Context, b *budget, p *pacer, published *atomic.Int64) error {
+	n := 0
+	for {
+		if _, ok := b.take(); !ok {
+			break
+		}
+		due, ok := p.wait(ctx)
+		if !ok || (n&1023 == 0 && ctx.Err() != nil) {
+			return fmt.Errorf("bench: published %d messages before the time ran out: %w", n, ctx.Err())
 		}
 		// A body of its own for every message: an embedded node passes
 		// it to subscribers without copying. Cut from 64 KiB slabs.
-		if len(buf) < cfg.Size {
-			buf = make([]byte, max(64<<10, cfg.Size))
+		if len(ps.buf) < ps.size {
+			ps.buf = make([]byte, max(64<<10, ps.size))
 		}
-		b := buf[:cfg.Size:cfg.Size]
-		buf = buf[cfg.Size:]
-		if seqd {
-			binary.BigEndian.PutUint64(b, uint64(i+1))
+		body := ps.buf[:ps.size:ps.size]
+		ps.buf = ps.buf[ps.size:]
+		ps.seq++
+		if ps.stamped {
+			binary.BigEndian.PutUint64(body, ps.seq)
+			binary.BigEndian.PutUint64(body[8:], uint64(due.Sub(ps.epoch)))
+			binary.BigEndian.PutUint32(body[16:], ps.index)
 		}
-		if err := pub.publish(ctx, b); err != nil {
+		if err := ps.pub.publish(ctx, body); err != nil {
 			if ctx.Err() != nil {
 				// The connection was closed under the publisher because
 				// the time ran out.
-				return fmt.Errorf("bench: published %d of %d messages before the time ran out: %w", i, cfg.Messages, ctx.Err())
+				return fmt.Errorf("bench: published %d messages before the time ran out: %w", n, ctx.Err())
 			}
-			return fmt.Errorf("bench: publish %d: %w", i+1, err)
+			return fmt.Errorf("bench: publish %d: %w", n+1, err)
 		}
-		published.Store(int64(i + 1))
+		n++
+		published.Add(1)
 	}
-	if err := pub.flush(ctx); err != nil {
+	if err := ps.pub.flush(ctx); err != nil {
 		return fmt.Errorf("bench: flush: %w", err)
 	}
 	return nil
@@ -227,29 +327,48 @@ func (res *PubSubResult) Lines() []string {
 // WriteText prints the result.
 func (res *PubSubResult) WriteText(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Pub-sub fan-out: %s, 1 publisher, %d subscribers, %d messages of %d bytes\n",
-		res.Target, res.Subscribers, res.Messages, res.Size)
+	amount := fmt.Sprintf("%d messages", res.Messages)
+	if res.Messages == 0 {
+		amount = fmt.Sprintf("%gs of messages", res.Duration)
+	}
+	fmt.Fprintf(&b, "Pub-sub %s: %s, %d publisher(s), %d subscriber(s), %s of %d bytes", res.Mode,
+		res.Target, res.Publishers, res.Subscribers, amount, res.Size)
+	if res.Rate > 0 {
+		fmt.Fprintf(&b, ", offered %.0f msgs/s", res.Rate)
+	}
+	b.WriteString("\n")
 	for _, l := range res.Lines() {
 		b.WriteString(l + "\n")
+	}
+	if res.Latency.Count > 0 {
+		b.WriteString(latencyLine("Delivery", res.Latency, "deliveries") + "\n")
 	}
 	if res.Delivered > 0 {
 		for _, l := range res.Process.describe(res.CPU, "delivery") {
 			b.WriteString(l + "\n")
 		}
 	}
-	for _, n := range res.Notes {
-		b.WriteString("Note: " + n + "\n")
-	}
-	if res.Error != "" {
-		b.WriteString("Error: " + res.Error + "\n")
-	}
+	res.footer(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
 // WriteJSON prints the result as one JSON object.
-func (res *PubSubResult) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(res)
+func (res *PubSubResult) WriteJSON(w io.Writer) error { return writeJSON(w, res) }
+
+// Metrics returns the publish and delivery rates, losses, delivery
+// latency and the server's CPU per delivery and memory.
+func (res *PubSubResult) Metrics() []Metric {
+	m := []Metric{
+		{Name: "published", Value: res.PublishRate, Unit: "msgs/s"},
+		{Name: "delivered", Value: res.DeliverRate, Unit: "msgs/s"},
+		{Name: "lost", Value: float64(res.Lost), Unit: "msgs", Lower: true},
+	}
+	m = append(m, latencyMetrics("delivery latency", res.Latency)...)
+	return append(m, res.usageMetrics(res.Delivered, "delivery")...)
+}
+
+// Timeline returns the run's samples.
+func (res *PubSubResult) Timeline() Timeline {
+	return Timeline{Title: "pubsub " + res.Mode + ": " + res.Target, Samples: res.Samples}
 }

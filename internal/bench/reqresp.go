@@ -2,10 +2,10 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,19 +19,14 @@ import (
 // ReqRespResult is what the request-response scenario measured. A run
 // that failed or timed out leaves the runs before it.
 type ReqRespResult struct {
-	Scenario string `json:"scenario"` // "reqresp"
-	Target   string `json:"target"`
-	Kind     Kind   `json:"kind"`
-	Size     int    `json:"size"`
-	Warmup   int    `json:"warmup"`
-	Runs     []Run  `json:"runs"`
+	Report
+	Warmup  int   `json:"warmup"`
+	Workers int   `json:"workers"`
+	Runs    []Run `json:"runs"`
 	// Latency is over all sequential runs together.
 	Latency Latency `json:"latency_us"`
 	// CPU is per cycle over all runs together.
-	CPU     CPU      `json:"cpu_per_cycle"`
-	Process Process  `json:"broker_process"`
-	Notes   []string `json:"notes,omitempty"`
-	Error   string   `json:"error,omitempty"`
+	CPU CPU `json:"cpu_per_cycle"`
 }
 
 // Run is one sequential or parallel run.
@@ -65,44 +60,19 @@ func (r Run) Line() string {
 	return fmt.Sprintf("Parallel %d %d cycles in ~%d seconds (%d cycles/s)", r.Parallel, r.Cycles, s, n)
 }
 
-// Latency holds percentiles of round-trip times, in microseconds.
-type Latency struct {
-	P50   float64 `json:"p50"`
-	P99   float64 `json:"p99"`
-	P999  float64 `json:"p99_9"`
-	Max   float64 `json:"max"`
-	Count int64   `json:"count"`
-}
-
-// Histograms record nanoseconds, 3 significant digits, up to 60s.
-const histMax = int64(60 * time.Second)
-
-func newHist() *hdrhistogram.Histogram { return hdrhistogram.New(1, histMax, 3) }
-
-func record(h *hdrhistogram.Histogram, d time.Duration) {
-	h.RecordValue(min(max(int64(d), 1), histMax))
-}
-
-func latencyOf(h *hdrhistogram.Histogram) Latency {
-	us := func(v int64) float64 { return float64(v) / 1e3 }
-	return Latency{
-		P50: us(h.ValueAtQuantile(50)), P99: us(h.ValueAtQuantile(99)), P999: us(h.ValueAtQuantile(99.9)),
-		Max: us(h.Max()), Count: h.TotalCount(),
-	}
-}
-
-// RunReqResp runs the request-response scenario: one handler answers
-// "ping" with "pong"; sequential runs of cfg.Counts cycles, then parallel
-// runs of cfg.ParallelCount cycles shared by P goroutines for each P in
-// cfg.Parallel. The handler and the requesters live in this process, on
-// separate connections (separate Conns for an embedded node). ctx bounds
-// the whole scenario.
+// RunReqResp runs the request-response scenario: cfg.Workers handlers
+// answer "ping" with "pong"; sequential runs of cfg.Counts cycles, then
+// parallel runs of cfg.ParallelCount cycles shared by P goroutines for
+// each P in cfg.Parallel (each run bounded by cfg.Duration too, if set).
+// The handlers and the requesters live in this process, on separate
+// connections (separate Conns for an embedded node). ctx bounds the
+// whole scenario.
 func RunReqResp(ctx context.Context, cfg Config) (*ReqRespResult, error) {
-	cfg = cfg.withDefaults(false)
+	cfg = cfg.withDefaults("reqresp")
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	res := &ReqRespResult{Scenario: "reqresp", Target: cfg.Target.String(), Kind: cfg.Target.Kind, Size: cfg.Size, Warmup: max(cfg.Warmup, 0)}
+	res := &ReqRespResult{Report: newReport("reqresp", &cfg), Warmup: max(cfg.Warmup, 0), Workers: cfg.Workers}
 	err := runReqResp(ctx, &cfg, res)
 	if err != nil {
 		res.Error = err.Error()
@@ -120,11 +90,10 @@ func runReqResp(ctx context.Context, cfg *Config, res *ReqRespResult) (err error
 		d.close()
 	}()
 	ping, pong := body("ping", cfg.Size), body("pong", cfg.Size)
-	if err := d.serve(ctx, pong); err != nil {
+	if err := d.serve(ctx, cfg.Workers, pong); err != nil {
 		return err
 	}
 	meter := newCPUMeter(cfg)
-	defer func() { res.Process = meter.process() }()
 
 	r, err := d.requester(ctx)
 	if err != nil {
@@ -137,31 +106,44 @@ func runReqResp(ctx context.Context, cfg *Config, res *ReqRespResult) (err error
 		}
 	}
 
+	// One recorder for the sampler's time series, besides each run's
+	// own histograms.
+	rec := newRecorder(slices.Max(append([]int{1}, cfg.Parallel...)))
+	var cycles atomic.Int64
+	pr := probe{sent: cycles.Load, received: cycles.Load, lat: rec}
+	if cfg.Rate > 0 {
+		pr.offered = func() float64 { return cfg.Rate }
+	}
+	smp := startSampler(pr, meter, cfg.Interval)
+	defer res.finish(smp, meter)
+
 	seqHist := newHist()
 	first := meter.sample()
-	var cycles int64
 	defer func() {
 		res.Latency = latencyOf(seqHist)
-		res.CPU = meter.per(first, meter.sample(), cycles)
+		res.CPU = meter.per(first, meter.sample(), cycles.Load())
 	}()
 	for _, n := range cfg.Counts {
 		run := Run{Cycles: n}
+		stage := runStage(run, cfg)
 		h := newHist()
-		var done atomic.Int64
-		stop := progress(cfg, run.Name(), done.Load, int64(n))
+		b := newBudget(n, cfg.Duration)
+		smp.setStage(stage)
+		stop := progress(cfg, stage, b.done, total(n))
 		from := meter.sample()
-		elapsed, err := sequential(ctx, r, ping, n, h, &done)
+		done, elapsed, err := sequential(ctx, r, ping, b, newPacer(cfg.Rate, 0), h, rec, &cycles)
 		to := meter.sample()
 		stop()
 		if err != nil {
-			return fmt.Errorf("bench: %s: %w", run.Name(), err)
+			return fmt.Errorf("bench: %s: %w", stage, err)
 		}
 		seqHist.Merge(h)
-		cycles += int64(n)
-		res.Runs = append(res.Runs, finish(run, elapsed, h, meter.per(from, to, int64(n))))
+		run.Cycles = done
+		res.Runs = append(res.Runs, finish(run, elapsed, h, meter.per(from, to, int64(done))))
 	}
 	for _, p := range cfg.Parallel {
 		run := Run{Parallel: p, Cycles: cfg.ParallelCount}
+		stage := runStage(run, cfg)
 		rs := make([]requester, 0, p)
 		for range p {
 			r, err := d.requester(ctx)
@@ -171,25 +153,47 @@ func runReqResp(ctx context.Context, cfg *Config, res *ReqRespResult) (err error
 			}
 			rs = append(rs, r)
 		}
-		var next atomic.Int64
-		stop := progress(cfg, run.Name(), func() int64 { return min(next.Load(), int64(run.Cycles)) }, int64(run.Cycles))
+		b := newBudget(run.Cycles, cfg.Duration)
+		smp.setStage(stage)
+		stop := progress(cfg, stage, b.done, total(run.Cycles))
 		from := meter.sample()
-		elapsed, h, err := parallel(ctx, rs, ping, run.Cycles, &next)
+		elapsed, h, err := parallel(ctx, rs, ping, b, cfg.Rate, rec, &cycles)
 		to := meter.sample()
 		stop()
 		closeAll(rs)
 		if err != nil {
-			return fmt.Errorf("bench: %s: %w", run.Name(), err)
+			return fmt.Errorf("bench: %s: %w", stage, err)
 		}
-		cycles += int64(run.Cycles)
+		run.Cycles = int(h.TotalCount())
 		res.Runs = append(res.Runs, finish(run, elapsed, h, meter.per(from, to, int64(run.Cycles))))
 	}
 	return nil
 }
 
+// runStage names a run for progress reports and samples: "Sequential
+// 10000", "Parallel 4", or "Sequential (10s)" for a run bounded by time
+// only.
+func runStage(run Run, cfg *Config) string {
+	if run.Parallel == 0 && run.Cycles == 0 {
+		return fmt.Sprintf("Sequential (%s)", cfg.Duration)
+	}
+	return run.Name()
+}
+
+// total is a run's count for progress reports: -1 when it is bounded by
+// time only.
+func total(n int) int64 {
+	if n == 0 {
+		return -1
+	}
+	return int64(n)
+}
+
 func finish(run Run, elapsed time.Duration, h *hdrhistogram.Histogram, cpu CPU) Run {
 	run.Seconds = elapsed.Seconds()
-	run.Rate = float64(run.Cycles) / elapsed.Seconds()
+	if elapsed > 0 {
+		run.Rate = float64(run.Cycles) / elapsed.Seconds()
+	}
 	run.Latency = latencyOf(h)
 	run.CPU = cpu
 	return run
@@ -201,26 +205,43 @@ func closeAll(rs []requester) {
 	}
 }
 
-// sequential runs n cycles one after the other and records each one's
-// round trip.
-func sequential(ctx context.Context, r requester, ping []byte, n int, h *hdrhistogram.Histogram, done *atomic.Int64) (time.Duration, error) {
+// sequential runs the budget's cycles one after the other and records
+// each one's time: from the previous cycle's end, or with a rate from
+// when it was due. It returns the cycles done and the time from the
+// start to the last one's end.
+func sequential(ctx context.Context, r requester, ping []byte, b *budget, p *pacer, h *hdrhistogram.Histogram, rec *recorder, cycles *atomic.Int64) (int, time.Duration, error) {
 	start := time.Now()
 	prev := start
-	for i := range n {
+	done := 0
+	for {
+		if _, ok := b.take(); !ok {
+			break
+		}
+		due, ok := p.wait(ctx)
+		if !ok {
+			return done, prev.Sub(start), fmt.Errorf("cycle %d: %w", done, ctx.Err())
+		}
 		if err := r.request(ctx, ping); err != nil {
-			return 0, fmt.Errorf("cycle %d: %w", i, err)
+			return done, prev.Sub(start), fmt.Errorf("cycle %d: %w", done, err)
 		}
 		now := time.Now()
-		record(h, now.Sub(prev))
+		d := now.Sub(prev)
+		if p.every > 0 {
+			d = now.Sub(due)
+		}
+		record(h, d)
+		rec.record(0, d)
 		prev = now
-		done.Add(1)
+		done++
+		cycles.Add(1)
 	}
-	return prev.Sub(start), nil
+	return done, prev.Sub(start), nil
 }
 
-// parallel runs n cycles shared by one goroutine per requester: each
-// takes the next cycle until none is left. The first error stops them.
-func parallel(parent context.Context, rs []requester, ping []byte, n int, next *atomic.Int64) (time.Duration, *hdrhistogram.Histogram, error) {
+// parallel runs the budget's cycles with one goroutine per requester:
+// each takes the next cycle until none is left, at its share of rate.
+// The first error stops them.
+func parallel(parent context.Context, rs []requester, ping []byte, b *budget, rate float64, rec *recorder, cycles *atomic.Int64) (time.Duration, *hdrhistogram.Histogram, error) {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	hists := make([]*hdrhistogram.Histogram, len(rs))
@@ -232,15 +253,25 @@ func parallel(parent context.Context, rs []requester, ping []byte, n int, next *
 	start := time.Now()
 	for i, r := range rs {
 		hists[i] = newHist()
+		p := newPacer(rate/float64(len(rs)), float64(i)/float64(len(rs)))
 		wg.Go(func() {
 			h := hists[i]
-			for next.Add(1) <= int64(n) {
-				t := time.Now()
+			for {
+				if _, ok := b.take(); !ok {
+					return
+				}
+				due, ok := p.wait(ctx)
+				if !ok {
+					return
+				}
 				if err := r.request(ctx, ping); err != nil {
 					errOnce.Do(func() { firstErr = err; cancel() })
 					return
 				}
-				record(h, time.Since(t))
+				d := time.Since(due)
+				record(h, d)
+				rec.record(i, d)
+				cycles.Add(1)
 			}
 		})
 	}
@@ -250,7 +281,7 @@ func parallel(parent context.Context, rs []requester, ping []byte, n int, next *
 	for _, h := range hists {
 		all.Merge(h)
 	}
-	if firstErr != nil && parent.Err() != nil {
+	if parent.Err() != nil {
 		firstErr = parent.Err()
 	}
 	return elapsed, all, firstErr
@@ -260,7 +291,11 @@ func parallel(parent context.Context, rs []requester, ping []byte, n int, next *
 // memory, then a table by run.
 func (res *ReqRespResult) WriteText(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Request-response: %s, %d-byte ping and pong, %d warm-up cycles\n", res.Target, res.Size, res.Warmup)
+	fmt.Fprintf(&b, "Request-response: %s, %d-byte ping and pong, %d handler(s), %d warm-up cycles", res.Target, res.Size, res.Workers, res.Warmup)
+	if res.Rate > 0 {
+		fmt.Fprintf(&b, ", offered %.0f cycles/s", res.Rate)
+	}
+	b.WriteString("\n")
 	for _, r := range res.Runs {
 		b.WriteString(r.Line() + "\n")
 	}
@@ -273,9 +308,12 @@ func (res *ReqRespResult) WriteText(w io.Writer) error {
 		for _, line := range res.Process.describe(res.CPU, "cycle") {
 			b.WriteString(line + "\n")
 		}
+	}
+	res.footer(&b)
+	if len(res.Runs) > 0 {
 		b.WriteString("\n")
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintf(tw, "run\tcycles/s\tp50 us\tp99 us\tp99.9 us\tbroker CPU us/cycle\tclient CPU us/cycle\t\n")
+		fmt.Fprintf(tw, "run\tcycles/s\tp50 us\tp90 us\tp99 us\tp99.9 us\tmax us\tbroker CPU us/cycle\tclient CPU us/cycle\t\n")
 		for _, r := range res.Runs {
 			broker := "?"
 			if res.Process.Embedded {
@@ -283,24 +321,32 @@ func (res *ReqRespResult) WriteText(w io.Writer) error {
 			} else if r.CPU.Broker >= 0 {
 				broker = strconv.FormatFloat(r.CPU.Broker, 'f', 1, 64)
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%.1f\t%s\t%.1f\t\n", r.Name(), r.Rate,
-				r.Latency.P50, r.Latency.P99, r.Latency.P999, broker, r.CPU.Client)
+			fmt.Fprintf(tw, "%s\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%.1f\t\n", r.Name(), r.Rate,
+				r.Latency.P50, r.Latency.P90, r.Latency.P99, r.Latency.P999, r.Latency.Max, broker, r.CPU.Client)
 		}
 		tw.Flush()
-	}
-	for _, n := range res.Notes {
-		b.WriteString("Note: " + n + "\n")
-	}
-	if res.Error != "" {
-		b.WriteString("Error: " + res.Error + "\n")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
 // WriteJSON prints the result as one JSON object.
-func (res *ReqRespResult) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(res)
+func (res *ReqRespResult) WriteJSON(w io.Writer) error { return writeJSON(w, res) }
+
+// Metrics returns each run's rate, the sequential latency and the
+// server's CPU per cycle and memory.
+func (res *ReqRespResult) Metrics() []Metric {
+	var m []Metric
+	var cycles int64
+	for _, r := range res.Runs {
+		m = append(m, Metric{Name: r.Name(), Value: r.Rate, Unit: "cycles/s"})
+		cycles += int64(r.Cycles)
+	}
+	m = append(m, latencyMetrics("sequential latency", res.Latency)...)
+	return append(m, res.usageMetrics(cycles, "cycle")...)
+}
+
+// Timeline returns the run's samples.
+func (res *ReqRespResult) Timeline() Timeline {
+	return Timeline{Title: "reqresp: " + res.Target, Samples: res.Samples}
 }
