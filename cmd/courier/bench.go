@@ -4,140 +4,276 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"runtime/pprof"
+	"strings"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/courier-mq/courier/internal/bench"
 )
 
 func init() { commands = append(commands, benchCmd) }
 
-// benchFlags are the flags of courier bench and its subcommands.
+// benchGlobal holds the flags every courier bench subcommand shares.
+type benchGlobal struct {
+	embedded   bool
+	harness    bool
+	url        string
+	target     string
+	timeout    time.Duration
+	interval   time.Duration
+	serverPID  int
+	json       bool
+	plot       string
+	cpuprofile string
+}
+
+// benchFlags are one scenario subcommand's flags. Each subcommand has
+// its own, so that their defaults do not mix.
 type benchFlags struct {
-	embedded    bool
-	url         string
-	target      string
-	counts      []int
-	parallel    []int
-	warmup      int
 	size        int
+	count       int
+	counts      []int
+	duration    time.Duration
+	publishers  int
 	subscribers int
-	messages    int
-	drain       time.Duration
-	timeout     time.Duration
-	serverPID   int
-	json        bool
-	cpuprofile  string
+	workers     int
+	rate        float64
+	warmup      int
+
+	parallel []int         // reqresp
+	mode     string        // pubsub
+	drain    time.Duration // pubsub
+	users    bench.UsersConfig
 }
 
 func benchCmd() *cobra.Command {
-	var f benchFlags
+	g := &benchGlobal{}
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure request-response and pub-sub fan-out against Courier, NATS or RabbitMQ",
-		Long: `bench runs one scenario against a broker and prints rates, latency
-percentiles (HDR histogram) and the broker's CPU time per message.
+		Short: "Load generator: request-response, pub-sub and many-users scenarios against Courier, NATS or RabbitMQ",
+		Long: `bench runs a scenario against a broker and prints rates, latency
+percentiles (HDR histogram: p50, p90, p99, p99.9, max), the server's CPU
+seconds and peak memory over the run, and this process's own CPU.
 
 Targets: an embedded Courier node (the default), a Courier server
 (--url courier://127.0.0.1:7400), NATS (--target nats://127.0.0.1:4222) or
-RabbitMQ (--target amqp://guest:guest@127.0.0.1:5672/). The broker's CPU
-time is read from /proc for the process listening on the target's port
-(or --server-pid); with an embedded node it is the whole process's.`,
+RabbitMQ (--target amqp://guest:guest@127.0.0.1:5672/); --harness runs
+against an in-process echo with no broker, to show what the load generator
+itself sustains (courier bench echo does that for request-response). The
+server's CPU and memory are read from /proc for the process listening on
+the target's port (or --server-pid); with an embedded node they are the
+whole process's. Every run is bounded by its count or --duration, and by
+--timeout.`,
 	}
 	p := cmd.PersistentFlags()
-	p.BoolVar(&f.embedded, "embedded", false, "run against a Courier node embedded in this process (the default without --url or --target)")
-	p.StringVar(&f.url, "url", "", "Courier server URL, such as courier://127.0.0.1:7400")
-	p.StringVar(&f.target, "target", "", "broker URL: courier://..., nats://127.0.0.1:4222 or amqp://guest:guest@127.0.0.1:5672/")
-	p.IntVar(&f.size, "size", 0, "body size in bytes (default: 4 for reqresp, 128 for pubsub)")
-	p.DurationVar(&f.timeout, "timeout", 5*time.Minute, "bound on the whole run")
-	p.IntVar(&f.serverPID, "server-pid", 0, "the broker's process id for CPU and memory (default: the process listening on the target's port)")
-	p.BoolVar(&f.json, "json", false, "print one JSON object with the results")
-	p.StringVar(&f.cpuprofile, "cpuprofile", "", "write a CPU profile of this process to this file (with --embedded it covers the broker)")
+	p.BoolVar(&g.embedded, "embedded", false, "run against a Courier node embedded in this process (the default without --url or --target)")
+	p.BoolVar(&g.harness, "harness", false, "run against an in-process echo, no broker: what the load generator itself sustains")
+	p.StringVar(&g.url, "url", "", "Courier server URL, such as courier://127.0.0.1:7400")
+	p.StringVar(&g.target, "target", "", "broker URL: courier://..., nats://127.0.0.1:4222 or amqp://guest:guest@127.0.0.1:5672/")
+	p.DurationVar(&g.timeout, "timeout", 5*time.Minute, "bound on the whole run (raised to fit --duration)")
+	p.DurationVar(&g.interval, "interval", time.Second, "sampling interval of the time series (users lines, --plot, --json samples)")
+	p.IntVar(&g.serverPID, "server-pid", 0, "the broker's process id for CPU and memory (default: the process listening on the target's port)")
+	p.BoolVar(&g.json, "json", false, "print one JSON object with the results")
+	p.StringVar(&g.plot, "plot", "", "write rates, latencies, CPU and memory over time to this .svg or .png file")
+	p.StringVar(&g.cpuprofile, "cpuprofile", "", "write a CPU profile of this process to this file (with --embedded it covers the broker)")
 
-	rr := &cobra.Command{
-		Use:   "reqresp",
-		Short: "Request-response: sequential and parallel ping-pong cycles",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.run(cmd, "cycles", func(ctx context.Context, cfg bench.Config) (result, error) {
-				return bench.RunReqResp(ctx, cfg)
-			})
-		},
+	for _, sc := range bench.Scenarios() {
+		cmd.AddCommand(scenarioCmd(g, sc, sc.Name, sc.Short, false))
 	}
-	rr.Flags().IntSliceVar(&f.counts, "count", []int{10000, 20000, 100000}, "cycles of each sequential run; parallel runs use the largest")
-	rr.Flags().IntSliceVar(&f.parallel, "parallel", []int{2, 4, 10, 100}, "requesting goroutines of each parallel run")
-	rr.Flags().IntVar(&f.warmup, "warmup", 1000, "cycles run before measuring (0 for none)")
-
-	ps := &cobra.Command{
-		Use:   "pubsub",
-		Short: "Pub-sub fan-out: one publisher, N subscribers on their own connections",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return f.run(cmd, "msgs", func(ctx context.Context, cfg bench.Config) (result, error) {
-				return bench.RunPubSub(ctx, cfg)
-			})
-		},
-	}
-	ps.Flags().IntVar(&f.subscribers, "subscribers", 10, "subscribers, each on its own connection")
-	ps.Flags().IntVar(&f.messages, "messages", 1000000, "messages to publish")
-	ps.Flags().DurationVar(&f.drain, "drain", 3*time.Second, "how long to wait for deliveries that stopped coming before counting them lost")
-
-	cmd.AddCommand(rr, ps)
+	rr, _ := bench.LookupScenario("reqresp")
+	cmd.AddCommand(scenarioCmd(g, rr, "echo",
+		"Request-response against an in-process echo, no broker: how many cycles/s the load generator itself sustains", true))
+	cmd.AddCommand(compareCmd(g))
 	return cmd
 }
 
-// result is what both scenarios return.
-type result interface {
-	WriteText(io.Writer) error
-	WriteJSON(io.Writer) error
+// scenarioCmd returns the subcommand of a scenario, with the flags of the
+// settings it uses.
+func scenarioCmd(g *benchGlobal, sc bench.Scenario, use, short string, echo bool) *cobra.Command {
+	f := &benchFlags{}
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.config(cmd, g, sc, echo)
+			if err != nil {
+				return err
+			}
+			return g.run(cmd, sc, cfg)
+		},
+	}
+	fs := cmd.Flags()
+	addScenarioFlags(fs, f, sc)
+	return cmd
 }
 
-func (f *benchFlags) config() (bench.Config, error) {
-	raw := f.target
-	switch {
-	case f.url != "" && f.target != "" && f.url != f.target:
-		return bench.Config{}, errors.New("bench: give --url or --target, not both")
-	case f.url != "":
-		raw = f.url
+// addScenarioFlags registers the flags of the settings sc uses, and its
+// own.
+func addScenarioFlags(fs *pflag.FlagSet, f *benchFlags, sc bench.Scenario) {
+	if sc.Has(bench.UsesSize) {
+		fs.IntVar(&f.size, "size", 0, "body size in bytes (default: 4 for reqresp, 128 for pubsub, 64 for users)")
 	}
-	if f.embedded && raw != "" {
-		return bench.Config{}, errors.New("bench: --embedded runs its own node: drop --url and --target")
+	if sc.Has(bench.UsesCount) {
+		if sc.Name == "reqresp" {
+			fs.IntSliceVar(&f.counts, "count", []int{10000, 20000, 100000}, "cycles of each sequential run; parallel runs use the largest")
+		} else {
+			fs.IntVar(&f.count, "count", 1000000, "messages to publish, shared by the publishers (unlimited with --duration unless given)")
+		}
+	}
+	if sc.Has(bench.UsesDuration) {
+		help := "bound each run by time too: with no --count given, runs last this long"
+		if sc.Name == "users" {
+			help = "length of the whole run, ramp-up included (default: users/ramp + 10s)"
+		}
+		fs.DurationVar(&f.duration, "duration", 0, help)
+	}
+	if sc.Has(bench.UsesPublishers) {
+		fs.IntVar(&f.publishers, "publishers", 0, "publishers, each on its own connection (default: 1 for --mode fanout, 10 for fanin)")
+	}
+	if sc.Has(bench.UsesSubscribers) {
+		fs.IntVar(&f.subscribers, "subscribers", 0, "subscribers, each on its own connection (default: 10 for --mode fanout, 1 for fanin)")
+	}
+	if sc.Has(bench.UsesWorkers) {
+		def := 1
+		if sc.Name == "users" {
+			def = 2
+		}
+		fs.IntVar(&f.workers, "workers", def, "request handlers, each on its own connection, sharing the requests")
+	}
+	if sc.Has(bench.UsesRate) {
+		fs.Float64Var(&f.rate, "rate", 0, "offered rate in requests or messages per second, shared by the requesters or publishers (default: as fast as possible)")
+	}
+	if sc.Has(bench.UsesWarmup) {
+		fs.IntVar(&f.warmup, "warmup", 1000, "cycles or messages run before measuring (0 for none)")
+	}
+	switch sc.Name {
+	case "reqresp":
+		fs.IntSliceVar(&f.parallel, "parallel", []int{2, 4, 10, 100}, "requesting goroutines of each parallel run")
+	case "pubsub":
+		fs.StringVar(&f.mode, "mode", "fanout", "fanout (one publisher, many subscribers) or fanin (many publishers, one subscriber)")
+		fs.DurationVar(&f.drain, "drain", 3*time.Second, "how long to wait for deliveries that stopped coming before counting them lost")
+		fs.IntVar(&f.count, "messages", 1000000, "same as --count")
+		fs.MarkDeprecated("messages", "use --count")
+	case "users":
+		u := &f.users
+		fs.IntVar(&u.Users, "users", 100, "simulated users, each on its own connection (at most 10000)")
+		fs.Float64Var(&u.Ramp, "ramp", 50, "users connecting per second")
+		fs.Float64Var(&u.RequestRate, "request-rate", 1, "requests per second of each user (0 for none)")
+		fs.Float64Var(&u.PublishRate, "publish-rate", 1, "messages per second of each user, each to another user (0 for none)")
+		fs.DurationVar(&u.Threshold, "threshold", 100*time.Millisecond, "latency p99 over which the server counts as falling behind")
+		fs.DurationVar(&u.RequestTimeout, "request-timeout", 5*time.Second, "bound on each request; one that times out is an error")
+	}
+}
+
+// target returns the target the global flags name.
+func (g *benchGlobal) targetOf(echo bool) (bench.Target, error) {
+	raw := g.target
+	switch {
+	case g.url != "" && g.target != "" && g.url != g.target:
+		return bench.Target{}, errors.New("bench: give --url or --target, not both")
+	case g.url != "":
+		raw = g.url
+	}
+	if (g.embedded || g.harness || echo) && raw != "" {
+		return bench.Target{}, errors.New("bench: --embedded, --harness and echo run in this process: drop --url and --target")
+	}
+	if g.harness || echo {
+		return bench.Target{Kind: bench.KindEcho}, nil
 	}
 	t, err := bench.ParseTarget(raw)
 	if err != nil {
+		return bench.Target{}, err
+	}
+	if g.url != "" && t.Kind != bench.KindCourier {
+		return bench.Target{}, fmt.Errorf("bench: --url is for Courier servers (courier://...); use --target for %s", t.Kind)
+	}
+	return t, nil
+}
+
+func (f *benchFlags) config(cmd *cobra.Command, g *benchGlobal, sc bench.Scenario, echo bool) (bench.Config, error) {
+	t, err := g.targetOf(echo)
+	if err != nil {
 		return bench.Config{}, err
 	}
-	if f.url != "" && t.Kind != bench.KindCourier {
-		return bench.Config{}, fmt.Errorf("bench: --url is for Courier servers (courier://...); use --target for %s", t.Kind)
+	if !sc.Supports(t.Kind) {
+		return bench.Config{}, fmt.Errorf("%w: %s on %s", bench.ErrNoMapping, sc.Name, t)
 	}
+	changed := cmd.Flags().Changed
 	warmup := f.warmup
 	if warmup == 0 {
 		warmup = -1
 	}
-	return bench.Config{
-		Target: t, Counts: f.counts, Parallel: f.parallel, Warmup: warmup, Size: f.size,
-		Subscribers: f.subscribers, Messages: f.messages, Drain: f.drain, ServerPID: f.serverPID,
-	}, nil
+	cfg := bench.Config{
+		Target: t, Size: f.size, Duration: f.duration, Publishers: f.publishers, Subscribers: f.subscribers,
+		Workers: f.workers, Rate: f.rate, Warmup: warmup, Interval: g.interval, ServerPID: g.serverPID,
+		Parallel: f.parallel, Drain: f.drain, Users: f.users,
+	}
+	switch sc.Name {
+	case "reqresp":
+		if f.duration == 0 || changed("count") {
+			cfg.Counts = f.counts
+		}
+	case "pubsub":
+		if f.duration == 0 || changed("count") || changed("messages") {
+			cfg.Count = f.count
+		}
+		switch f.mode {
+		case "fanout":
+		case "fanin":
+			if cfg.Publishers == 0 {
+				cfg.Publishers = 10
+			}
+			if cfg.Subscribers == 0 {
+				cfg.Subscribers = 1
+			}
+		default:
+			return bench.Config{}, fmt.Errorf("bench: --mode %q: want fanout or fanin", f.mode)
+		}
+	case "users":
+		if cfg.Users.RequestRate == 0 {
+			cfg.Users.RequestRate = -1
+		}
+		if cfg.Users.PublishRate == 0 {
+			cfg.Users.PublishRate = -1
+		}
+	}
+	// A run bounded by time gets the time it needs.
+	if f.duration > 0 && !g.timeoutChanged(cmd) {
+		runs := 1
+		if sc.Name == "reqresp" {
+			runs += len(f.parallel)
+		}
+		g.timeout = max(g.timeout, time.Duration(runs)*f.duration+time.Minute)
+	}
+	return cfg, nil
 }
 
-func (f *benchFlags) run(cmd *cobra.Command, unit string, scenario func(context.Context, bench.Config) (result, error)) error {
-	cfg, err := f.config()
-	if err != nil {
-		return err
+func (g *benchGlobal) timeoutChanged(cmd *cobra.Command) bool {
+	fl := cmd.Flag("timeout")
+	return fl != nil && fl.Changed
+}
+
+func (g *benchGlobal) run(cmd *cobra.Command, sc bench.Scenario, cfg bench.Config) error {
+	if g.plot != "" {
+		ext := strings.ToLower(g.plot)
+		if !strings.HasSuffix(ext, ".svg") && !strings.HasSuffix(ext, ".png") {
+			return fmt.Errorf("bench: --plot %s: the file name must end in .svg or .png", g.plot)
+		}
 	}
 	out := cmd.OutOrStdout()
-	if isTerminal(os.Stdout) && !f.json {
-		bar := &benchBar{unit: unit}
+	if isTerminal(os.Stdout) && !g.json {
+		bar := &benchBar{start: time.Now()}
 		cfg.Progress = bar.update
 		defer bar.finish()
 	}
-	if f.cpuprofile != "" {
-		pf, err := os.Create(f.cpuprofile)
+	if g.cpuprofile != "" {
+		pf, err := os.Create(g.cpuprofile)
 		if err != nil {
 			return fmt.Errorf("bench: cpuprofile: %w", err)
 		}
@@ -147,16 +283,24 @@ func (f *benchFlags) run(cmd *cobra.Command, unit string, scenario func(context.
 		}
 		defer pprof.StopCPUProfile()
 	}
-	ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
+	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 	defer cancel()
-	res, runErr := scenario(ctx, cfg)
+	res, runErr := sc.Run(ctx, cfg)
 	if res == nil {
 		return runErr
 	}
-	if f.json {
+	var err error
+	if g.json {
 		err = res.WriteJSON(out)
 	} else {
 		err = res.WriteText(out)
+	}
+	if g.plot != "" {
+		if perr := bench.WritePlotFile(g.plot, res.Timeline()); perr != nil {
+			err = errors.Join(err, perr)
+		} else if !g.json {
+			fmt.Fprintf(out, "Plot written to %s\n", g.plot)
+		}
 	}
 	if runErr != nil {
 		return runErr
@@ -164,15 +308,23 @@ func (f *benchFlags) run(cmd *cobra.Command, unit string, scenario func(context.
 	return err
 }
 
-// benchBar shows a progress bar on stderr, one per stage.
+// barDelay is how long a run goes before it shows a progress bar: short
+// runs print their result and nothing else.
+const barDelay = 3 * time.Second
+
+// benchBar shows a progress bar on stderr, one per stage, once the run
+// has gone on for barDelay.
 type benchBar struct {
-	unit  string
+	start time.Time
 	stage string
 	bar   *progressbar.ProgressBar
 }
 
 // update is called from one goroutine at a time.
 func (b *benchBar) update(stage string, done, total int64) {
+	if time.Since(b.start) < barDelay {
+		return
+	}
 	if stage != b.stage || b.bar == nil {
 		b.finish()
 		b.stage = stage
@@ -181,7 +333,6 @@ func (b *benchBar) update(stage string, done, total int64) {
 			progressbar.OptionSetDescription(stage),
 			progressbar.OptionShowCount(),
 			progressbar.OptionShowIts(),
-			progressbar.OptionSetItsString(b.unit),
 			progressbar.OptionThrottle(100*time.Millisecond),
 			progressbar.OptionClearOnFinish(),
 		)

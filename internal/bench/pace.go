@@ -47,8 +47,8 @@ func (b *budget) done() int64 {
 // pacer spaces one goroutine's events at a fixed rate, open loop: an
 // event that is late goes at once and the later ones keep to the
 // schedule, so a broker that is slow to answer cannot lower the offered
-// rate (latency is counted from when an event was due, as wrk2 does,
-// not from when the late goroutine got round to it).
+// rate, and the latency of an event held up by slow answers counts from
+// when it was due, as wrk2 does (no coordinated omission).
 type pacer struct {
 	start time.Time
 	every time.Duration // 0: no pacing
@@ -71,8 +71,12 @@ func newPacer(rate float64, offset float64) *pacer {
 // without a rate.
 func (p *pacer) next() time.Time { return p.start.Add(time.Duration(p.n) * p.every) }
 
-// wait returns when the next event is due and the time it was due (now,
-// without a rate), or false when ctx ended first.
+// wait returns when the next event is due, with the time its latency
+// counts from, or false when ctx ended first. The event's latency counts
+// from when it was due if the goroutine was still busy with earlier
+// events then (the broker held it up), else from when the wait ended (a
+// timer that fires late is the load generator's delay, not the
+// broker's). Without a rate it is now.
 func (p *pacer) wait(ctx context.Context) (time.Time, bool) {
 	if p.every == 0 {
 		return time.Now(), ctx.Err() == nil
@@ -81,6 +85,7 @@ func (p *pacer) wait(ctx context.Context) (time.Time, bool) {
 	p.n++
 	if d := time.Until(due); d > 0 {
 		sleepCtx(ctx, d)
+		return time.Now(), ctx.Err() == nil
 	}
 	return due, ctx.Err() == nil
 }
