@@ -224,6 +224,9 @@ type Config struct {
 }
 
 func (c Config) withDefaults(scenario string) Config {
+	if c.Target.Kind == "" {
+		c.Target.Kind = KindEmbedded
+	}
 	if len(c.Counts) == 0 {
 		c.Counts = []int{10000, 20000, 100000}
 		if c.Duration > 0 {

@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/xml"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -244,5 +249,277 @@ func BenchmarkPubSub(b *testing.B) {
 			}
 			b.ReportMetric(res.DeliverRate, "deliveries/s")
 		})
+	}
+}
+
+func TestPubSubFanIn(t *testing.T) {
+	cfg := bench.Config{Publishers: 4, Subscribers: 1, Count: 400, Warmup: 20, Drain: 2 * time.Second}
+	res, err := bench.RunPubSub(ctxFor(t), cfg)
+	if err != nil {
+		t.Fatalf("RunPubSub: %v", err)
+	}
+	var out bytes.Buffer
+	res.WriteText(&out)
+	t.Logf("output:\n%s", out.String())
+	if res.Mode != "fan-in" || res.Published != 400 || res.Delivered != 400 || res.Lost != 0 || res.OutOfOrder != 0 {
+		t.Errorf("mode %s, published %d, delivered %d, lost %d, out of order %d; want fan-in, 400, 400, 0, 0",
+			res.Mode, res.Published, res.Delivered, res.Lost, res.OutOfOrder)
+	}
+	if res.Latency.Count != 400 {
+		t.Errorf("%d delivery latencies, want 400", res.Latency.Count)
+	}
+	if !strings.Contains(out.String(), "Pub-sub fan-in:") || !strings.Contains(out.String(), "Delivery latency p50") {
+		t.Errorf("no fan-in header or delivery latency line")
+	}
+}
+
+// A run bounded by time alone ends, and a rate limit holds the
+// publishers to their schedule (not checked against the clock: the
+// machine may be slow, so only that the run is bounded and counted).
+func TestPubSubDurationRate(t *testing.T) {
+	cfg := bench.Config{Subscribers: 2, Duration: 300 * time.Millisecond, Rate: 2000, Warmup: -1, Interval: 100 * time.Millisecond}
+	res, err := bench.RunPubSub(ctxFor(t), cfg)
+	if err != nil {
+		t.Fatalf("RunPubSub: %v", err)
+	}
+	if res.Published == 0 || res.Delivered != 2*res.Published {
+		t.Errorf("published %d, delivered %d", res.Published, res.Delivered)
+	}
+	if res.Published > 2000 {
+		t.Errorf("published %d in 300ms at 2000/s", res.Published)
+	}
+	if len(res.Samples) == 0 || res.Samples[0].Offered != 2000 {
+		t.Errorf("samples %+v, want the offered rate in them", res.Samples)
+	}
+}
+
+func TestReqRespWorkersDuration(t *testing.T) {
+	cfg := bench.Config{Workers: 3, Duration: 100 * time.Millisecond, Parallel: []int{4}, Warmup: 5, Rate: 5000}
+	res, err := bench.RunReqResp(ctxFor(t), cfg)
+	if err != nil {
+		t.Fatalf("RunReqResp: %v", err)
+	}
+	if len(res.Runs) != 2 || res.Runs[0].Cycles == 0 || res.Runs[1].Cycles == 0 {
+		t.Fatalf("runs %+v, want one sequential and one parallel run with cycles", res.Runs)
+	}
+	var out bytes.Buffer
+	res.WriteText(&out)
+	if len(lines(out.String(), sequentialLine)) != 1 || len(lines(out.String(), parallelLine)) != 1 {
+		t.Errorf("output:\n%s", out.String())
+	}
+}
+
+// The echo target runs every scenario without a broker.
+func TestEcho(t *testing.T) {
+	echo := bench.Target{Kind: bench.KindEcho}
+	checkReqResp(t, tinyReqResp(echo))
+	checkPubSub(t, bench.Config{Target: echo})
+	res, err := bench.RunUsers(ctxFor(t), tinyUsers(echo))
+	if err != nil {
+		t.Fatalf("RunUsers: %v", err)
+	}
+	if res.Connected != 8 || res.Lost != 0 {
+		t.Errorf("connected %d, lost %d", res.Connected, res.Lost)
+	}
+}
+
+func tinyUsers(target bench.Target) bench.Config {
+	return bench.Config{
+		Target: target, Duration: 600 * time.Millisecond, Interval: 100 * time.Millisecond,
+		Users: bench.UsersConfig{Users: 8, Ramp: 40, RequestRate: 20, PublishRate: 20},
+	}
+}
+
+func checkUsers(t *testing.T, cfg bench.Config) *bench.UsersResult {
+	t.Helper()
+	res, err := bench.RunUsers(ctxFor(t), cfg)
+	if err != nil {
+		t.Fatalf("RunUsers: %v", err)
+	}
+	var out bytes.Buffer
+	if err := res.WriteText(&out); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	t.Logf("output:\n%s", text)
+	if res.Connected != 8 || res.ConnectErrors != 0 {
+		t.Errorf("connected %d, %d failed; want 8, 0", res.Connected, res.ConnectErrors)
+	}
+	if res.Requests == 0 || res.RequestErrors != 0 || res.Published == 0 || res.Delivered != res.Published {
+		t.Errorf("requests %d (%d failed), published %d, delivered %d", res.Requests, res.RequestErrors, res.Published, res.Delivered)
+	}
+	if len(res.Samples) < 3 {
+		t.Errorf("%d samples, want one per interval", len(res.Samples))
+	}
+	var maxUsers int64
+	for _, s := range res.Samples {
+		maxUsers = max(maxUsers, s.Users)
+	}
+	if maxUsers != 8 {
+		t.Errorf("samples saw at most %d users, want 8", maxUsers)
+	}
+	if !strings.Contains(text, "t s  users") || !strings.Contains(text, "Connected 8 of 8 users") {
+		t.Errorf("no interval table or connected line")
+	}
+	if !strings.Contains(text, "Kept up") && !strings.Contains(text, "Fell behind at") {
+		t.Errorf("no verdict line")
+	}
+	return res
+}
+
+func TestUsersEmbedded(t *testing.T) {
+	checkUsers(t, tinyUsers(bench.Target{Kind: bench.KindEmbedded}))
+}
+
+func TestUsersServer(t *testing.T) {
+	checkUsers(t, tinyUsers(startServer(t)))
+}
+
+func TestUsersNoMapping(t *testing.T) {
+	_, err := bench.RunUsers(ctxFor(t), bench.Config{Target: bench.Target{Kind: bench.KindAMQP, URL: "amqp://127.0.0.1:1/"},
+		Users: bench.UsersConfig{Users: 1}, Duration: time.Second})
+	if !errors.Is(err, bench.ErrNoMapping) {
+		t.Errorf("users on amqp: %v, want ErrNoMapping", err)
+	}
+}
+
+// Every scenario's JSON is one object that parses, with the shared
+// report fields.
+func TestJSON(t *testing.T) {
+	for _, sc := range bench.Scenarios() {
+		t.Run(sc.Name, func(t *testing.T) {
+			cfg := tinyUsers(bench.Target{Kind: bench.KindEmbedded})
+			cfg.Counts, cfg.Parallel, cfg.ParallelCount, cfg.Warmup = []int{20}, []int{2}, 40, 5
+			cfg.Count, cfg.Subscribers = 50, 2
+			if sc.Name != "users" {
+				cfg.Duration = 0
+			}
+			res, err := sc.Run(ctxFor(t), cfg)
+			if err != nil {
+				t.Fatalf("%s: %v", sc.Name, err)
+			}
+			var js bytes.Buffer
+			if err := res.WriteJSON(&js); err != nil {
+				t.Fatal(err)
+			}
+			var back map[string]any
+			dec := json.NewDecoder(&js)
+			if err := dec.Decode(&back); err != nil {
+				t.Fatalf("JSON: %v", err)
+			}
+			if dec.More() {
+				t.Errorf("more than one JSON value")
+			}
+			for _, k := range []string{"scenario", "target", "usage", "samples", "broker_process"} {
+				if _, ok := back[k]; !ok {
+					t.Errorf("JSON has no %q", k)
+				}
+			}
+			if back["scenario"] != sc.Name {
+				t.Errorf("scenario %v", back["scenario"])
+			}
+			if len(res.Metrics()) == 0 {
+				t.Errorf("no metrics")
+			}
+		})
+	}
+}
+
+func TestPlotSVG(t *testing.T) {
+	res, err := bench.RunUsers(ctxFor(t), tinyUsers(bench.Target{Kind: bench.KindEmbedded}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"users.svg", "users.png"} {
+		path := filepath.Join(t.TempDir(), name)
+		if err := bench.WritePlotFile(path, res.Timeline()); err != nil {
+			t.Fatalf("WritePlotFile: %v", err)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasSuffix(name, ".png") {
+			if !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
+				t.Errorf("%s is not a PNG", name)
+			}
+			continue
+		}
+		checkSVG(t, b)
+	}
+	if err := bench.WritePlotFile(filepath.Join(t.TempDir(), "x.pdf"), res.Timeline()); err == nil {
+		t.Errorf("a .pdf plot did not fail")
+	}
+}
+
+// checkSVG checks that b is well-formed XML with an svg root element
+// that holds lines (paths) and text.
+func checkSVG(t *testing.T, b []byte) {
+	t.Helper()
+	dec := xml.NewDecoder(bytes.NewReader(b))
+	var root string
+	elems := map[string]int{}
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("SVG is not well-formed XML: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok {
+			if root == "" {
+				root = se.Name.Local
+			}
+			elems[se.Name.Local]++
+		}
+	}
+	if root != "svg" || elems["path"] < 5 || elems["text"] < 5 {
+		t.Errorf("SVG root %q, %d paths, %d texts", root, elems["path"], elems["text"])
+	}
+}
+
+func TestCompare(t *testing.T) {
+	var log []string
+	cmp, err := bench.Compare(ctxFor(t), bench.CompareConfig{
+		Targets: []bench.Target{
+			{Kind: bench.KindEmbedded},
+			{Kind: bench.KindNATS, URL: "nats://127.0.0.1:1"}, // nothing listens on port 1
+			{Kind: bench.KindEcho},
+		},
+		Cases:  []string{"reqresp", "fanin"},
+		Config: bench.Config{Count: 200},
+		Log:    func(l string) { log = append(log, l) },
+	})
+	if err != nil {
+		t.Fatalf("Compare: %v", err)
+	}
+	var out bytes.Buffer
+	cmp.WriteText(&out)
+	text := out.String()
+	t.Logf("output:\n%s", text)
+	if len(cmp.Targets) != 2 || len(cmp.Skipped) != 1 || !strings.Contains(cmp.Skipped[0], "Skipping NATS at nats://127.0.0.1:1: not reachable") {
+		t.Errorf("targets %q, skipped %q", cmp.Targets, cmp.Skipped)
+	}
+	if !strings.Contains(text, "Courier embedded node/in-process echo (no broker)") {
+		t.Errorf("no ratio column")
+	}
+	var sawRate bool
+	for _, r := range cmp.Rows {
+		if r.Case == "fanin" && r.Metric == "delivered" {
+			sawRate = true
+		}
+	}
+	if !sawRate {
+		t.Errorf("no fanin delivered row")
+	}
+	var js bytes.Buffer
+	cmp.WriteJSON(&js)
+	var back map[string]any
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Errorf("JSON: %v", err)
+	}
+	if _, err := bench.Compare(ctxFor(t), bench.CompareConfig{Cases: []string{"nope"}}); err == nil {
+		t.Errorf("an unknown case did not fail")
 	}
 }

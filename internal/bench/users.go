@@ -204,7 +204,7 @@ func runUsers(ctx context.Context, cfg *Config, res *UsersResult) error {
 		if _, ok := ramp.wait(runCtx); !ok {
 			break
 		}
-		wg.Go(func() { st.user(runCtx, i) })
+		wg.Go(func() { st.user(runCtx, ctx, i) })
 	}
 	smp.setStage("steady")
 	wg.Wait()
@@ -240,17 +240,20 @@ func (st *usersRun) fail(what string, err error) {
 
 // user runs user i's script: connect, attach and subscribe, then
 // request and publish at its rates until the end, idle in between.
-func (st *usersRun) user(ctx context.Context, i int) {
+// runCtx ends at the end of the run and stops the script; ctx, the whole
+// scenario's, bounds the requests and publishes, so that those in flight
+// at the end finish rather than fail.
+func (st *usersRun) user(runCtx, ctx context.Context, i int) {
 	u := st.cfg.Users
 	t0 := time.Now()
-	conn, err := st.ud.user(ctx, i, func(b []byte) {
+	conn, err := st.ud.user(runCtx, i, func(b []byte) {
 		if len(b) >= 8 {
 			st.delLat.record(i, time.Since(st.epoch)-time.Duration(binary.BigEndian.Uint64(b)))
 		}
 		st.delivered.Add(1)
 	})
 	if err != nil {
-		if ctx.Err() == nil {
+		if runCtx.Err() == nil {
 			st.connectErrs.Add(1)
 			st.fail(fmt.Sprintf("user %d: connect", i), err)
 		}
@@ -263,19 +266,19 @@ func (st *usersRun) user(ctx context.Context, i int) {
 	// Each user's schedules start at a random phase, so that users do
 	// not act in step.
 	reqs, pubs := newPacer(u.RequestRate, rand.Float64()), newPacer(u.PublishRate, rand.Float64())
-	for ctx.Err() == nil {
+	for runCtx.Err() == nil {
 		isReq := u.RequestRate > 0 && (u.PublishRate <= 0 || !pubs.next().Before(reqs.next()))
 		p := pubs
 		if isReq {
 			p = reqs
 		} else if u.PublishRate <= 0 {
-			sleepCtx(ctx, time.Until(st.end)) // idle to the end
+			sleepCtx(runCtx, time.Until(st.end)) // idle to the end
 			return
 		}
 		if p.next().After(st.end) {
 			return
 		}
-		due, ok := p.wait(ctx)
+		due, ok := p.wait(runCtx)
 		if !ok {
 			return
 		}
@@ -358,7 +361,7 @@ func (res *UsersResult) WriteText(w io.Writer) error {
 		if s.ServerCPU >= 0 {
 			cores = fmt.Sprintf("%.2f", s.ServerCPU)
 		}
-		fmt.Fprintf(tw, "%.0f\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.0f\t%.0f\t%.2f\t%d\t%s\t%.0f\t\n", s.T, s.Users, s.Offered,
+		fmt.Fprintf(tw, "%.1f\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.0f\t%.0f\t%.2f\t%d\t%s\t%.0f\t\n", s.T, s.Users, s.Offered,
 			s.Sent, s.Latency.P50/1e3, s.Latency.P99/1e3, s.Published, s.Received, s.Delivery.P99/1e3, s.Errors, cores, float64(s.ServerRSS)/1e6)
 	}
 	tw.Flush()

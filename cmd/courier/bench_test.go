@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// runBench runs courier bench in this process with args and returns its
+// standard output.
+func runBench(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := benchCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	ctx, cancel := context.WithTimeout(context.Background(), cliWait)
+	defer cancel()
+	err := cmd.ExecuteContext(ctx)
+	return out.String(), err
+}
+
+func TestBenchFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string // in the output
+	}{
+		{"reqresp", []string{"reqresp", "--count", "20,30", "--parallel", "2", "--warmup", "5", "--workers", "2", "--size", "16"},
+			[]string{"Sequential 20 cycles in ~", "Sequential 30 cycles in ~", "Parallel 2 30 cycles in ~", "16-byte ping and pong, 2 handler(s)"}},
+		{"reqresp-rate", []string{"reqresp", "--duration", "100ms", "--parallel", "2", "--rate", "2000"},
+			[]string{"Sequential ", "Parallel 2 ", "offered 2000 cycles/s"}},
+		{"fanout", []string{"pubsub", "--count", "100", "--subscribers", "3", "--warmup", "0"},
+			[]string{"Pub-sub fan-out:", "1 publisher(s), 3 subscriber(s), 100 messages", "Lost 0 of 300 deliveries"}},
+		{"fanin", []string{"pubsub", "--mode", "fanin", "--publishers", "3", "--messages", "90"},
+			[]string{"Pub-sub fan-in:", "3 publisher(s), 1 subscriber(s), 90 messages", "Lost 0 of 90 deliveries"}},
+		{"users", []string{"users", "--users", "4", "--ramp", "40", "--duration", "500ms", "--interval", "100ms", "--request-rate", "10", "--publish-rate", "0"},
+			[]string{"4 users ramped at 40/s, each 10 requests/s and 0 messages/s", "Connected 4 of 4 users"}},
+		{"echo", []string{"echo", "--count", "50", "--parallel", "4"},
+			[]string{"in-process echo (no broker)", "Sequential 50 cycles in ~", "Parallel 4 50 cycles"}},
+		{"harness", []string{"pubsub", "--harness", "--count", "50", "--subscribers", "2"},
+			[]string{"in-process echo (no broker)", "Lost 0 of 100 deliveries"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := runBench(t, tc.args...)
+			if err != nil {
+				t.Fatalf("courier bench %s: %v\n%s", strings.Join(tc.args, " "), err, out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output has no %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+}
+
+func TestBenchBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"pubsub", "--mode", "sideways"},
+		{"reqresp", "--url", "nats://127.0.0.1:4222"},
+		{"reqresp", "--embedded", "--target", "nats://127.0.0.1:4222"},
+		{"reqresp", "--target", "http://127.0.0.1"},
+		{"users", "--target", "amqp://127.0.0.1:5672/"}, // no mapping
+		{"reqresp", "--plot", "out.pdf"},
+		{"pubsub", "--publishers", "-1"},
+		{"users", "--count", "5"}, // users has no --count
+	} {
+		if out, err := runBench(t, args...); err == nil {
+			t.Errorf("courier bench %s: no error\n%s", strings.Join(args, " "), out)
+		}
+	}
+}
+
+func TestBenchJSONAndPlot(t *testing.T) {
+	plot := filepath.Join(t.TempDir(), "run.svg")
+	out, err := runBench(t, "pubsub", "--count", "200", "--subscribers", "2", "--json", "--plot", plot, "--interval", "10ms", "--rate", "4000")
+	if err != nil {
+		t.Fatalf("courier bench pubsub --json: %v\n%s", err, out)
+	}
+	var res struct {
+		Scenario  string `json:"scenario"`
+		Delivered int64  `json:"delivered"`
+		Samples   []struct {
+			T float64 `json:"t_s"`
+		} `json:"samples"`
+	}
+	dec := json.NewDecoder(strings.NewReader(out))
+	if err := dec.Decode(&res); err != nil {
+		t.Fatalf("JSON: %v\n%s", err, out)
+	}
+	if dec.More() {
+		t.Errorf("more than one JSON value:\n%s", out)
+	}
+	if res.Scenario != "pubsub" || res.Delivered != 400 || len(res.Samples) == 0 {
+		t.Errorf("scenario %q, delivered %d, %d samples", res.Scenario, res.Delivered, len(res.Samples))
+	}
+	b, err := os.ReadFile(plot)
+	if err != nil {
+		t.Fatalf("plot: %v", err)
+	}
+	if !bytes.Contains(b, []byte("<svg")) {
+		t.Errorf("plot file is not SVG")
+	}
+}
+
+func TestBenchCompare(t *testing.T) {
+	start := time.Now()
+	out, err := runBench(t, "compare", "--embedded", "--courier", "", "--nats", "nats://127.0.0.1:1", "--amqp", "",
+		"--cases", "fanout", "--count", "100")
+	if err != nil {
+		t.Fatalf("courier bench compare: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "Skipping NATS at nats://127.0.0.1:1: not reachable") || !strings.Contains(out, "delivered") {
+		t.Errorf("output:\n%s", out)
+	}
+	t.Logf("compare took %s:\n%s", time.Since(start), out)
+}
