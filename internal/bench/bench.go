@@ -2,18 +2,26 @@
 // against Courier (an embedded node or a server), NATS and RabbitMQ, so
 // that their figures compare on one machine in one run.
 //
-// Two scenarios exist:
+// The scenarios ([Scenarios]) share their settings ([Config]: size,
+// count or duration, publishers, subscribers, workers, rate, warm-up):
 //
-//   - Request-response ([RunReqResp]): one handler answers "ping" with
+//   - Request-response ([RunReqResp]): handlers answer "ping" with
 //     "pong". Sequential runs time one requester; parallel runs share a
 //     count of cycles among P goroutines. The output keeps the classic
 //     lines of the Erlang messaging layer's benchmark,
-//     "Sequential 100000 cycles in ~4 seconds (26957 cycles/s)", and adds
-//     latency percentiles (HDR histogram) and the CPU time the broker and
-//     the client spent per cycle.
-//   - Publish-subscribe fan-out ([RunPubSub]): one publisher, N
-//     subscribers each on its own connection; published and delivered
-//     rates, and how many deliveries were lost.
+//     "Sequential 100000 cycles in ~4 seconds (26957 cycles/s)".
+//   - Publish-subscribe ([RunPubSub]): fan-out (one publisher, N
+//     subscribers) or fan-in (N publishers, one subscriber), each on its
+//     own connection; published and delivered rates, losses, reordering
+//     and delivery latency.
+//   - Many users ([RunUsers]), in the manner of Amoc: users ramped up,
+//     each on its own connection, requesting and publishing at a rate;
+//     one line per interval, and where the server fell behind.
+//
+// Every scenario samples its run every interval ([Sample]): rates,
+// latency percentiles (HDR histogram), the server's CPU and resident
+// memory, and this process's CPU; [WritePlot] draws them. [Compare] runs
+// scenarios against several targets and tabulates the ratios.
 //
 // A target is chosen by URL ([ParseTarget]):
 //
@@ -21,11 +29,13 @@
 //	courier://127.0.0.1:7400        Courier server (client.Dial)
 //	nats://127.0.0.1:4222           NATS core (nats.go)
 //	amqp://guest:guest@127.0.0.1:5672/  RabbitMQ (amqp091-go)
+//	echo://                         no broker: an in-process echo that
+//	                                shows what the harness sustains
 //
 // The broker's CPU time comes from /proc/<pid>/stat of the process that
 // listens on the target's port; for an embedded node it is the whole
-// process, broker and client together. Every run is bounded in count and
-// by the context's deadline.
+// process, broker and client together. Every run is bounded in count or
+// time, and by the context's deadline.
 package bench
 
 import (

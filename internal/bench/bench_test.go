@@ -501,7 +501,7 @@ func TestCompare(t *testing.T) {
 	if len(cmp.Targets) != 2 || len(cmp.Skipped) != 1 || !strings.Contains(cmp.Skipped[0], "Skipping NATS at nats://127.0.0.1:1: not reachable") {
 		t.Errorf("targets %q, skipped %q", cmp.Targets, cmp.Skipped)
 	}
-	if !strings.Contains(text, "Courier embedded node/in-process echo (no broker)") {
+	if !strings.Contains(text, "Courier embedded/echo") {
 		t.Errorf("no ratio column")
 	}
 	var sawRate bool

@@ -19,8 +19,9 @@ var CompareCases = []string{"reqresp", "fanout", "fanin", "users"}
 
 // CompareConfig configures [Compare].
 type CompareConfig struct {
-	// Targets are measured one after another; the first is the one the
-	// ratios are about (Courier).
+	// Targets are measured one after another. The ratios are about the
+	// first Courier server among them (else the first target), against
+	// every target that is not Courier.
 	Targets []Target
 	// Cases are names from [CompareCases]. Default: reqresp, fanout,
 	// fanin.
@@ -86,6 +87,7 @@ func caseConfig(name string, base Config) (Scenario, Config, error) {
 // column per target that was reachable.
 type Comparison struct {
 	Targets []string `json:"targets"`
+	Kinds   []Kind   `json:"kinds"`
 	Rows    []Row    `json:"rows"`
 	// Skipped says which targets were left out, and why.
 	Skipped []string `json:"skipped,omitempty"`
@@ -142,6 +144,7 @@ func Compare(ctx context.Context, cc CompareConfig) (*Comparison, error) {
 		}
 		targets = append(targets, t)
 		cmp.Targets = append(cmp.Targets, t.String())
+		cmp.Kinds = append(cmp.Kinds, t.Kind)
 	}
 	if len(targets) == 0 {
 		return cmp, fmt.Errorf("bench: compare: no target reachable")
@@ -216,20 +219,40 @@ func ratio(first, other float64, lower bool) float64 {
 	return first / other
 }
 
+// reference returns the column the ratios are about, and the columns
+// they compare it with.
+func (c *Comparison) reference() (int, []int) {
+	ref := 0
+	for i, k := range c.Kinds {
+		if k == KindCourier {
+			ref = i
+			break
+		}
+	}
+	var others []int
+	for i, k := range c.Kinds {
+		if i != ref && k != KindCourier && k != KindEmbedded {
+			others = append(others, i)
+		}
+	}
+	return ref, others
+}
+
 // WriteText prints one table: a row per figure, a column per target,
-// then the first target's ratio to each other one.
+// then the Courier server's ratio to each other broker.
 func (c *Comparison) WriteText(w io.Writer) error {
 	var b strings.Builder
 	for _, s := range c.Skipped {
 		b.WriteString(s + "\n")
 	}
+	ref, others := c.reference()
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "case\tfigure\tunit\t")
-	for _, t := range c.Targets {
-		fmt.Fprintf(tw, "%s\t", shortTarget(t))
+	for _, k := range c.Kinds {
+		fmt.Fprintf(tw, "%s\t", kindName(k))
 	}
-	for _, t := range c.Targets[min(1, len(c.Targets)):] {
-		fmt.Fprintf(tw, "%s/%s\t", shortTarget(c.Targets[0]), shortTarget(t))
+	for _, o := range others {
+		fmt.Fprintf(tw, "%s/%s\t", kindName(c.Kinds[ref]), kindName(c.Kinds[o]))
 	}
 	fmt.Fprint(tw, "\n")
 	for _, r := range c.Rows {
@@ -237,8 +260,8 @@ func (c *Comparison) WriteText(w io.Writer) error {
 		for _, v := range r.Values {
 			fmt.Fprintf(tw, "%s\t", formatFigure(float64(v)))
 		}
-		for _, v := range r.Values[min(1, len(r.Values)):] {
-			q := ratio(float64(r.Values[0]), float64(v), r.Lower)
+		for _, o := range others {
+			q := ratio(float64(r.Values[ref]), float64(r.Values[o]), r.Lower)
 			if math.IsNaN(q) {
 				fmt.Fprint(tw, "–\t")
 			} else {
@@ -248,8 +271,11 @@ func (c *Comparison) WriteText(w io.Writer) error {
 		fmt.Fprint(tw, "\n")
 	}
 	tw.Flush()
-	if len(c.Targets) > 1 {
-		fmt.Fprintf(&b, "Ratios: how many times better %s did (above 1: better); rates are divided, latency, CPU and memory inverted.\n", c.Targets[0])
+	for i, t := range c.Targets {
+		fmt.Fprintf(&b, "%s: %s\n", kindName(c.Kinds[i]), t)
+	}
+	if len(others) > 0 {
+		fmt.Fprintf(&b, "Ratios: how many times better %s did (above 1: better); rates are divided, latency, CPU and memory inverted.\n", c.Targets[ref])
 	}
 	for _, e := range c.Errors {
 		b.WriteString("Failed: " + e + "\n")
@@ -258,14 +284,25 @@ func (c *Comparison) WriteText(w io.Writer) error {
 	return err
 }
 
+// kindName is a column heading.
+func kindName(k Kind) string {
+	switch k {
+	case KindEmbedded:
+		return "Courier embedded"
+	case KindCourier:
+		return "Courier server"
+	case KindNATS:
+		return "NATS"
+	case KindAMQP:
+		return "RabbitMQ"
+	case KindEcho:
+		return "echo"
+	}
+	return string(k)
+}
+
 // WriteJSON prints the comparison as one JSON object.
 func (c *Comparison) WriteJSON(w io.Writer) error { return writeJSON(w, c) }
-
-// shortTarget is a column heading: "Courier server", "NATS", "RabbitMQ".
-func shortTarget(s string) string {
-	name, _, _ := strings.Cut(s, " at ")
-	return name
-}
 
 func formatFigure(v float64) string {
 	switch {
