@@ -89,13 +89,22 @@ run() { # name, courier bench args...
 	run reqresp-nats reqresp --target "$NATS" $REQRESP_ARGS
 	if [ -n "${NATS2:-}" ]; then run reqresp-nats2 reqresp --target "$NATS2" $REQRESP_ARGS; fi
 	run reqresp-rabbitmq reqresp --target "$AMQP" $REQRESP_ARGS
-	run pubsub-embedded pubsub --embedded --messages "$PUBSUB_MESSAGES"
-	run pubsub-courier pubsub --url "$COURIER" --messages "$PUBSUB_MESSAGES"
-	run pubsub-nats pubsub --target "$NATS" --messages "$PUBSUB_MESSAGES"
-	if [ -n "${NATS2:-}" ]; then run pubsub-nats2 pubsub --target "$NATS2" --messages "$PUBSUB_MESSAGES"; fi
-	run pubsub-small-embedded pubsub --embedded --messages "$SMALL_MESSAGES"
-	run pubsub-small-courier pubsub --url "$COURIER" --messages "$SMALL_MESSAGES"
-	run pubsub-small-nats pubsub --target "$NATS" --messages "$SMALL_MESSAGES"
-	if [ -n "${NATS2:-}" ]; then run pubsub-small-nats2 pubsub --target "$NATS2" --messages "$SMALL_MESSAGES"; fi
-	run pubsub-small-rabbitmq pubsub --target "$AMQP" --messages "$SMALL_MESSAGES"
+	run pubsub-embedded pubsub --embedded --count "$PUBSUB_MESSAGES"
+	run pubsub-courier pubsub --url "$COURIER" --count "$PUBSUB_MESSAGES"
+	run pubsub-nats pubsub --target "$NATS" --count "$PUBSUB_MESSAGES"
+	if [ -n "${NATS2:-}" ]; then run pubsub-nats2 pubsub --target "$NATS2" --count "$PUBSUB_MESSAGES"; fi
+	run pubsub-small-embedded pubsub --embedded --count "$SMALL_MESSAGES"
+	run pubsub-small-courier pubsub --url "$COURIER" --count "$SMALL_MESSAGES"
+	run pubsub-small-nats pubsub --target "$NATS" --count "$SMALL_MESSAGES"
+	if [ -n "${NATS2:-}" ]; then run pubsub-small-nats2 pubsub --target "$NATS2" --count "$SMALL_MESSAGES"; fi
+	run pubsub-small-rabbitmq pubsub --target "$AMQP" --count "$SMALL_MESSAGES"
+	run pubsub-fanin-courier pubsub --mode fanin --url "$COURIER" --count "$SMALL_MESSAGES"
+	run pubsub-fanin-nats pubsub --mode fanin --target "$NATS" --count "$SMALL_MESSAGES"
+	run users-courier users --url "$COURIER" --users 200 --ramp 50 --duration 15s --plot "$out/users-courier.svg"
+	run users-nats users --target "$NATS" --users 200 --ramp 50 --duration 15s --plot "$out/users-nats.svg"
+	run echo echo
+	# One table with the ratios (the short form of the runs above).
+	echo
+	echo "== courier bench compare (load average before: $(cut -d' ' -f1-3 /proc/loadavg))"
+	nice -n -10 "$bin" bench compare --courier "$COURIER" --nats "$NATS" --amqp "$AMQP" --timeout "$TIMEOUT" 2>&1 | tee "$out/compare.txt" || true
 } 2>&1 | tee "$out/all.txt"

@@ -310,25 +310,26 @@ func (c Config) Validate() error {
 			return fmt.Errorf("bench: parallel must be positive, got %d", p)
 		}
 	}
+	for _, f := range []struct {
+		name     string
+		negative bool
+		value    any
+	}{
+		{"parallel count", c.ParallelCount < 0, c.ParallelCount},
+		{"size", c.Size < 0, c.Size},
+		{"count", c.Count < 0, c.Count},
+		{"duration", c.Duration < 0, c.Duration},
+		{"publishers", c.Publishers < 0, c.Publishers},
+		{"subscribers", c.Subscribers < 0, c.Subscribers},
+		{"workers", c.Workers < 0, c.Workers},
+		{"rate", c.Rate < 0, c.Rate},
+		{"interval", c.Interval < 0, c.Interval},
+	} {
+		if f.negative {
+			return fmt.Errorf("bench: %s must be positive, got %v", f.name, f.value)
+		}
+	}
 	switch {
-	case c.ParallelCount < 0:
-		return fmt.Errorf("bench: parallel count must be positive, got %d", c.ParallelCount)
-	case c.Size < 0:
-		return fmt.Errorf("bench: size must be positive, got %d", c.Size)
-	case c.Count < 0:
-		return fmt.Errorf("bench: count must be positive, got %d", c.Count)
-	case c.Duration < 0:
-		return fmt.Errorf("bench: duration must be positive, got %s", c.Duration)
-	case c.Publishers < 0:
-		return fmt.Errorf("bench: publishers must be positive, got %d", c.Publishers)
-	case c.Subscribers < 0:
-		return fmt.Errorf("bench: subscribers must be positive, got %d", c.Subscribers)
-	case c.Workers < 0:
-		return fmt.Errorf("bench: workers must be positive, got %d", c.Workers)
-	case c.Rate < 0:
-		return fmt.Errorf("bench: rate must be positive, got %g", c.Rate)
-	case c.Interval < 0:
-		return fmt.Errorf("bench: interval must be positive, got %s", c.Interval)
 	case c.Publishers > maxConns || c.Subscribers > maxConns || c.Workers > maxConns:
 		return fmt.Errorf("bench: at most %d publishers, subscribers or workers", maxConns)
 	}

@@ -78,6 +78,19 @@ func newDriver(ctx context.Context, cfg *Config) (driver, error) {
 	return nil, fmt.Errorf("bench: unknown target kind %q", cfg.Target.Kind)
 }
 
+// openDriver returns the target's driver and a func that closes it and
+// keeps its notes in the report.
+func openDriver(ctx context.Context, cfg *Config, rep *Report) (driver, func(), error) {
+	d, err := newDriver(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return d, func() {
+		rep.Notes = append(rep.Notes, d.notes()...)
+		d.close()
+	}, nil
+}
+
 // names returns the exchange, subject or queue names of one run: unique
 // per process, so that runs against one server do not see each other.
 func names(what string) string {

@@ -98,14 +98,11 @@ func pubSubMode(pubs, subs int) string {
 }
 
 func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
-	d, err := newDriver(ctx, cfg)
+	d, closeDriver, err := openDriver(ctx, cfg, &res.Report)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		res.Notes = append(res.Notes, d.notes()...)
-		d.close()
-	}()
+	defer closeDriver()
 	stamped := cfg.Size >= stampSize
 	if !stamped {
 		res.Notes = append(res.Notes, fmt.Sprintf("messages under %d bytes carry no sequence number or time stamp: no latency, no order check", stampSize))

@@ -81,14 +81,11 @@ func RunReqResp(ctx context.Context, cfg Config) (*ReqRespResult, error) {
 }
 
 func runReqResp(ctx context.Context, cfg *Config, res *ReqRespResult) (err error) {
-	d, err := newDriver(ctx, cfg)
+	d, closeDriver, err := openDriver(ctx, cfg, &res.Report)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		res.Notes = append(res.Notes, d.notes()...)
-		d.close()
-	}()
+	defer closeDriver()
 	ping, pong := body("ping", cfg.Size), body("pong", cfg.Size)
 	if err := d.serve(ctx, cfg.Workers, pong); err != nil {
 		return err

@@ -155,14 +155,11 @@ func RunUsers(ctx context.Context, cfg Config) (*UsersResult, error) {
 }
 
 func runUsers(ctx context.Context, cfg *Config, res *UsersResult) error {
-	d, err := newDriver(ctx, cfg)
+	d, closeDriver, err := openDriver(ctx, cfg, &res.Report)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		res.Notes = append(res.Notes, d.notes()...)
-		d.close()
-	}()
+	defer closeDriver()
 	ud, ok := d.(userDriver)
 	if !ok {
 		return fmt.Errorf("%w: users on %s", ErrNoMapping, cfg.Target)
