@@ -9,12 +9,12 @@ import (
 )
 
 // echoDriver is no broker: requests go to handler goroutines over a
-// channel and back, and each message goes straight to its subscribers'
-// goroutines. It does the hand-offs a broker does in the fewest steps Go
-// allows, so a run against it shows how many cycles or messages per
-// second the load generator itself sustains on this machine: a broker
-// measured near that figure is measured by the harness, not the other
-// way round.
+// channel and back (the fewest steps a request and its response between
+// goroutines take), and each published message is handed to its
+// subscribers' callbacks in the publisher's goroutine. A run against it
+// shows how many cycles or messages per second the load generator itself
+// sustains on this machine: a broker measured near that figure is
+// measured by the harness, not the other way round.
 type echoDriver struct {
 	cfg  *Config
 	quit chan struct{} // closed by close
@@ -22,11 +22,24 @@ type echoDriver struct {
 
 	reqs chan echoRequest // to the handlers
 
-	mu    sync.Mutex // guards pong, subs, users, closed
+	mu    sync.Mutex // guards pong, subs, users, done
 	pong  []byte
-	subs  []chan []byte       // by subscriber
-	users map[int]chan []byte // by user
+	subs  []*echoSub       // by subscriber
+	users map[int]*echoSub // by user
 	done  bool
+}
+
+// echoSub is a subscriber's callback; its lock keeps the callback to one
+// caller at a time, as a subscription's goroutine would.
+type echoSub struct {
+	mu sync.Mutex // held while fn runs
+	fn func([]byte)
+}
+
+func (s *echoSub) deliver(b []byte) {
+	s.mu.Lock()
+	s.fn(b)
+	s.mu.Unlock()
 }
 
 var (
@@ -40,7 +53,7 @@ type echoRequest struct {
 }
 
 func newEchoDriver(cfg *Config) *echoDriver {
-	return &echoDriver{cfg: cfg, quit: make(chan struct{}), reqs: make(chan echoRequest, 1024), users: map[int]chan []byte{}}
+	return &echoDriver{cfg: cfg, quit: make(chan struct{}), reqs: make(chan echoRequest, 1024), users: map[int]*echoSub{}}
 }
 
 // errEchoClosed is returned by an echo driver's calls after close.
@@ -103,27 +116,10 @@ func (r *echoRequester) request(ctx context.Context, body []byte) error {
 
 func (r *echoRequester) close() error { return nil }
 
-// inbox starts a goroutine that calls fn with what arrives on the
-// channel it returns, until close.
-func (d *echoDriver) inbox(fn func([]byte)) chan []byte {
-	ch := make(chan []byte, 1024)
-	d.wg.Go(func() {
-		for {
-			select {
-			case b := <-ch:
-				fn(b)
-			case <-d.quit:
-				return
-			}
-		}
-	})
-	return ch
-}
-
 func (d *echoDriver) subscribe(ctx context.Context, n int, fn func(int, []byte)) error {
-	subs := make([]chan []byte, n)
+	subs := make([]*echoSub, n)
 	for i := range subs {
-		subs[i] = d.inbox(func(b []byte) { fn(i, b) })
+		subs[i] = &echoSub{fn: func(b []byte) { fn(i, b) }}
 	}
 	d.mu.Lock()
 	d.subs = subs
@@ -137,29 +133,18 @@ func (d *echoDriver) publisher(ctx context.Context) (publisher, error) {
 	return echoPublisher{d}, nil
 }
 
-// publish hands body to every subscriber, waiting while one's inbox is
-// full: back-pressure, as a broker's credit gives.
+// publish hands body to every subscriber's callback.
 func (p echoPublisher) publish(ctx context.Context, body []byte) error {
 	p.d.mu.Lock()
-	subs := p.d.subs
+	subs, done := p.d.subs, p.d.done
 	p.d.mu.Unlock()
-	for _, ch := range subs {
-		if err := p.d.send(ctx, ch, body); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (d *echoDriver) send(ctx context.Context, ch chan []byte, body []byte) error {
-	select {
-	case ch <- body:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-d.quit:
+	if done {
 		return errEchoClosed
 	}
+	for _, s := range subs {
+		s.deliver(body)
+	}
+	return nil
 }
 
 func (p echoPublisher) flush(ctx context.Context) error { return nil }
@@ -174,25 +159,24 @@ func (d *echoDriver) user(ctx context.Context, i int, fn func([]byte)) (userConn
 	if err != nil {
 		return nil, err
 	}
-	ch := d.inbox(fn)
 	d.mu.Lock()
-	d.users[i] = ch
+	d.users[i] = &echoSub{fn: fn}
 	d.mu.Unlock()
 	return &echoUser{d: d, req: r.(*echoRequester)}, nil
 }
 
 func (u *echoUser) request(ctx context.Context, body []byte) error { return u.req.request(ctx, body) }
 
-// publish hands body to user to, and drops it if that user is not
-// there, as a broker drops a message no subscriber matches.
+// publish hands body to user to's callback, and drops it if that user
+// is not there, as a broker drops a message no subscriber matches.
 func (u *echoUser) publish(ctx context.Context, to int, body []byte) error {
 	u.d.mu.Lock()
-	ch := u.d.users[to]
+	s := u.d.users[to]
 	u.d.mu.Unlock()
-	if ch == nil {
-		return nil
+	if s != nil {
+		s.deliver(body)
 	}
-	return u.d.send(ctx, ch, body)
+	return nil
 }
 
 func (u *echoUser) close() error { return nil }

@@ -189,12 +189,17 @@ func (r *Report) footer(b *strings.Builder) {
 	}
 }
 
-// usageMetrics are the server's figures every scenario offers compare,
-// per unit of work (n of them).
+// usageMetrics are the server's figures every scenario offers compare:
+// its CPU per unit of work (n of them), or with no unit its average
+// cores over the run, and its peak memory.
 func (r *Report) usageMetrics(n int64, unit string) []Metric {
 	var m []Metric
-	if r.Usage.ServerCPUSeconds >= 0 && n > 0 && !r.Process.Embedded {
-		m = append(m, Metric{Name: "server CPU per " + unit, Value: r.Usage.ServerCPUSeconds * 1e6 / float64(n), Unit: "us", Lower: true})
+	switch u := r.Usage; {
+	case u.ServerCPUSeconds < 0 || r.Process.Embedded:
+	case unit == "" && u.Seconds > 0:
+		m = append(m, Metric{Name: "server CPU", Value: u.ServerCPUSeconds / u.Seconds, Unit: "cores", Lower: true})
+	case n > 0:
+		m = append(m, Metric{Name: "server CPU per " + unit, Value: u.ServerCPUSeconds * 1e6 / float64(n), Unit: "us", Lower: true})
 	}
 	if r.Usage.ServerPeakRSS > 0 {
 		m = append(m, Metric{Name: "server peak RSS", Value: float64(r.Usage.ServerPeakRSS) / 1e6, Unit: "MB", Lower: true})
