@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime/pprof"
 	"strings"
@@ -322,14 +323,13 @@ type benchBar struct {
 
 // update is called from one goroutine at a time.
 func (b *benchBar) update(stage string, done, total int64) {
-	if time.Since(b.start) < barDelay {
-		return
-	}
 	if stage != b.stage || b.bar == nil {
 		b.finish()
 		b.stage = stage
+		// The bar counts from its stage's start, so that its rate is
+		// right, but draws nothing until barDelay.
 		b.bar = progressbar.NewOptions64(total,
-			progressbar.OptionSetWriter(os.Stderr),
+			progressbar.OptionSetWriter(delayedWriter{show: b.start.Add(barDelay), w: os.Stderr}),
 			progressbar.OptionSetDescription(stage),
 			progressbar.OptionShowCount(),
 			progressbar.OptionShowIts(),
@@ -338,6 +338,19 @@ func (b *benchBar) update(stage string, done, total int64) {
 		)
 	}
 	b.bar.Set64(done)
+}
+
+// delayedWriter drops what is written to it before show.
+type delayedWriter struct {
+	show time.Time
+	w    io.Writer
+}
+
+func (d delayedWriter) Write(p []byte) (int, error) {
+	if time.Now().Before(d.show) {
+		return len(p), nil
+	}
+	return d.w.Write(p)
 }
 
 func (b *benchBar) finish() {
