@@ -439,18 +439,28 @@ func (cl *call) release() {
 	callPool.Put(cl)
 }
 
-// roundTrip sends a control frame and waits for its OK or ERROR.
-func (c *Conn) roundTrip(ctx context.Context, f *wire.Frame, out any) error {
+// call sends f as a new call, registered under f.Ref, whose frames the
+// caller reads with next. On an error f and the call are released.
+func (c *Conn) call(ctx context.Context, f *wire.Frame) (*call, error) {
 	cl := c.newCall()
 	f.Ref = cl.ref
 	if err := c.register(cl); err != nil {
 		f.Release()
 		cl.release()
-		return err
+		return nil, err
 	}
 	if err := c.sendCtx(ctx, f); err != nil {
 		c.unregister(cl)
 		cl.release()
+		return nil, err
+	}
+	return cl, nil
+}
+
+// roundTrip sends a control frame and waits for its OK or ERROR.
+func (c *Conn) roundTrip(ctx context.Context, f *wire.Frame, out any) error {
+	cl, err := c.call(ctx, f)
+	if err != nil {
 		return err
 	}
 	r, err := c.next(ctx, cl)

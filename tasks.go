@@ -127,16 +127,8 @@ func (t *Tasks) Submit(ctx context.Context, task Task) (TaskID, error) {
 	if err != nil {
 		return 0, err
 	}
-	cl := t.c.newCall()
-	f.Ref = cl.ref
-	if err := t.c.register(cl); err != nil {
-		f.Release()
-		cl.release()
-		return 0, err
-	}
-	if err := t.c.sendCtx(ctx, f); err != nil {
-		t.c.unregister(cl)
-		cl.release()
+	cl, err := t.c.call(ctx, f)
+	if err != nil {
 		return 0, err
 	}
 	r, err := t.c.next(ctx, cl)
@@ -314,16 +306,8 @@ func (t *Tasks) Watch(ctx context.Context, id TaskID, fn func(TaskEvent)) (*Task
 // startWatch sends a SUBMIT or WATCH that asks for events, waits for its
 // OK, and hands the events to fn from a goroutine.
 func (c *Conn) startWatch(ctx context.Context, f *wire.Frame, fn func(TaskEvent)) (*TaskWatch, error) {
-	cl := c.newCall()
-	f.Ref = cl.ref
-	if err := c.register(cl); err != nil {
-		f.Release()
-		cl.release()
-		return nil, err
-	}
-	if err := c.sendCtx(ctx, f); err != nil {
-		c.unregister(cl)
-		cl.release()
+	cl, err := c.call(ctx, f)
+	if err != nil {
 		return nil, err
 	}
 	r, err := c.next(ctx, cl)
