@@ -30,7 +30,12 @@ const (
 	CodeApplication     Code = 18 // the handler failed the request
 	CodeSlowConsumer    Code = 19 // messages dropped for a subscriber that fell behind
 	CodeExchangeDeleted Code = 20 // the exchange of an attachment was deleted
-	CodeStorage         Code = 30 // the store failed: the message may not be durable
+	// Limits: each refuses one operation or connection and nothing else.
+	CodeTooManyConns       Code = 21 // the node's or the user's connection limit
+	CodeTooManyAttachments Code = 22 // the connection's attachment limit
+	CodeTooManyInflight    Code = 23 // the connection's limit of requests in flight
+	CodeDeadlineTooLong    Code = 24 // a request's deadline over the server's maximum
+	CodeStorage            Code = 30 // the store failed: the message may not be durable
 )
 
 var codeNames = [...]string{
@@ -42,6 +47,8 @@ var codeNames = [...]string{
 	CodeHeartbeat: "heartbeat timeout", CodeShutdown: "shutting down",
 	CodeUnauthorized: "unauthorized", CodeApplication: "application error",
 	CodeSlowConsumer: "slow consumer", CodeExchangeDeleted: "exchange deleted",
+	CodeTooManyConns: "too many connections", CodeTooManyAttachments: "too many attachments",
+	CodeTooManyInflight: "too many requests in flight", CodeDeadlineTooLong: "deadline too long",
 	CodeStorage: "storage error",
 }
 
@@ -68,10 +75,20 @@ func (e *Error) Error() string {
 	return "courier: " + e.Code.String() + ": " + e.Msg
 }
 
-// Is makes errors.Is match any *Error with the same Code.
+// IsLimit reports whether c says a configured limit was reached: code 14
+// or one of the specific limit codes from 21 to 24.
+func (c Code) IsLimit() bool {
+	return c == CodeLimit || c >= CodeTooManyConns && c <= CodeDeadlineTooLong
+}
+
+// Is makes errors.Is match any *Error with the same Code. A target with
+// [CodeLimit] also matches the specific limit codes (see [Code.IsLimit]).
 func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
-	return ok && t.Code == e.Code && (t.Msg == "" || t.Msg == e.Msg)
+	if !ok || t.Msg != "" && t.Msg != e.Msg {
+		return false
+	}
+	return t.Code == e.Code || t.Code == CodeLimit && e.Code.IsLimit()
 }
 
 // Errorf returns an *Error with code and a formatted message.

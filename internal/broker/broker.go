@@ -18,6 +18,7 @@ package broker
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -39,8 +40,19 @@ type Config struct {
 	// Log receives structured logs. Default: slog.Default().
 	Log *slog.Logger
 	// MaxInflight bounds the requests one session may have in flight as a
-	// requester. Default: 65536.
+	// requester; one more fails with [wire.CodeTooManyInflight].
+	// Default: 65536.
 	MaxInflight int
+	// MaxAttachments bounds the attachments of one session; one more
+	// fails with [wire.CodeTooManyAttachments]. Default: 4096.
+	MaxAttachments int
+	// MaxDeadline bounds a request's deadline. A request asking for more
+	// fails with [wire.CodeDeadlineTooLong]; one with no deadline gets
+	// this one. Default: 0, no maximum.
+	MaxDeadline time.Duration
+	// Supervised, when set, makes New start no goroutine: the caller runs
+	// [Broker.Sweep] itself, under a supervisor. Default: false.
+	Supervised bool
 }
 
 func (c *Config) setDefaults() {
@@ -52,6 +64,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxInflight <= 0 {
 		c.MaxInflight = 65536
+	}
+	if c.MaxAttachments <= 0 {
+		c.MaxAttachments = 4096
+	}
+	if c.MaxDeadline < 0 {
+		c.MaxDeadline = 0
 	}
 }
 
@@ -87,6 +105,10 @@ type Broker struct {
 
 	nextSession atomic.Uint64
 	nextSubReq  atomic.Uint64
+	// draining is set by [Broker.Drain]: new requests are refused.
+	draining atomic.Bool
+	// maxDeadlineMS is Config.MaxDeadline in ms; 0 for none.
+	maxDeadlineMS uint64
 
 	closeOnce sync.Once
 	stop      chan struct{}
@@ -97,31 +119,42 @@ type Broker struct {
 func New(cfg Config) *Broker {
 	cfg.setDefaults()
 	b := &Broker{
-		cfg:      cfg,
-		log:      cfg.Log,
-		members:  make(map[string]*Attachment),
-		sessions: make(map[uint64]*Session),
-		stop:     make(chan struct{}),
-		stopped:  make(chan struct{}),
-		sched:    queue.NewScheduler(queue.SchedulerOptions{}),
+		cfg:           cfg,
+		log:           cfg.Log,
+		members:       make(map[string]*Attachment),
+		sessions:      make(map[uint64]*Session),
+		maxDeadlineMS: uint64(cfg.MaxDeadline / time.Millisecond),
+		stop:          make(chan struct{}),
+		stopped:       make(chan struct{}),
+		sched:         queue.NewScheduler(queue.SchedulerOptions{}),
 	}
-	go b.sweep()
+	if cfg.Supervised {
+		close(b.stopped)
+	} else {
+		go func() {
+			defer close(b.stopped)
+			b.Sweep(context.Background())
+		}()
+	}
 	return b
 }
 
 // sweepEvery is how often requests past their deadline are expired.
 const sweepEvery = 100 * time.Millisecond
 
-// sweep expires requests whose deadline passed, until Close.
-func (b *Broker) sweep() {
-	defer close(b.stopped)
+// Sweep expires requests whose deadline passed, until ctx ends or the
+// broker closes; it then returns nil. New runs it unless
+// Config.Supervised is set.
+func (b *Broker) Sweep(ctx context.Context) error {
 	t := time.NewTicker(sweepEvery)
 	defer t.Stop()
 	var list []*Session
 	for {
 		select {
 		case <-b.stop:
-			return
+			return nil
+		case <-ctx.Done():
+			return nil
 		case now := <-t.C:
 			b.mu.RLock()
 			list = list[:0]
@@ -136,6 +169,31 @@ func (b *Broker) sweep() {
 			}
 		}
 	}
+}
+
+// Drain makes the broker refuse new requests, from every session, with
+// [wire.CodeShutdown]; requests already in flight go on. See
+// [Broker.Busy].
+func (b *Broker) Drain() { b.draining.Store(true) }
+
+// Busy returns the number of requests in flight in the broker: those
+// registered and not yet answered, and answers taken from the table but
+// not yet handed to the requester's sink. After [Broker.Drain], once Busy
+// returns 0 every answer is with its requester's transport.
+func (b *Broker) Busy() int64 {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	// Requests first, answers in delivery second: an answer is counted in
+	// delivery before its request leaves the table, so one missed by the
+	// first pass is seen by the second.
+	var n int64
+	for _, s := range b.sessions {
+		n += s.inflight.Load()
+	}
+	for _, s := range b.sessions {
+		n += s.answering.Load()
+	}
+	return n
 }
 
 // Close stops the broker's background work, takes a last checkpoint of

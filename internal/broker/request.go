@@ -226,6 +226,16 @@ const maxRedirects = 8
 // request routes a REQUEST from this session to handlers.
 func (s *Session) request(f *wire.Frame) {
 	s.stats.Requests.Add(1)
+	if max := s.b.maxDeadlineMS; max != 0 {
+		if f.Aux > max {
+			s.failRequest(f, wire.Errorf(wire.CodeDeadlineTooLong, "request deadline %s is over the server's maximum %s",
+				time.Duration(f.Aux)*time.Millisecond, time.Duration(max)*time.Millisecond))
+			return
+		}
+		if f.Aux == 0 {
+			f.Aux = max // no deadline: the maximum
+		}
+	}
 	ex, err := s.b.lookup(f.Name)
 	for hops := 0; err == nil; hops++ {
 		if ex.cfg.Pattern != wire.PatternReqResp {
@@ -348,7 +358,12 @@ func (s *Session) register(reqID uint64, p pending) error {
 		return wire.Errorf(wire.CodeCancelled, "the requester's connection closed")
 	case s.inflight.Add(1) > int64(s.b.cfg.MaxInflight):
 		s.inflight.Add(-1)
-		return wire.Errorf(wire.CodeLimit, "%d requests in flight on this connection, the limit", s.b.cfg.MaxInflight)
+		return wire.Errorf(wire.CodeTooManyInflight, "%d requests in flight on this connection, the limit", s.b.cfg.MaxInflight)
+	case s.b.draining.Load():
+		// Checked after the count went up, so that Busy, reading the
+		// counts after Drain, sees every request that got past here.
+		s.inflight.Add(-1)
+		return wire.Errorf(wire.CodeShutdown, "the server is shutting down: it takes no new requests")
 	}
 	if sh.m == nil {
 		sh.m = make(map[uint64]pending)
@@ -541,6 +556,10 @@ func (s *Session) respond(f *wire.Frame) {
 		return
 	}
 	s.stats.Responses.Add(1)
+	if final {
+		s.answering.Add(1)
+		defer s.answering.Add(-1)
+	}
 	r := sl.r
 	if sl.inf != nil {
 		// Held until delivered: a response found last must arrive last.

@@ -27,6 +27,10 @@ type Session struct {
 	requests requestTable // requests this session made, by its ids
 	handling slotTable    // requests delivered to this session's handlers
 	inflight atomic.Int64 // len(requests)
+	// answering counts final responses of this session's handlers taken
+	// from their requester's table and not yet delivered (see
+	// [Broker.Busy]).
+	answering atomic.Int64
 
 	stats SessionStats
 }
@@ -250,6 +254,11 @@ func (s *Session) attach(f *wire.Frame) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		return
+	}
+	if max := s.b.cfg.MaxAttachments; len(s.attachments) >= max {
+		s.mu.Unlock()
+		s.sendError(f.Ref, wire.Errorf(wire.CodeTooManyAttachments, "attach %q: this connection has %d attachments, the limit", ex.name, max))
 		return
 	}
 	if _, dup := s.attachments[a.id]; dup {

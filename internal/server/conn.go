@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,13 @@ type conn struct {
 	// handling is set while the read loop is in the broker: a loop held
 	// there by backpressure is not a silent client.
 	handling atomic.Bool
+
+	// user is the user name of the HELLO, counted against
+	// Config.MaxConnsPerUser; "" for none.
+	// TODO(users): the authenticated name, once the server has users.
+	user string
+	// wentAway is set once the client was sent CLOSE by [conn.goAway].
+	wentAway atomic.Bool
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed when the connection is to end
@@ -81,9 +89,20 @@ func (c *conn) serve() {
 		c.fail(nil, false)
 		<-c.wdone
 		c.nc.Close()
+		if c.user != "" {
+			c.s.dropUser(c.user)
+		}
 		if c.sess != nil {
 			c.sess.Close()
 			log.Info("connection closed", "conn", c.sess.ID())
+		}
+	}()
+	defer func() {
+		// A bug met while serving this connection ends it alone; the
+		// client learns no more than that.
+		if p := recover(); p != nil {
+			log.Error("connection panicked: a bug in the server", "panic", p, "stack", string(debug.Stack()))
+			c.fail(wire.Errorf(wire.CodeInternal, "internal error; the server's log has the details"), false)
 		}
 	}()
 	if err := c.handshake(); err != nil {
@@ -128,6 +147,14 @@ func (c *conn) handshake() error {
 	heartbeat := c.s.cfg.Heartbeat
 	if hb := time.Duration(h.HeartbeatMS) * time.Millisecond; hb > 0 && hb < heartbeat {
 		heartbeat = max(hb, 10*time.Millisecond)
+	}
+	if h.User != "" {
+		if err := c.s.addUser(h.User); err != nil {
+			c.s.log.Warn("connection refused: limit reached", "peer", c.peer, "user", h.User, "err", err)
+			c.fail(err.(*wire.Error), false)
+			return err
+		}
+		c.user = h.User
 	}
 	maxFrame := c.s.cfg.MaxFrame
 	name := h.Name
@@ -251,10 +278,32 @@ func (c *conn) Deliver(f *wire.Frame) {
 	}
 }
 
+// goAway tells the client the server is going (a CLOSE with e and the
+// drain time in ms) and leaves the connection open.
+func (c *conn) goAway(e *wire.Error, drainMS uint64) {
+	select {
+	case <-c.closing:
+		return
+	default:
+	}
+	if c.heartbeat.Load() == 0 {
+		// Still in its handshake: nothing of it is in flight.
+		c.fail(e, true)
+		return
+	}
+	if !c.wentAway.Swap(true) {
+		c.out.Put(&wire.Frame{Type: wire.TypeClose, Ref: drainMS, Aux: uint64(e.Code), Tag: e.Msg}, wire.Control, 0)
+	}
+}
+
 // fail ends the connection. With e, the client first gets a fatal ERROR
-// (or, when graceful, a CLOSE) saying why.
+// (or, when graceful, a CLOSE) saying why; a client already sent CLOSE by
+// goAway gets nothing more when graceful.
 func (c *conn) fail(e *wire.Error, graceful bool) {
 	c.closeOnce.Do(func() {
+		if graceful && c.wentAway.Load() {
+			e = nil
+		}
 		if e != nil {
 			f := &wire.Frame{Type: wire.TypeError, Flags: wire.FlagFatal, Aux: uint64(e.Code), Tag: e.Msg}
 			if graceful {

@@ -44,8 +44,13 @@ type Config struct {
 	// SlowTimeout is how long data frames wait for a client that does not
 	// read before it is disconnected as a slow consumer. Default: 10s.
 	SlowTimeout time.Duration
-	// MaxConns bounds open connections. Default: 65536.
+	// MaxConns bounds open connections; one more is refused with
+	// [wire.CodeTooManyConns]. Default: 65536.
 	MaxConns int
+	// MaxConnsPerUser bounds the connections of one user; one more is
+	// refused with [wire.CodeTooManyConns] at its HELLO. Connections
+	// without a user name are not counted. Default: 0, no limit.
+	MaxConnsPerUser int
 	// Log receives structured logs. Default: slog.Default().
 	Log *slog.Logger
 	// Version is reported in WELCOME. Default: "courier".
@@ -118,9 +123,10 @@ type Server struct {
 	b   *broker.Broker
 	log *slog.Logger
 
-	mu       sync.Mutex // guards ln, conns, shutdown
+	mu       sync.Mutex // guards ln, conns, users, shutdown
 	ln       net.Listener
 	conns    map[*conn]struct{}
+	users    map[string]int // connections by user name
 	shutdown bool
 	wg       sync.WaitGroup
 }
@@ -131,7 +137,7 @@ func New(cfg Config, b *broker.Broker) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, b: b, log: cfg.Log, conns: make(map[*conn]struct{})}, nil
+	return &Server{cfg: cfg, b: b, log: cfg.Log, conns: make(map[*conn]struct{}), users: make(map[string]int)}, nil
 }
 
 // Listen opens the configured address; Serve then accepts on it.
@@ -199,7 +205,7 @@ func (s *Server) accept(nc net.Conn) {
 	if len(s.conns) >= s.cfg.MaxConns {
 		s.mu.Unlock()
 		s.log.Warn("connection refused: limit reached", "peer", nc.RemoteAddr().String(), "max_conns", s.cfg.MaxConns)
-		refuse(nc, wire.Errorf(wire.CodeLimit, "server has %d connections, its limit", s.cfg.MaxConns))
+		refuse(nc, wire.Errorf(wire.CodeTooManyConns, "the server has %d connections, its limit", s.cfg.MaxConns))
 		return
 	}
 	c := newConn(s, nc)
@@ -231,11 +237,32 @@ func (s *Server) Conns() int {
 	return len(s.conns)
 }
 
-// Shutdown stops accepting, tells every client the server is going (a
-// CLOSE frame), closes their connections and waits for their goroutines,
-// or until ctx ends.
-func (s *Server) Shutdown(ctx context.Context) error {
+// addUser counts a connection of user, or refuses it past
+// Config.MaxConnsPerUser.
+func (s *Server) addUser(user string) error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if max := s.cfg.MaxConnsPerUser; max > 0 && s.users[user] >= max {
+		return wire.Errorf(wire.CodeTooManyConns, "user %q has %d connections, the limit per user", user, max)
+	}
+	s.users[user]++
+	return nil
+}
+
+// dropUser forgets a connection of user.
+func (s *Server) dropUser(user string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.users[user]--; s.users[user] <= 0 {
+		delete(s.users, user)
+	}
+}
+
+// stopAccepting closes the listener for good and returns the open
+// connections.
+func (s *Server) stopAccepting() []*conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.shutdown = true
 	if s.ln != nil {
 		s.ln.Close()
@@ -244,8 +271,27 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for c := range s.conns {
 		conns = append(conns, c)
 	}
-	s.mu.Unlock()
-	for _, c := range conns {
+	return conns
+}
+
+// GoAway starts a graceful shutdown: the server stops accepting and
+// sends every client a CLOSE with code 16 (shutting down) whose Ref gives
+// drain in ms, the time the server keeps the connection open for the
+// requests in flight to finish. Connections stay open until
+// [Server.Shutdown].
+func (s *Server) GoAway(drain time.Duration) {
+	ms := uint64(max(drain, time.Millisecond) / time.Millisecond)
+	msg := fmt.Sprintf("the server is shutting down; requests in flight have %s to finish", drain)
+	for _, c := range s.stopAccepting() {
+		c.goAway(&wire.Error{Code: wire.CodeShutdown, Msg: msg}, ms)
+	}
+}
+
+// Shutdown stops accepting, tells every client the server is going (a
+// CLOSE frame, unless [Server.GoAway] did), closes their connections and
+// waits for their goroutines, or until ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error {
+	for _, c := range s.stopAccepting() {
 		c.fail(&wire.Error{Code: wire.CodeShutdown, Msg: "the server is shutting down"}, true)
 	}
 	done := make(chan struct{})

@@ -13,7 +13,8 @@ type ConnInfo struct {
 	Peer string
 	// Local is the server address the connection came in on.
 	Local string
-	// User is the authenticated user; "" while the server has no users.
+	// User is the user name the client gave in its HELLO; "" for none.
+	// TODO(users): the authenticated user, once the server has users.
 	User string
 	// ConnectedAt is when the connection was accepted.
 	ConnectedAt time.Time
@@ -29,5 +30,5 @@ func Describe(sink broker.Sink) (info ConnInfo, ok bool) {
 	if !ok {
 		return ConnInfo{}, false
 	}
-	return ConnInfo{Peer: c.peer, Local: c.nc.LocalAddr().String(), ConnectedAt: c.opened}, true
+	return ConnInfo{Peer: c.peer, Local: c.nc.LocalAddr().String(), User: c.user, ConnectedAt: c.opened}, true
 }
