@@ -9,6 +9,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -24,44 +25,140 @@ import (
 	"github.com/courier-mq/courier/internal/broker"
 	"github.com/courier-mq/courier/internal/server"
 	"github.com/courier-mq/courier/internal/store"
+	"github.com/courier-mq/courier/internal/supervise"
 	"github.com/courier-mq/courier/wire"
 )
 
-// Config configures a Node.
+// Config configures a Node. The toml keys are those of the
+// configuration file of `courier server` (docs/operations.md).
 type Config struct {
 	// Name names the node in member ids, logs and the management API.
 	// Default: "n1".
-	Name string
+	Name string `toml:"name"`
 	// DataDir holds the node's durable state. It is created if missing.
 	// Default: "courier-data".
-	DataDir string
+	DataDir string `toml:"data_dir"`
 	// Log receives structured logs. Default: slog.Default().
-	Log *slog.Logger
+	Log *slog.Logger `toml:"-"`
 	// Listen, when set, serves the network protocol on this TCP address,
 	// such as "127.0.0.1:7400" (port 0 picks a free one; see [Node.Addr]).
 	// Default: "" (in-process only).
-	Listen string
+	Listen string `toml:"listen"`
 	// Heartbeat is the network heartbeat interval; a client silent for
 	// three intervals is disconnected. Default: 1s.
-	Heartbeat time.Duration
-	// MaxFrame bounds a network frame in bytes. Default: 4 MiB.
-	MaxFrame int
-	// SyncInterval, when set, makes durable queues fsync at most this
-	// often instead of once per group of appends (group commit, the
-	// default): fewer syncs, and publisher confirms that wait longer. A
-	// confirmed task survives a crash either way.
-	SyncInterval time.Duration
+	Heartbeat time.Duration `toml:"heartbeat"`
 	// HTTP, when set, serves the management API, Prometheus metrics,
 	// pprof and the web dashboard on this TCP address, such as
 	// "127.0.0.1:7480" (port 0 picks a free one; see [Node.HTTPAddr]). It
 	// must be a loopback address until Courier has users. Default: ""
 	// (none); `courier server` defaults it to "127.0.0.1:7480".
-	HTTP string
+	HTTP string `toml:"http"`
+	// SyncInterval, when set, makes durable queues fsync at most this
+	// often instead of once per group of appends (group commit, the
+	// default): fewer syncs, and publisher confirms that wait longer. A
+	// confirmed task survives a crash either way.
+	SyncInterval time.Duration `toml:"sync_interval"`
+	// DrainTimeout bounds how long [Node.Shutdown] waits for requests in
+	// flight to finish. Default: 10s.
+	DrainTimeout time.Duration `toml:"drain_timeout"`
+	// Limits protect the node from clients that ask too much.
+	Limits Limits `toml:"limits"`
+	// Supervision sets the restart intensity of the node's components.
+	Supervision Supervision `toml:"supervision"`
 }
 
-// DefaultConfig returns the configuration a Node starts with.
+// Limits bound what clients may take of a node. Reaching one refuses
+// only that operation or connection, with an error of its own code
+// (docs/protocol.md), and loses nothing already accepted. Zero fields
+// take their defaults.
+type Limits struct {
+	// MaxFrame bounds a network frame in bytes. Default: 4 MiB.
+	MaxFrame int `toml:"max_frame"`
+	// MaxConns bounds the network connections of the node. Default:
+	// 65536.
+	MaxConns int `toml:"max_connections"`
+	// MaxConnsPerUser bounds the network connections of one user (the
+	// user name of the client's HELLO). Default: 0, no limit.
+	MaxConnsPerUser int `toml:"max_connections_per_user"`
+	// MaxAttachments bounds the attachments of one connection. Default:
+	// 4096.
+	MaxAttachments int `toml:"max_attachments"`
+	// MaxInflight bounds the requests one connection may have in flight
+	// as a requester. Default: 65536.
+	MaxInflight int `toml:"max_inflight"`
+	// MaxDeadline bounds a request's deadline; a request without one
+	// gets this one. Default: 0, no maximum.
+	MaxDeadline time.Duration `toml:"max_request_deadline"`
+	// HandshakeTimeout bounds the wait for a new connection's HELLO.
+	// Default: 5s.
+	HandshakeTimeout time.Duration `toml:"handshake_timeout"`
+	// Credit is the window of PUBLISH and REQUEST frames a client may
+	// send ahead of the server. Default: 65536.
+	Credit uint64 `toml:"credit"`
+	// OutboxBytes is what the server buffers for a client before data
+	// frames wait for it to read. Default: 8 MiB.
+	OutboxBytes int `toml:"outbox_bytes"`
+	// SlowConsumerTimeout is how long data frames wait for a client that
+	// does not read before it is disconnected. Default: 10s.
+	SlowConsumerTimeout time.Duration `toml:"slow_consumer_timeout"`
+}
+
+// Supervision configures the node's supervisor: a component (the client
+// listener, the management listener, the broker's sweeper, the
+// management sampler) that crashes is restarted, but one that crashes
+// more than MaxRestarts times within RestartWindow is marked failed. See
+// [Node.Failed].
+type Supervision struct {
+	// MaxRestarts is the restarts allowed within RestartWindow.
+	// Default: 5.
+	MaxRestarts int `toml:"max_restarts"`
+	// RestartWindow is the period of the restart intensity. Default: 60s.
+	RestartWindow time.Duration `toml:"restart_window"`
+}
+
+// DefaultConfig returns the configuration a Node starts with: every
+// default documented on [Config], [Limits] and [Supervision].
 func DefaultConfig() Config {
-	return Config{Name: "n1", DataDir: "courier-data"}
+	sd := server.DefaultConfig()
+	return Config{
+		Name: "n1", DataDir: "courier-data", Heartbeat: sd.Heartbeat, DrainTimeout: 10 * time.Second,
+		Limits: Limits{
+			MaxFrame: sd.MaxFrame, MaxConns: sd.MaxConns, MaxAttachments: 4096, MaxInflight: 65536,
+			HandshakeTimeout: sd.HandshakeTimeout, Credit: sd.Credit, OutboxBytes: sd.OutboxLimit,
+			SlowConsumerTimeout: sd.SlowTimeout,
+		},
+		Supervision: Supervision{MaxRestarts: 5, RestartWindow: time.Minute},
+	}
+}
+
+// setDefaults fills the zero fields with their defaults.
+func (c *Config) setDefaults() {
+	d := DefaultConfig()
+	setDefault(&c.Name, d.Name)
+	setDefault(&c.DataDir, d.DataDir)
+	setDefault(&c.Heartbeat, d.Heartbeat)
+	setDefault(&c.DrainTimeout, d.DrainTimeout)
+	l, dl := &c.Limits, d.Limits
+	setDefault(&l.MaxFrame, dl.MaxFrame)
+	setDefault(&l.MaxConns, dl.MaxConns)
+	setDefault(&l.MaxAttachments, dl.MaxAttachments)
+	setDefault(&l.MaxInflight, dl.MaxInflight)
+	setDefault(&l.HandshakeTimeout, dl.HandshakeTimeout)
+	setDefault(&l.Credit, dl.Credit)
+	setDefault(&l.OutboxBytes, dl.OutboxBytes)
+	setDefault(&l.SlowConsumerTimeout, dl.SlowConsumerTimeout)
+	setDefault(&c.Supervision.MaxRestarts, d.Supervision.MaxRestarts)
+	setDefault(&c.Supervision.RestartWindow, d.Supervision.RestartWindow)
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+}
+
+func setDefault[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
 }
 
 // Validate checks the configuration.
@@ -74,6 +171,30 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
+	l := c.Limits
+	for _, v := range []struct {
+		key string
+		bad bool
+	}{
+		{"drain_timeout", c.DrainTimeout < 0},
+		{"heartbeat", c.Heartbeat < 0},
+		{"limits.max_frame", l.MaxFrame < 0 || l.MaxFrame > 1<<30},
+		{"limits.max_connections", l.MaxConns < 0},
+		{"limits.max_connections_per_user", l.MaxConnsPerUser < 0},
+		{"limits.max_attachments", l.MaxAttachments < 0},
+		{"limits.max_inflight", l.MaxInflight < 0},
+		{"limits.max_request_deadline", l.MaxDeadline < 0 || l.MaxDeadline > 0 && l.MaxDeadline < time.Millisecond},
+		{"limits.handshake_timeout", l.HandshakeTimeout < 0},
+		{"limits.credit", l.Credit == 1},
+		{"limits.outbox_bytes", l.OutboxBytes < 0},
+		{"limits.slow_consumer_timeout", l.SlowConsumerTimeout < 0},
+		{"supervision.max_restarts", c.Supervision.MaxRestarts < 0},
+		{"supervision.restart_window", c.Supervision.RestartWindow < 0},
+	} {
+		if v.bad {
+			return fmt.Errorf("node: %s is out of range; docs/operations.md gives its range", v.key)
+		}
+	}
 	return nil
 }
 
@@ -81,29 +202,22 @@ func (c Config) Validate() error {
 type Node struct {
 	cfg    Config
 	broker *broker.Broker
+	sup    *supervise.Supervisor
 	srv    *server.Server
 	addr   net.Addr
-	served chan struct{}
 	admin  *admin.Server
 	http   net.Addr
-	hdone  chan struct{} // closed when the admin server stopped serving
 	closed atomic.Bool
-	mu     sync.Mutex // guards conns
-	conns  map[*localTransport]struct{}
+	// clientLn is the client listener being served (a net.Listener), for
+	// tests that break it.
+	clientLn atomic.Value
+	mu       sync.Mutex // guards conns
+	conns    map[*localTransport]struct{}
 }
 
 // Start starts a node.
 func Start(cfg Config) (*Node, error) {
-	d := DefaultConfig()
-	if cfg.Name == "" {
-		cfg.Name = d.Name
-	}
-	if cfg.DataDir == "" {
-		cfg.DataDir = d.DataDir
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
+	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -111,9 +225,15 @@ func Start(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("node: data dir: %w", err)
 	}
 	n := &Node{
-		cfg:    cfg,
-		broker: broker.New(broker.Config{Node: cfg.Name, Log: cfg.Log}),
-		conns:  make(map[*localTransport]struct{}),
+		cfg: cfg,
+		broker: broker.New(broker.Config{
+			Node: cfg.Name, Log: cfg.Log, Supervised: true,
+			MaxInflight: cfg.Limits.MaxInflight, MaxAttachments: cfg.Limits.MaxAttachments, MaxDeadline: cfg.Limits.MaxDeadline,
+		}),
+		sup: supervise.New(supervise.Config{
+			MaxRestarts: cfg.Supervision.MaxRestarts, Window: cfg.Supervision.RestartWindow, Log: cfg.Log,
+		}),
+		conns: make(map[*localTransport]struct{}),
 	}
 	sc := broker.StoreConfig{Dir: filepath.Join(cfg.DataDir, "store")}
 	if cfg.SyncInterval > 0 {
@@ -131,9 +251,13 @@ func Start(cfg Config) (*Node, error) {
 	} else {
 		cfg.Log.Warn("store recovered with damage", "dir", sc.Dir, "recovery", rec)
 	}
+	n.sup.Add(supervise.Component{Name: "sweeper", Critical: true, Run: n.broker.Sweep})
 	if cfg.Listen != "" {
+		l := cfg.Limits
 		srv, err := server.New(server.Config{
-			Listen: cfg.Listen, Heartbeat: cfg.Heartbeat, MaxFrame: cfg.MaxFrame, Log: cfg.Log,
+			Listen: cfg.Listen, Heartbeat: cfg.Heartbeat, Log: cfg.Log,
+			MaxFrame: l.MaxFrame, MaxConns: l.MaxConns, MaxConnsPerUser: l.MaxConnsPerUser,
+			HandshakeTimeout: l.HandshakeTimeout, Credit: l.Credit, OutboxLimit: l.OutboxBytes, SlowTimeout: l.SlowConsumerTimeout,
 		}, n.broker)
 		if err != nil {
 			n.broker.Close()
@@ -144,29 +268,56 @@ func Start(cfg Config) (*Node, error) {
 			n.broker.Close()
 			return nil, err
 		}
-		n.srv, n.addr, n.served = srv, ln.Addr(), make(chan struct{})
-		go func() {
-			defer close(n.served)
-			if err := srv.Serve(ln); err != nil && err != server.ErrServerClosed {
-				cfg.Log.Error("server stopped", "err", err)
+		n.srv, n.addr = srv, ln.Addr()
+		n.sup.Add(supervise.Component{Name: "listener", Critical: true, Run: n.serveClients(ln)})
+		defer func() {
+			if n.admin == nil && cfg.HTTP != "" {
+				ln.Close() // the management listener failed: Start fails
 			}
 		}()
 	}
 	if cfg.HTTP != "" {
 		if err := n.startAdmin(); err != nil {
-			n.Close()
+			n.broker.Close()
 			return nil, err
 		}
 	}
+	n.sup.Start()
 	return n, nil
 }
 
-// startAdmin serves the management API on Config.HTTP.
+// serveClients returns the client listener's component: it serves ln,
+// and after a crash listens again on the same address. Connections
+// already accepted live on through a restart.
+func (n *Node) serveClients(ln net.Listener) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if ln == nil {
+			var err error
+			if ln, err = net.Listen("tcp", n.addr.String()); err != nil {
+				return fmt.Errorf("listen again on %s: %w", n.addr, err)
+			}
+			n.cfg.Log.Info("client listener restarted", "addr", n.addr.String())
+		}
+		l := ln
+		ln = nil
+		n.clientLn.Store(l)
+		defer l.Close()
+		stop := context.AfterFunc(ctx, func() { l.Close() })
+		defer stop()
+		if err := n.srv.Serve(l); !errors.Is(err, server.ErrServerClosed) && ctx.Err() == nil {
+			return err
+		}
+		return nil
+	}
+}
+
+// startAdmin sets up the management API on Config.HTTP, served under
+// the supervisor.
 func (n *Node) startAdmin() error {
 	a, err := admin.New(admin.Config{
 		Listen: n.cfg.HTTP, Broker: n.broker, Node: n.cfg.Name, Log: n.cfg.Log,
-		Queues:   queueSource{n.broker},
-		Describe: describe,
+		Describe: describe, Supervised: true, Components: n.components,
+		Queues: queueSource{n.broker},
 		Listeners: func() []admin.Listener {
 			if n.addr == nil {
 				return nil
@@ -182,15 +333,43 @@ func (n *Node) startAdmin() error {
 		a.Shutdown(context.Background())
 		return err
 	}
-	n.admin, n.http, n.hdone = a, ln.Addr(), make(chan struct{})
-	go func() {
-		defer close(n.hdone)
-		if err := a.Serve(ln); err != nil && err != http.ErrServerClosed {
-			n.cfg.Log.Error("management API stopped", "err", err)
+	n.admin, n.http = a, ln.Addr()
+	n.sup.Add(supervise.Component{Name: "http", Run: func(ctx context.Context) error {
+		if ln == nil {
+			if ln, err = net.Listen("tcp", n.http.String()); err != nil {
+				return fmt.Errorf("listen again on %s: %w", n.http, err)
+			}
+			n.cfg.Log.Info("management listener restarted", "addr", n.http.String())
 		}
-	}()
+		l := ln
+		ln = nil
+		stop := context.AfterFunc(ctx, func() { l.Close() })
+		defer stop()
+		if err := a.Serve(l); !errors.Is(err, http.ErrServerClosed) && ctx.Err() == nil {
+			return err
+		}
+		return nil
+	}})
+	n.sup.Add(supervise.Component{Name: "sampler", Run: a.RunSampler})
 	return nil
 }
+
+// components lists the supervised components for the management API.
+func (n *Node) components() []admin.Component {
+	st := n.sup.Status()
+	out := make([]admin.Component, len(st))
+	for i, c := range st {
+		out[i] = admin.Component{Name: c.Name, State: string(c.State), Critical: c.Critical, Restarts: c.Restarts, LastError: c.LastError}
+	}
+	return out
+}
+
+// Failed receives one error when a component the node cannot serve
+// without (the client listener, the broker's sweeper) has crashed more
+// often than Config.Supervision allows. The node should then be closed,
+// and its process exit so that its service manager starts it again;
+// `courier server` does so.
+func (n *Node) Failed() <-chan error { return n.sup.Failed() }
 
 // describe tells the management API what a session's transport knows of
 // its peer.
@@ -246,8 +425,46 @@ func (n *Node) Connect() *courier.Conn {
 	return c
 }
 
+// Shutdown closes the node gracefully: it stops accepting connections
+// and new requests, tells every network client it is going (a CLOSE with
+// code 16), waits for the requests in flight to be answered, for at most
+// Config.DrainTimeout or until ctx ends, and then closes as [Node.Close]
+// does. It returns an error when requests were still in flight.
+func (n *Node) Shutdown(ctx context.Context) error {
+	if n.closed.Load() {
+		return nil
+	}
+	n.broker.Drain()
+	if n.srv != nil {
+		n.srv.GoAway(n.cfg.DrainTimeout)
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.DrainTimeout)
+	defer cancel()
+	busy := n.broker.Busy()
+	if busy > 0 {
+		n.cfg.Log.Info("draining: waiting for requests in flight", "requests", busy, "timeout", n.cfg.DrainTimeout)
+	}
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for busy > 0 && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+			busy = n.broker.Busy()
+		}
+	}
+	var err error
+	if busy > 0 {
+		err = fmt.Errorf("node: %d requests still in flight when the drain ended: %w", busy, ctx.Err())
+		n.cfg.Log.Warn("drain ended with requests in flight", "requests", busy)
+	}
+	n.Close()
+	return err
+}
+
 // Close stops serving the network, telling remote clients, and closes
-// every in-process connection.
+// every in-process connection at once; see [Node.Shutdown] for a
+// graceful close.
 func (n *Node) Close() error {
 	if n.closed.Swap(true) {
 		return nil
@@ -257,13 +474,11 @@ func (n *Node) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		n.admin.Shutdown(ctx)
 		cancel()
-		<-n.hdone
 	}
 	if n.srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		n.srv.Shutdown(ctx)
 		cancel()
-		<-n.served
 	}
 	n.mu.Lock()
 	conns := make([]*localTransport, 0, len(n.conns))
@@ -275,6 +490,7 @@ func (n *Node) Close() error {
 		t.conn.Closed(fmt.Errorf("courier: node %s closed", n.cfg.Name))
 		t.Close()
 	}
+	n.sup.Stop()
 	return n.broker.Close()
 }
 

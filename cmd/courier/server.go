@@ -1,15 +1,18 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
+	"github.com/BurntSushi/toml"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/courier-mq/courier/internal/admin"
 	"github.com/courier-mq/courier/node"
@@ -17,17 +20,88 @@ import (
 
 func init() { commands = append(commands, serverCmd) }
 
+// serverConfig is the configuration file of `courier server`: the keys
+// of [node.Config] at the top level and in its tables, and [log].
+// docs/operations.md is its reference.
+type serverConfig struct {
+	node.Config
+	Log logConfig `toml:"log"`
+}
+
+type logConfig struct {
+	Level  string `toml:"level"`  // debug, info, warn or error
+	Format string `toml:"format"` // text or json
+}
+
+func defaultServerConfig() serverConfig {
+	c := serverConfig{Config: node.DefaultConfig(), Log: logConfig{Level: "info", Format: "text"}}
+	c.Listen = "127.0.0.1:7400"
+	c.HTTP = admin.DefaultListen
+	return c
+}
+
+// loadServerConfig reads the file at path into cfg, and then sets again
+// the flags given on the command line: flags override the file. It
+// reports whether the file set the management address.
+func loadServerConfig(path string, flags *pflag.FlagSet, cfg *serverConfig) (httpSet bool, err error) {
+	given := map[string]string{}
+	flags.Visit(func(f *pflag.Flag) { given[f.Name] = f.Value.String() })
+	md, err := toml.DecodeFile(path, cfg)
+	if err != nil {
+		return false, fmt.Errorf("config %s: %w", path, err)
+	}
+	if keys := md.Undecoded(); len(keys) > 0 {
+		names := make([]string, len(keys))
+		for i, k := range keys {
+			names[i] = k.String()
+		}
+		return false, fmt.Errorf("config %s: unknown key(s) %s; docs/operations.md lists the keys", path, strings.Join(names, ", "))
+	}
+	for name, v := range given {
+		if err := flags.Set(name, v); err != nil {
+			return false, fmt.Errorf("--%s: %w", name, err)
+		}
+	}
+	return md.IsDefined("http"), nil
+}
+
 func serverCmd() *cobra.Command {
-	cfg := node.DefaultConfig()
-	cfg.Listen = "127.0.0.1:7400"
-	cfg.HTTP = admin.DefaultListen
-	var logLevel, logFormat string
+	sc := defaultServerConfig()
+	return newServerCmd(&sc)
+}
+
+// newServerCmd returns the server command, its flags bound to sc.
+func newServerCmd(sc *serverConfig) *cobra.Command {
+	cfg := &sc.Config
+	var configPath string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run a broker: clients on 127.0.0.1:7400, dashboard on http://127.0.0.1:7480, data in ./courier-data",
-		Args:  cobra.NoArgs,
+		Long: `Run a broker. Settings come from the defaults, then the configuration file
+given with --config (TOML; docs/operations.md lists every key), then the
+flags given, which override the file.
+
+SIGTERM or SIGINT shuts the server down gracefully: it stops accepting,
+tells every client (CLOSE, code 16), lets requests in flight finish within
+--drain-timeout, and exits 0. A second signal closes at once. When a
+component the server cannot run without fails (more restarts than
+--max-restarts within --restart-window), it exits 1.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(logLevel, logFormat)
+			// Signals, not the command's context: the second one must be
+			// told from the first.
+			sigs := make(chan os.Signal, 2)
+			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+			defer signal.Stop(sigs)
+			httpSet := cmd.Flags().Changed("http")
+			if configPath != "" {
+				set, err := loadServerConfig(configPath, cmd.Flags(), sc)
+				if err != nil {
+					return err
+				}
+				httpSet = httpSet || set
+			}
+			log, err := newLogger(sc.Log.Level, sc.Log.Format)
 			if err != nil {
 				return err
 			}
@@ -35,39 +109,71 @@ func serverCmd() *cobra.Command {
 			if cfg.HTTP == "off" {
 				cfg.HTTP = ""
 			}
-			n, err := node.Start(cfg)
-			if err != nil && !cmd.Flags().Changed("http") && errors.Is(err, admin.ErrListen) && errors.Is(err, syscall.EADDRINUSE) {
+			n, err := node.Start(*cfg)
+			if err != nil && !httpSet && errors.Is(err, admin.ErrListen) && errors.Is(err, syscall.EADDRINUSE) {
 				// Only the default address is busy (another server on this
 				// machine): run without the management listener.
 				log.Warn("management API off: its default address is in use; choose one with --http", "addr", cfg.HTTP)
 				cfg.HTTP = ""
-				n, err = node.Start(cfg)
+				n, err = node.Start(*cfg)
 			}
 			if err != nil {
 				return err
 			}
-			log.Info("courier server started", "node", n.Name(), "url", n.URL(), "http", n.HTTPURL(), "data", cfg.DataDir)
-			<-cmd.Context().Done()
-			log.Info("shutting down")
-			return n.Close()
+			log.Info("courier server started", "node", n.Name(), "url", n.URL(), "http", n.HTTPURL(), "data", cfg.DataDir, "config", configPath)
+			select {
+			case err := <-n.Failed():
+				log.Error("exiting: a component the server cannot run without has failed", "err", err)
+				n.Close()
+				return fmt.Errorf("%w; exiting so that the service manager starts the server again", err)
+			case s := <-sigs:
+				log.Info("shutting down: draining requests in flight; a second signal closes at once", "signal", s.String(), "drain_timeout", cfg.DrainTimeout)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() {
+				select {
+				case s := <-sigs:
+					log.Warn("second signal: closing without waiting for requests in flight", "signal", s.String())
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			if err := n.Shutdown(ctx); err != nil {
+				log.Warn("shut down with requests unfinished", "err", err)
+			} else {
+				log.Info("shut down")
+			}
+			return nil
 		},
 	}
+	d := defaultServerConfig()
 	f := cmd.Flags()
-	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "client listener address")
-	f.StringVar(&cfg.HTTP, "http", cfg.HTTP, `management API, metrics and dashboard address, loopback only ("" or "off": none)`)
-	f.StringVar(&cfg.DataDir, "data", cfg.DataDir, "data directory")
-	f.StringVar(&cfg.Name, "name", cfg.Name, "node name")
-	f.DurationVar(&cfg.Heartbeat, "heartbeat", time.Second, "heartbeat interval; silent clients are cut after three")
-	f.IntVar(&cfg.MaxFrame, "max-frame", 4<<20, "largest frame in bytes")
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	f.StringVar(&configPath, "config", "", "configuration file (TOML); flags given override it")
+	f.StringVar(&cfg.Listen, "listen", d.Listen, "client listener address")
+	f.StringVar(&cfg.HTTP, "http", d.HTTP, `management API, metrics and dashboard address, loopback only ("" or "off": none)`)
+	f.StringVar(&cfg.DataDir, "data", d.DataDir, "data directory")
+	f.StringVar(&cfg.Name, "name", d.Name, "node name")
+	f.DurationVar(&cfg.Heartbeat, "heartbeat", d.Heartbeat, "heartbeat interval; silent clients are cut after three")
+	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "on SIGTERM, how long requests in flight may take to finish")
+	l, dl := &cfg.Limits, d.Limits
+	f.IntVar(&l.MaxFrame, "max-frame", dl.MaxFrame, "largest frame in bytes")
+	f.IntVar(&l.MaxConns, "max-connections", dl.MaxConns, "connections the server accepts")
+	f.IntVar(&l.MaxConnsPerUser, "max-connections-per-user", dl.MaxConnsPerUser, "connections of one user (0: no limit)")
+	f.IntVar(&l.MaxAttachments, "max-attachments", dl.MaxAttachments, "attachments of one connection")
+	f.IntVar(&l.MaxInflight, "max-inflight", dl.MaxInflight, "requests in flight from one connection")
+	f.DurationVar(&l.MaxDeadline, "max-request-deadline", dl.MaxDeadline, "longest request deadline; requests without one get it (0: no maximum)")
+	f.IntVar(&cfg.Supervision.MaxRestarts, "max-restarts", d.Supervision.MaxRestarts, "restarts of a component allowed within --restart-window before it is marked failed")
+	f.DurationVar(&cfg.Supervision.RestartWindow, "restart-window", d.Supervision.RestartWindow, "period of the restart intensity")
+	f.StringVar(&sc.Log.Level, "log-level", d.Log.Level, "debug, info, warn or error")
+	f.StringVar(&sc.Log.Format, "log-format", d.Log.Format, "text or json")
 	return cmd
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("bad --log-level %q: %w", level, err)
+		return nil, fmt.Errorf("bad log level %q: %w", level, err)
 	}
 	opts := &slog.HandlerOptions{Level: l}
 	switch strings.ToLower(format) {
@@ -76,5 +182,5 @@ func newLogger(level, format string) (*slog.Logger, error) {
 	case "json":
 		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
 	}
-	return nil, fmt.Errorf("bad --log-format %q: text or json", format)
+	return nil, fmt.Errorf("bad log format %q: text or json", format)
 }

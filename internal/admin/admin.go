@@ -64,6 +64,12 @@ type Config struct {
 	// History is how many samples the overview keeps for its rate charts
 	// (?msg_rates_age=). Default: 600 (ten minutes at 1s).
 	History int
+	// Components returns the state of the node's supervised components
+	// for the overview, the node and the metrics. Default: nil.
+	Components func() []Component
+	// Supervised, when set, makes New start no goroutine: the caller
+	// runs [Server.RunSampler] itself, under a supervisor. Default: false.
+	Supervised bool
 	// Log receives structured logs. Default: slog.Default().
 	Log *slog.Logger
 
@@ -188,8 +194,23 @@ func New(cfg Config) (*Server, error) {
 	s.metrics, s.perObj = s.metricsHandlers()
 	s.routes()
 	s.smp.sample(s.started)
-	go s.smp.run(cfg.SampleInterval, s.stop, s.sampling)
+	if cfg.Supervised {
+		close(s.sampling)
+	} else {
+		go func() {
+			defer close(s.sampling)
+			s.RunSampler(context.Background())
+		}()
+	}
 	return s, nil
+}
+
+// RunSampler reads every counter once per Config.SampleInterval, for rates,
+// until ctx ends or the server shuts down; it then returns nil. New runs
+// it unless Config.Supervised is set.
+func (s *Server) RunSampler(ctx context.Context) error {
+	s.smp.run(ctx, s.cfg.SampleInterval, s.stop)
+	return nil
 }
 
 func (s *Server) routes() {

@@ -20,14 +20,17 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 }
 
 var (
-	mInfo        = desc("courier_node_info", "Always 1; the labels name the node and its version.", "node", "version")
-	mConns       = desc("courier_connections", "Open connections, network and embedded.")
-	mExchanges   = desc("courier_exchanges", "Exchanges.")
-	mQueues      = desc("courier_queues", "Queues.")
-	mAttachments = desc("courier_attachments", "Attachments (handlers, subscribers, controllers) of every connection.")
-	mReady       = desc("courier_queue_messages_ready", "Messages ready for delivery in every queue.")
-	mUnacked     = desc("courier_queue_messages_unacked", "Messages delivered and not yet acknowledged in every queue.")
-	mTotals      = [nTotals]*prometheus.Desc{
+	mInfo         = desc("courier_node_info", "Always 1; the labels name the node and its version.", "node", "version")
+	mConns        = desc("courier_connections", "Open connections, network and embedded.")
+	mExchanges    = desc("courier_exchanges", "Exchanges.")
+	mQueues       = desc("courier_queues", "Queues.")
+	mAttachments  = desc("courier_attachments", "Attachments (handlers, subscribers, controllers) of every connection.")
+	mReady        = desc("courier_queue_messages_ready", "Messages ready for delivery in every queue.")
+	mUnacked      = desc("courier_queue_messages_unacked", "Messages delivered and not yet acknowledged in every queue.")
+	mCompUp       = desc("courier_component_up", "1 while the supervised component runs, else 0.", "component")
+	mCompFailed   = desc("courier_component_failed", "1 once the supervised component crashed more often than its restart intensity allows and was given up.", "component")
+	mCompRestarts = desc("courier_component_restarts_total", "Restarts of the supervised component.", "component")
+	mTotals       = [nTotals]*prometheus.Desc{
 		totRequest:  desc("courier_requests_total", "Requests routed through exchanges."),
 		totPublish:  desc("courier_publishes_total", "Messages published to exchanges."),
 		totDeliver:  desc("courier_deliveries_total", "Messages and requests delivered to connections."),
@@ -52,7 +55,7 @@ var (
 type nodeCollector struct{ s *Server }
 
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mInfo, mConns, mExchanges, mQueues, mAttachments, mReady, mUnacked} {
+	for _, d := range []*prometheus.Desc{mInfo, mConns, mExchanges, mQueues, mAttachments, mReady, mUnacked, mCompUp, mCompFailed, mCompRestarts} {
 		ch <- d
 	}
 	for _, d := range mTotals {
@@ -74,6 +77,17 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(mUnacked, float64(o.unacked))
 	for i, d := range mTotals {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(o.totals[i]))
+	}
+	flag := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	for _, comp := range o.components {
+		gauge(mCompUp, flag(comp.State == "running"), comp.Name)
+		gauge(mCompFailed, flag(comp.State == "failed"), comp.Name)
+		ch <- prometheus.MustNewConstMetric(mCompRestarts, prometheus.CounterValue, float64(comp.Restarts), comp.Name)
 	}
 }
 

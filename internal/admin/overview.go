@@ -18,6 +18,42 @@ type Listener struct {
 	Address string
 }
 
+// Component is a supervised part of the node (a listener, the broker's
+// sweeper, the sampler), as the overview and the node list it.
+type Component struct {
+	// Name names it, such as "listener".
+	Name string
+	// State is "running", "restarting", "failed" or "stopped".
+	State string
+	// Critical says the node exits when it fails.
+	Critical bool
+	// Restarts counts its restarts since the node started.
+	Restarts uint64
+	// LastError is its last crash; "" for none.
+	LastError string
+}
+
+func appendComponents(b []byte, cs []Component) []byte {
+	b = append(b, '[')
+	for i, c := range cs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"name":`...)
+		b = appendString(b, c.Name)
+		b = append(b, `,"state":`...)
+		b = appendString(b, c.State)
+		b = append(b, `,"critical":`...)
+		b = strconv.AppendBool(b, c.Critical)
+		b = append(b, `,"restarts":`...)
+		b = strconv.AppendUint(b, c.Restarts, 10)
+		b = append(b, `,"last_error":`...)
+		b = appendString(b, c.LastError)
+		b = append(b, '}')
+	}
+	return append(b, ']')
+}
+
 // overview is the figures of GET /api/overview, read once per request.
 type overview struct {
 	s                                    *Server
@@ -28,6 +64,7 @@ type overview struct {
 	rates                                [nTotals]float64
 	history                              []tick // newest first, when asked
 	listeners                            []Listener
+	components                           []Component
 	memUsed, heapLive, goroutines, procs uint64
 }
 
@@ -89,7 +126,8 @@ func overviewSchema(samples bool) *schema[overview] {
 				func(b []byte, o *overview) []byte { return appendSamples(b, o.history, i) }, nil))
 		}
 	}
-	f = append(f, rawField("listeners", func(b []byte, o *overview) []byte { return appendListeners(b, o.listeners) }, nil))
+	f = append(f, rawField("listeners", func(b []byte, o *overview) []byte { return appendListeners(b, o.listeners) }, nil),
+		rawField("components", func(b []byte, o *overview) []byte { return appendComponents(b, o.components) }, nil))
 	return newSchema("node", f...)
 }
 
@@ -102,6 +140,9 @@ var (
 // live counters, rates from the last sample.
 func (s *Server) readOverview() *overview {
 	o := &overview{s: s, uptime: s.cfg.now().Sub(s.started), listeners: s.listeners()}
+	if s.cfg.Components != nil {
+		o.components = s.cfg.Components()
+	}
 	c := s.smp.count()
 	o.totals, o.exchanges, o.queues, o.ready, o.unacked = c.totals, c.exchanges, c.queues, c.ready, c.unacked
 	o.rates = s.smp.lastTick().rates
@@ -191,6 +232,7 @@ var nodeSchema = newSchema("name",
 	intField("queues", func(n *nodeInfo) int64 { return int64(n.o.queues) }),
 	intField("attachments", func(n *nodeInfo) int64 { return int64(n.o.atts) }),
 	rawField("listeners", func(b []byte, n *nodeInfo) []byte { return appendListeners(b, n.o.listeners) }, nil),
+	rawField("components", func(b []byte, n *nodeInfo) []byte { return appendComponents(b, n.o.components) }, nil),
 )
 
 func (s *Server) readNode() *nodeInfo {

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"cmp"
+	"context"
 	"math"
 	"slices"
 	"sync"
@@ -190,13 +191,14 @@ func newSampler(b *broker.Broker, queues QueueSource, history int, now func() ti
 }
 
 // run samples every interval until stop is closed.
-func (s *sampler) run(interval time.Duration, stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
+func (s *sampler) run(ctx context.Context, interval time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-stop:
+			return
+		case <-ctx.Done():
 			return
 		case <-t.C:
 			s.sample(s.now())

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestServerConfigFile: the file sets every kind of key, flags given on
+// the command line override it, and keys not given keep their defaults.
+func TestServerConfigFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "courier.toml")
+	os.WriteFile(path, []byte(`
+name = "from-file"
+listen = "127.0.0.1:7411"
+http = "off"
+drain_timeout = "3s"
+
+[log]
+level = "warn"
+
+[limits]
+max_connections = 10
+max_connections_per_user = 2
+max_request_deadline = "90s"
+
+[supervision]
+max_restarts = 3
+restart_window = "10s"
+`), 0o644)
+	sc := defaultServerConfig()
+	cmd := newServerCmd(&sc)
+	if err := cmd.ParseFlags([]string{"--config", path, "--name", "from-flag", "--max-connections", "20"}); err != nil {
+		t.Fatal(err)
+	}
+	httpSet, err := loadServerConfig(path, cmd.Flags(), &sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Name != "from-flag" || sc.Limits.MaxConns != 20 {
+		t.Errorf("flags do not override the file: name %q, max connections %d", sc.Name, sc.Limits.MaxConns)
+	}
+	if !httpSet || sc.Listen != "127.0.0.1:7411" || sc.HTTP != "off" || sc.DrainTimeout != 3*time.Second ||
+		sc.Log.Level != "warn" || sc.Log.Format != "text" ||
+		sc.Limits.MaxConnsPerUser != 2 || sc.Limits.MaxDeadline != 90*time.Second ||
+		sc.Limits.MaxInflight != 65536 || sc.Limits.MaxFrame != 4<<20 ||
+		sc.Supervision.MaxRestarts != 3 || sc.Supervision.RestartWindow != 10*time.Second {
+		t.Errorf("file not read as written, or defaults lost: %+v", sc)
+	}
+}
+
+// TestServerConfigFileErrors: typos and bad values are clear errors.
+func TestServerConfigFileErrors(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{"lisen = \"x\"\n", "unknown key(s) lisen"},
+		{"[limits]\nmax_conections = 1\n", "unknown key(s) limits.max_conections"},
+		{"drain_timeout = \"soon\"\n", "soon"},
+		{"name = \n", "config"},
+	} {
+		path := filepath.Join(t.TempDir(), "c.toml")
+		os.WriteFile(path, []byte(tc.body), 0o644)
+		sc := defaultServerConfig()
+		_, err := loadServerConfig(path, newServerCmd(&sc).Flags(), &sc)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want one with %q", tc.body, err, tc.want)
+		}
+	}
+}
