@@ -373,6 +373,11 @@ func (a *Attachment) event(f *wire.Frame) {
 		defer a.stop(fmt.Errorf("courier: attachment detached: %s", ev.Reason))
 	}
 	if a.cfg.onEvent != nil {
+		defer func() {
+			if p := recover(); p != nil {
+				a.c.log.Error("courier: OnEvent function panicked", "attachment", a.member, "panic", p)
+			}
+		}()
 		a.cfg.onEvent(ev)
 	}
 }

@@ -286,7 +286,7 @@ func (c *Conn) answer(fn AskFunc, f *wire.Frame) {
 	if fn == nil {
 		a.Flags, a.Tag = wire.FlagError, "the requester takes no questions"
 	} else {
-		body, err := fn(context.Background(), f.Body)
+		body, err := c.runAsk(fn, f.Body)
 		if err != nil {
 			a.Flags, a.Tag = wire.FlagError, err.Error()
 		} else {
@@ -295,6 +295,17 @@ func (c *Conn) answer(fn AskFunc, f *wire.Frame) {
 	}
 	f.Release()
 	c.send(a)
+}
+
+// runAsk calls fn; a panic becomes an error answer.
+func (c *Conn) runAsk(fn AskFunc, q []byte) (body []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.Error("courier: OnAsk function panicked", "conn", c.id, "panic", p)
+			body, err = nil, errors.New("the requester's OnAsk function failed")
+		}
+	}()
+	return fn(context.Background(), q)
 }
 
 // HandlerFunc serves requests. It may respond before or after it returns,

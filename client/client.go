@@ -129,7 +129,11 @@ type transport struct {
 	avail  atomic.Int64  // PUBLISH and REQUEST credit left
 	credit chan struct{} // signalled when credit arrives
 
-	seen      atomic.Bool
+	seen atomic.Bool
+	// away is set when the server sent CLOSE with a drain time: new
+	// requests and publishes fail with it, the rest goes on until the
+	// server closes the connection.
+	away      atomic.Pointer[error]
 	closeOnce sync.Once
 	closeErr  error
 	closing   chan struct{}
@@ -198,6 +202,9 @@ func (t *transport) SendContext(ctx context.Context, f *wire.Frame) error {
 	mode := wire.Control
 	switch f.Type {
 	case wire.TypePublish, wire.TypeRequest, wire.TypeSubmit:
+		if away := t.away.Load(); away != nil {
+			return *away
+		}
 		mode = wire.Data
 		if f.Type == wire.TypeRequest {
 			mode = wire.Urgent
@@ -266,7 +273,11 @@ func (t *transport) end(err error) {
 
 func (t *transport) readLoop() {
 	defer close(t.done)
+	var drain *time.Timer
 	defer func() {
+		if drain != nil {
+			drain.Stop()
+		}
 		t.end(courier.ErrClosed)
 		t.conn.Closed(t.closeErr)
 	}()
@@ -274,6 +285,9 @@ func (t *transport) readLoop() {
 		f := wire.NewFrame(0)
 		if err := t.r.Next(f); err != nil {
 			f.Release()
+			if away := t.away.Load(); away != nil {
+				t.end(*away) // the end the server announced
+			}
 			t.end(fmt.Errorf("%w: %v", courier.ErrClosed, err))
 			return
 		}
@@ -293,9 +307,21 @@ func (t *transport) readLoop() {
 			default:
 			}
 		case wire.TypeClose:
-			t.end(fmt.Errorf("%w: server closed the connection: %s", courier.ErrClosed, f.Tag))
+			// The error matches both ErrClosed and the code, such as
+			// wire.CodeShutdown.
+			err := fmt.Errorf("%w by the server: %w", courier.ErrClosed, &wire.Error{Code: wire.Code(f.Aux), Msg: f.Tag})
+			ms := f.Ref
 			f.Release()
-			return
+			if ms == 0 || t.away.Load() != nil {
+				t.end(err)
+				return
+			}
+			// The server drains: it takes no new requests, and answers
+			// those in flight for ms before it closes. Wait for that
+			// (and a heartbeat timeout more), not longer.
+			t.away.Store(&err)
+			wait := time.Duration(ms)*time.Millisecond + time.Duration(t.welcome.TimeoutMS)*time.Millisecond
+			drain = time.AfterFunc(wait, func() { t.end(err) })
 		case wire.TypeError:
 			if f.Flags&wire.FlagFatal != 0 {
 				t.end(&wire.Error{Code: wire.Code(f.Aux), Msg: f.Tag, Fatal: true})

@@ -512,6 +512,34 @@ func (s *suite) testHandlerPanic(t *testing.T) {
 		t.Fatalf("the attachment ended after panics: %v", h.Err())
 	default:
 	}
+
+	// The requester's OnAsk and a member's OnEvent are user code too: a
+	// panic in either fails only what it was doing.
+	ask := e.reqresp(courier.RoundRobin)
+	events := make(chan struct{}, 16)
+	e.handle(ask.Name(), func(r *courier.Request) {
+		if _, err := r.Ask(r.Context(), []byte("sure?")); err != nil {
+			r.Fail(err)
+			return
+		}
+		r.Reply([]byte("asked"))
+	}, courier.OnEvent(func(courier.Event) {
+		events <- struct{}{}
+		panic("event boom")
+	}))
+	testutil.Recv(t, events, wait)
+	_, err := ask.Request(e.ctx, courier.Message{}, courier.OnAsk(func(context.Context, []byte) ([]byte, error) {
+		panic("ask boom")
+	}))
+	if err == nil || !strings.Contains(err.Error(), "OnAsk function failed") {
+		t.Fatalf("request whose OnAsk panicked: %v, want the handler's Ask to fail", err)
+	}
+	r, err := ask.Request(e.ctx, courier.Message{}, courier.OnAsk(func(context.Context, []byte) ([]byte, error) {
+		return []byte("yes"), nil
+	}))
+	if err != nil || string(r.Body) != "asked" {
+		t.Fatalf("request after the panics: %v %v", r, err)
+	}
 }
 
 // testHandlerGone checks that a request whose handler goes away fails
