@@ -74,6 +74,12 @@ func TestShutdownDrains(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Probes go to an exchange without handlers: until the client
+	// learns of the shutdown they fail at once with "no handler".
+	probe, err := rc.ReqResp(ctx, "probe", courier.RoundRobin)
+	if err != nil {
+		t.Fatal(err)
+	}
 	type result struct {
 		r   *courier.Response
 		err error
@@ -90,7 +96,7 @@ func TestShutdownDrains(t *testing.T) {
 	// The requester's client learns of the drain: its new requests fail
 	// at once with the server's reason.
 	testutil.WaitForf(t, wait, func() bool {
-		_, err := req.Request(ctx, courier.Message{})
+		_, err := probe.Request(ctx, courier.Message{})
 		return errors.Is(err, errShutdown)
 	}, "new requests were not refused during the drain")
 	// The broker refuses them too, from any connection.

@@ -62,6 +62,9 @@ func TestServerSIGTERM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := rc.ReqResp(ctx, "probe", courier.RoundRobin); err != nil {
+		t.Fatal(err)
+	}
 	type result struct {
 		body string
 		err  error
@@ -80,9 +83,15 @@ func TestServerSIGTERM(t *testing.T) {
 	if err := srv.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
+	// Probes go to an exchange without handlers: until the client
+	// learns of the shutdown they fail at once with "no handler".
+	probe, err := rc.ReqResp(ctx, "probe")
+	if err != nil {
+		t.Fatal(err)
+	}
 	shutdown := &wire.Error{Code: wire.CodeShutdown}
 	if !testutil.Eventually(cliWait, func() bool {
-		_, err := req.Request(ctx, courier.Message{})
+		_, err := probe.Request(ctx, courier.Message{})
 		return errors.Is(err, shutdown)
 	}) {
 		t.Fatalf("new requests not refused after SIGTERM\nstderr:\n%s", srv.stderr.String())
@@ -92,7 +101,7 @@ func TestServerSIGTERM(t *testing.T) {
 	}
 	r.Reply([]byte("answered"))
 	if res := testutil.Recv(t, answered, cliWait); res.err != nil || res.body != "answered" {
-		t.Fatalf("the request in flight: %q, %v; want its answer", res.body, res.err)
+		t.Fatalf("the request in flight: %q, %v; want its answer\nstderr:\n%s", res.body, res.err, srv.stderr.String())
 	}
 	if code := srv.wait(t); code != 0 {
 		t.Fatalf("server exited %d after SIGTERM\nstderr:\n%s", code, srv.stderr.String())
