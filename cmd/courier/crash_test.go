@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -19,16 +18,7 @@ import (
 func crashServer(t *testing.T, addr, dir string) *cliProc {
 	t.Helper()
 	srv := cliStart(t, "", nil, "server", "--listen", addr, "--data", dir, "--http", "off", "--log-level", "warn")
-	testutil.Eventually(cliWait, func() bool {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil || srv.exited()
-	})
-	if srv.exited() {
-		t.Fatalf("server exited: %v\nstderr:\n%s", srv.err, srv.stderr.String())
-	}
+	cliAccepting(t, srv, addr)
 	return srv
 }
 

@@ -17,6 +17,22 @@ import (
 	"github.com/courier-mq/courier/wire"
 )
 
+// cliAccepting waits until the server srv accepts connections on addr,
+// and fails the test if it exits first.
+func cliAccepting(t *testing.T, srv *cliProc, addr string) {
+	t.Helper()
+	testutil.Eventually(cliWait, func() bool {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil || srv.exited()
+	})
+	if srv.exited() {
+		t.Fatalf("server exited: %v\nstderr:\n%s", srv.err, srv.stderr.String())
+	}
+}
+
 // TestServerSIGTERM runs `courier server` from a configuration file and
 // sends it SIGTERM while a request is in flight: the server tells its
 // clients (new requests fail with its reason), lets the request be
@@ -29,16 +45,7 @@ func TestServerSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := cliStart(t, "", nil, "server", "--config", path, "--data", t.TempDir(), "--log-level", "info")
-	testutil.Eventually(cliWait, func() bool {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil || srv.exited()
-	})
-	if srv.exited() {
-		t.Fatalf("server exited: %v\nstderr:\n%s", srv.err, srv.stderr.String())
-	}
+	cliAccepting(t, srv, addr)
 	url := "courier://" + addr
 	ctx := testutil.Context(t, 2*cliWait)
 	dial := func() *courier.Conn {

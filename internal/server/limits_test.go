@@ -133,14 +133,19 @@ func TestConnectionFlood(t *testing.T) {
 		c.Close()
 	}
 	conns = nil
-	testutil.WaitFor(t, 10*time.Second, func() bool {
-		c, err := client.Dial(context.Background(), n.URL(), client.Options{})
+	testutil.WaitForf(t, 10*time.Second, canConnect(n, client.Options{}), "no connection accepted once the flood closed")
+}
+
+// canConnect returns a condition: a client with opts can connect to n.
+func canConnect(n *node.Node, opts client.Options) func() bool {
+	return func() bool {
+		c, err := client.Dial(context.Background(), n.URL(), opts)
 		if err != nil {
 			return false
 		}
 		c.Close()
 		return true
-	})
+	}
 }
 
 // TestConnectionsPerUser: the third connection of a user limited to two
@@ -159,14 +164,7 @@ func TestConnectionsPerUser(t *testing.T) {
 		t.Fatalf("a connection of the user was hurt: %v", err)
 	}
 	first.Close()
-	testutil.WaitFor(t, 10*time.Second, func() bool {
-		c, err := client.Dial(ctx, n.URL(), client.Options{User: "greedy"})
-		if err != nil {
-			return false
-		}
-		c.Close()
-		return true
-	})
+	testutil.WaitForf(t, 10*time.Second, canConnect(n, client.Options{User: "greedy"}), "the user cannot connect after closing a connection")
 }
 
 // TestAttachmentLimit: past its attachment limit a connection's ATTACH
