@@ -156,6 +156,7 @@ component the server cannot run without fails (more restarts than
 	f.StringVar(&cfg.Name, "name", d.Name, "node name")
 	f.DurationVar(&cfg.Heartbeat, "heartbeat", d.Heartbeat, "heartbeat interval; silent clients are cut after three")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "on SIGTERM, how long requests in flight may take to finish")
+	f.DurationVar(&cfg.SyncInterval, "sync-interval", d.SyncInterval, "fsync durable queues at most this often instead of group commit (0: group commit, the default)")
 	l, dl := &cfg.Limits, d.Limits
 	f.IntVar(&l.MaxFrame, "max-frame", dl.MaxFrame, "largest frame in bytes")
 	f.IntVar(&l.MaxConns, "max-connections", dl.MaxConns, "connections the server accepts")
