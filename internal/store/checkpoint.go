@@ -152,17 +152,28 @@ func (l *Log) Checkpoint(snapshot func(at Pos) ([]byte, error)) (Pos, error) {
 	l.mu.Unlock()
 	slices.SortFunc(c.segs, func(a, b segCount) int { return cmp.Compare(a.seg, b.seg) })
 
+	// Runs dropped before the snapshot is taken are not in it: they go
+	// once this checkpoint is durable.
+	dropped := l.takeDropped()
 	state, err := snapshot(c.at)
 	if err != nil {
+		l.giveBackDropped(dropped)
 		return Pos{}, fmt.Errorf("checkpoint: snapshot: %w", err)
 	}
 	c.state = state
 	if err := l.Sync(); err != nil {
+		l.giveBackDropped(dropped)
+		return Pos{}, fmt.Errorf("checkpoint: %w", err)
+	}
+	if err := l.syncRuns(); err != nil {
+		l.giveBackDropped(dropped)
 		return Pos{}, fmt.Errorf("checkpoint: %w", err)
 	}
 	if err := writeCheckpoint(l.fs, l.dir, encodeCheckpoint(c)); err != nil {
+		l.giveBackDropped(dropped)
 		return Pos{}, fmt.Errorf("checkpoint: %w", err)
 	}
+	l.deleteRuns(dropped)
 	l.mu.Lock()
 	l.ckpt = c.at
 	l.mu.Unlock()

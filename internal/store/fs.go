@@ -56,12 +56,22 @@ type Locker interface {
 	Lock(name string) (io.Closer, error)
 }
 
+// Spacer is an optional interface of an [FS] that tells how much space is
+// left on the disk that holds a directory; the log's disk alarm uses it
+// (see [Options.MinFreeDisk]).
+type Spacer interface {
+	// FreeSpace returns the bytes available to the process on the file
+	// system of dir.
+	FreeSpace(dir string) (int64, error)
+}
+
 // OSFS is the operating system's file system.
 type OSFS struct{}
 
 var (
 	_ FS     = OSFS{}
 	_ Locker = OSFS{}
+	_ Spacer = OSFS{}
 	_ File   = (*osFile)(nil)
 )
 
@@ -117,6 +127,10 @@ func (OSFS) SyncDir(dir string) error {
 	}
 	return err
 }
+
+// FreeSpace implements [Spacer] with statfs(2) where the platform has
+// it.
+func (OSFS) FreeSpace(dir string) (int64, error) { return freeSpace(dir) }
 
 // Lock implements [Locker] with flock(2).
 func (OSFS) Lock(name string) (io.Closer, error) {

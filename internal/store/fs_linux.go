@@ -32,3 +32,12 @@ func datasync(f *os.File) error {
 	}
 	return nil
 }
+
+// freeSpace is statfs(2)'s blocks available to unprivileged users.
+func freeSpace(dir string) (int64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, &os.PathError{Op: "statfs", Path: dir, Err: err}
+	}
+	return int64(st.Bavail) * st.Bsize, nil
+}

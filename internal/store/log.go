@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -39,6 +40,13 @@ type Log struct {
 	written  atomic.Uint64                 // Pos.key just past the bytes handed to the kernel
 	durable  atomic.Uint64                 // Pos.key just past the bytes known durable
 	progress atomic.Pointer[chan struct{}] // closed and replaced when written moves or the log fails
+	drained  atomic.Pointer[chan struct{}] // closed and replaced when the writer takes the pending batch, or the log fails or closes
+
+	runMu sync.Mutex // guards runs; never held with another lock
+	runs  runState
+
+	diskAlarm atomic.Bool  // free space below Options.MinFreeDisk
+	diskFree  atomic.Int64 // at the last check; -1 if unknown
 
 	work   chan struct{} // wakes the writer; capacity 1
 	wantGC atomic.Bool   // a segment may have become deletable
@@ -172,8 +180,56 @@ func (l *Log) Append(queue uint32, kind Kind, payload []byte, done func(error)) 
 	}
 	var h [recHeaderSize]byte
 	putRecordHeader(h[:], queue, kind, payload)
-	pos, err := l.add(h[:], payload, done, nil)
+	pos, err := l.add(h[:], payload, done, nil, true)
 	return Ref{Pos: pos, Len: uint32(len(payload))}, err
+}
+
+// AppendNoWait is [Log.Append] without the wait for flow control: it
+// never blocks, whatever is pending. A caller that holds a lock others
+// need (a queue's) waits with [Log.WaitSpace] first, without the lock,
+// then appends with AppendNoWait under it; the bytes pending can then
+// pass MaxPending by what the callers that passed WaitSpace together
+// append, which their number bounds.
+func (l *Log) AppendNoWait(queue uint32, kind Kind, payload []byte, done func(error)) (Ref, error) {
+	if kind == 0 || kind >= KindReserved {
+		return Ref{}, fmt.Errorf("append kind %d: %w", kind, ErrBadKind)
+	}
+	if len(payload) > l.opts.MaxRecordSize {
+		return Ref{}, fmt.Errorf("append %d bytes: %w (max %d)", len(payload), ErrTooLarge, l.opts.MaxRecordSize)
+	}
+	var h [recHeaderSize]byte
+	putRecordHeader(h[:], queue, kind, payload)
+	pos, err := l.add(h[:], payload, done, nil, false)
+	return Ref{Pos: pos, Len: uint32(len(payload))}, err
+}
+
+// WaitSpace blocks while [Options.MaxPending] bytes wait to be written,
+// until ctx ends, or the log fails or closes (it returns that error). It
+// is the flow control of [Log.Append], taken apart so that a publisher
+// can wait for it without holding a lock that consumers need (see
+// [Log.AppendNoWait]).
+func (l *Log) WaitSpace(ctx context.Context) error {
+	for {
+		ch := l.drained.Load()
+		l.mu.Lock()
+		full := l.pend.bytes >= l.opts.MaxPending && l.pend.bytes > 0
+		err := l.err
+		if err == nil && l.closing {
+			err = ErrClosed
+		}
+		l.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if !full {
+			return nil
+		}
+		select {
+		case <-*ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // AppendSync is [Log.Append] that waits until the record is durable.
@@ -195,7 +251,8 @@ func (l *Log) AppendSync(queue uint32, kind Kind, payload []byte) (Ref, error) {
 // Append returned.
 //
 // done, if not nil, is called as for Append once the release is durable.
-// Like Append, Release may block for flow control.
+// Release never blocks for flow control: acks must not wait behind
+// publishers, and releases are bounded by the appends they release.
 func (l *Log) Release(queue uint32, refs []Ref, done func(error)) error {
 	per := max(l.opts.MaxRecordSize/releaseEntrySize, 1)
 	var buf []byte
@@ -211,7 +268,7 @@ func (l *Log) Release(queue uint32, refs []Ref, done func(error)) error {
 		if n == len(refs) {
 			d = done
 		}
-		if _, err := l.add(h[:], buf, d, refs[:n]); err != nil {
+		if _, err := l.add(h[:], buf, d, refs[:n], false); err != nil {
 			return err
 		}
 		refs = refs[n:]
@@ -221,11 +278,12 @@ func (l *Log) Release(queue uint32, refs []Ref, done func(error)) error {
 
 // add appends one encoded record (header h, payload) and, for a release
 // record, applies the releases to the accounting under the same lock, so
-// that a checkpoint's cut sees both or neither.
-func (l *Log) add(h, payload []byte, done func(error), released []Ref) (Pos, error) {
+// that a checkpoint's cut sees both or neither. wait makes it wait while
+// MaxPending bytes are pending.
+func (l *Log) add(h, payload []byte, done func(error), released []Ref, wait bool) (Pos, error) {
 	size := int64(len(h) + len(payload))
 	l.mu.Lock()
-	for l.err == nil && !l.closing && l.pend.bytes >= l.opts.MaxPending && l.pend.bytes > 0 {
+	for wait && l.err == nil && !l.closing && l.pend.bytes >= l.opts.MaxPending && l.pend.bytes > 0 {
 		l.space.Wait()
 	}
 	if l.err != nil || l.closing {
@@ -404,6 +462,13 @@ func (l *Log) fail(err error) {
 	}
 	l.space.Broadcast()
 	l.notify()
+	l.notifyDrained()
+}
+
+// notifyDrained wakes callers waiting in WaitSpace.
+func (l *Log) notifyDrained() {
+	ch := make(chan struct{})
+	close(*l.drained.Swap(&ch))
 }
 
 // failure returns the log's sticky error, if any.
@@ -445,6 +510,7 @@ func (l *Log) Close() error {
 	l.closing = true
 	l.mu.Unlock()
 	l.space.Broadcast()
+	l.notifyDrained()
 	l.wake()
 	l.wg.Wait()
 	close(l.stop)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,6 +57,7 @@ type MemFS struct {
 	locks    map[string]bool     // names locked through Lock
 	inject   func(Op, string) error
 	syncLies bool
+	free     int64 // what FreeSpace reports; see SetFreeSpace
 }
 
 // memNode is a file's contents: what reads see, and what a crash keeps.
@@ -68,6 +70,7 @@ type memNode struct {
 var (
 	_ FS     = (*MemFS)(nil)
 	_ Locker = (*MemFS)(nil)
+	_ Spacer = (*MemFS)(nil)
 	_ File   = (*memFile)(nil)
 )
 
@@ -78,7 +81,23 @@ func NewMemFS() *MemFS {
 		durable: map[string]*memNode{},
 		dirs:    map[string]bool{"/": true, ".": true},
 		locks:   map[string]bool{},
+		free:    math.MaxInt64,
 	}
+}
+
+// SetFreeSpace sets what [MemFS.FreeSpace] reports, for tests of the
+// disk alarm. Default: [math.MaxInt64].
+func (fs *MemFS) SetFreeSpace(n int64) {
+	fs.mu.Lock()
+	fs.free = n
+	fs.mu.Unlock()
+}
+
+// FreeSpace implements [Spacer]: the value set by SetFreeSpace.
+func (fs *MemFS) FreeSpace(string) (int64, error) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.free, nil
 }
 
 // SetInjector installs fn, called before every operation with the

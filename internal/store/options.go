@@ -70,6 +70,18 @@ type Options struct {
 	// of growing memory. Default: 8 MiB.
 	MaxPending int
 
+	// MinFreeDisk is the free space, in bytes, under which the disk
+	// alarm goes on ([Log.DiskAlarm]): the broker then slows the
+	// publishers of durable queues until it clears, when the free space
+	// is back above MinFreeDisk plus one SegmentSize. The log itself goes
+	// on appending (it fails only when the disk is full). Checked every
+	// DiskCheckInterval and whenever a segment is started, on an [FS]
+	// that is a [Spacer]. Negative disables the check. Default: 1 GiB.
+	MinFreeDisk int64
+
+	// DiskCheckInterval is how often the free space is checked. Default: 1s.
+	DiskCheckInterval time.Duration
+
 	// Logger receives rare events: segments deleted or failing to delete,
 	// the first write error. Recovery is reported to the caller, not
 	// logged. Default: a logger that discards.
@@ -82,13 +94,15 @@ type Options struct {
 // DefaultOptions returns the options documented on each field.
 func DefaultOptions() Options {
 	return Options{
-		SegmentSize:   64 << 20,
-		MaxRecordSize: 16 << 20,
-		Sync:          GroupCommit,
-		SyncInterval:  10 * time.Millisecond,
-		MaxPending:    8 << 20,
-		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
-		now:           time.Now,
+		SegmentSize:       64 << 20,
+		MaxRecordSize:     16 << 20,
+		Sync:              GroupCommit,
+		SyncInterval:      10 * time.Millisecond,
+		MaxPending:        8 << 20,
+		MinFreeDisk:       1 << 30,
+		DiskCheckInterval: time.Second,
+		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
+		now:               time.Now,
 	}
 }
 
@@ -110,6 +124,12 @@ func (o *Options) ensureDefaults() {
 	}
 	if o.MaxPending == 0 {
 		o.MaxPending = d.MaxPending
+	}
+	if o.MinFreeDisk == 0 {
+		o.MinFreeDisk = d.MinFreeDisk
+	}
+	if o.DiskCheckInterval <= 0 {
+		o.DiskCheckInterval = d.DiskCheckInterval
 	}
 	if o.Logger == nil {
 		o.Logger = d.Logger

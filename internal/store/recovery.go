@@ -31,6 +31,8 @@ type Recovery struct {
 	End Pos
 	// Segments is the number of segment files kept.
 	Segments int
+	// Runs is the number of run files found (see [Log.Runs]).
+	Runs int
 	// ReplayRecords and ReplayBytes measure what Replay will read: the
 	// work of this restart, proportional to what was written since the
 	// checkpoint.
@@ -142,11 +144,14 @@ func Open(fs FS, dir string, opts Options) (*Log, *Recovery, error) {
 		gc:    make(chan struct{}, 1),
 		stop:  make(chan struct{}),
 		sfree: &syncJob{},
+		runs:  runState{next: 1, live: map[runKey]struct{}{}},
 	}
 	l.space.L = &l.mu
 	l.scond.L = &l.smu
 	ch := make(chan struct{})
 	l.progress.Store(&ch)
+	dch := make(chan struct{})
+	l.drained.Store(&dch)
 	l.files.Store(&fileTable{})
 	if lk, ok := fs.(Locker); ok {
 		c, err := lk.Lock(join(dir, lockName))
@@ -165,6 +170,7 @@ func Open(fs FS, dir string, opts Options) (*Log, *Recovery, error) {
 		}
 		return nil, nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
+	l.checkDisk()
 	rec.Duration = opts.now().Sub(start)
 	l.wg.Add(2)
 	go l.runWriter()
@@ -195,6 +201,9 @@ func (l *Log) recover() (*Recovery, error) {
 		default:
 			if n, ok := parseSegName(name); ok {
 				nums = append(nums, n)
+			} else if k, ok := parseRunName(name); ok {
+				l.runs.live[k] = struct{}{}
+				l.runs.next = max(l.runs.next, k.num+1)
 			}
 		}
 	}
@@ -463,6 +472,7 @@ func (l *Log) recover() (*Recovery, error) {
 		rec.End = Pos{Seg: l.nextSeg, Off: segHeaderSize}
 	}
 	rec.Segments = len(l.segs)
+	rec.Runs = len(l.runs.live)
 	return rec, nil
 }
 

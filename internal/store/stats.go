@@ -35,8 +35,12 @@ type Stats struct {
 	SegmentsDeleted uint64
 	Checkpoints     uint64
 	BadReleases     uint64 // releases of unknown or already dead records, ignored
+	RunsWritten     uint64 // run files written (see Log.WriteRun)
+	RunsDeleted     uint64
+	RunBytes        uint64 // bytes written to run files
 
 	Segments      int   // segment files
+	Runs          int   // live run files
 	DiskBytes     int64 // bytes in segment files (appended, not all written yet)
 	LiveRecords   int64 // records appended and not released
 	LiveBytes     int64 // their size, headers included
@@ -44,6 +48,8 @@ type Stats struct {
 	Durable       Pos   // everything before is durable
 	CheckpointPos Pos   // the last durable checkpoint's position
 	Failed        bool  // the log met a write or sync error; reopen it
+	DiskFree      int64 // free space at the last check; -1 if unknown
+	DiskAlarm     bool  // DiskFree is below Options.MinFreeDisk (see Log.DiskAlarm)
 }
 
 // SyncAvg is the mean sync latency.
@@ -61,6 +67,7 @@ type counters struct {
 	syncHist                                     [len(SyncBuckets) + 1]atomic.Uint64
 	segmentsCreated, segmentsDeleted             atomic.Uint64
 	checkpoints, badReleases                     atomic.Uint64
+	runsWritten, runsDeleted, runBytes           atomic.Uint64
 }
 
 func (c *counters) observeSync(d time.Duration) {
@@ -97,11 +104,19 @@ func (l *Log) Stats() Stats {
 		SegmentsDeleted: c.segmentsDeleted.Load(),
 		Checkpoints:     c.checkpoints.Load(),
 		BadReleases:     c.badReleases.Load(),
+		RunsWritten:     c.runsWritten.Load(),
+		RunsDeleted:     c.runsDeleted.Load(),
+		RunBytes:        c.runBytes.Load(),
 		Durable:         posFromKey(l.durable.Load()),
+		DiskFree:        l.diskFree.Load(),
+		DiskAlarm:       l.diskAlarm.Load(),
 	}
 	for i := range s.SyncHist {
 		s.SyncHist[i] = c.syncHist[i].Load()
 	}
+	l.runMu.Lock()
+	s.Runs = len(l.runs.live)
+	l.runMu.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, seg := range l.segs {

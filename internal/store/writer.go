@@ -42,6 +42,7 @@ func (l *Log) runWriter() {
 			failed := l.err
 			l.mu.Unlock()
 			l.space.Broadcast()
+			l.notifyDrained()
 			touched = l.writeBatch(b, failed, touched[:0])
 			b.reset()
 			l.mu.Lock()
@@ -134,6 +135,7 @@ func (l *Log) createSegment(seg uint32) (File, error) {
 	}
 	l.addFile(seg, f)
 	l.stats.segmentsCreated.Add(1)
+	l.checkDisk()
 	return f, nil
 }
 
@@ -237,12 +239,16 @@ func (l *Log) signalGC() {
 // one may be.
 func (l *Log) runJanitor() {
 	defer l.jwg.Done()
+	tick, stop := l.diskTicker()
+	defer stop()
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-l.gc:
 			l.collect()
+		case <-tick:
+			l.checkDisk()
 		}
 	}
 }
