@@ -67,6 +67,13 @@ type Config struct {
 	// confirms are immediate. Default: nil.
 	Journal Journal
 
+	// Memory is the node's memory budget, shared by its queues: the
+	// queue reports what it keeps in RAM to it, and pages out (if it is
+	// durable) as it fills; see [Memory]. nil: the queue still counts
+	// its resident bytes ([Stats.Resident]) but never pages. Default:
+	// nil.
+	Memory *Memory
+
 	// DeadLetter receives the messages that leave the queue without
 	// being acked, with the reason; [ToQueue] makes one that moves them
 	// to another queue. It is called without the queue's lock, in order,

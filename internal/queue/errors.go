@@ -22,6 +22,12 @@ var (
 	// ErrNotFound is returned by [Queue.Watch] for a message the queue
 	// does not hold.
 	ErrNotFound = errors.New("queue: no such message")
+	// ErrPagedOut is returned by [Queue.Watch], together with
+	// [ErrNotFound], for a message that may be in a run of a deep queue,
+	// its index paged out to disk: it cannot be looked up until it comes
+	// back to the queue's head. Watch a message from [Queue.Enqueue] to
+	// follow it whatever happens.
+	ErrPagedOut = errors.New("queue: message paged out to disk")
 	// ErrConsumerExists is returned by [Queue.AddConsumer] for an id
 	// already attached.
 	ErrConsumerExists = errors.New("queue: consumer id already attached")

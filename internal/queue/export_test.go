@@ -56,14 +56,36 @@ func (q *Queue) dump(inflightAsReady bool) queueDump {
 		}
 		d.Msgs = append(d.Msgs, md)
 	}
-	slices.SortFunc(d.Msgs, func(a, b msgDump) int { return int(a.ID - b.ID) })
 	for p := range q.ready {
-		for _, l := range []*msgList{&q.ready[p].retry, &q.ready[p].main} {
+		lv := &q.ready[p]
+		for _, l := range []*msgList{&lv.retry, &lv.main} {
 			for m := l.head; m != nil; m = m.next {
 				d.Levels[p] = append(d.Levels[p], m.id)
 			}
 		}
+		for _, m := range q.spilledMessages(p) {
+			d.Levels[p] = append(d.Levels[p], m.id)
+			if _, released := q.runReleased[m.ref]; released {
+				continue
+			}
+			md := msgDump{ID: m.id, Prio: uint8(p), State: "ready", Expires: m.expires}
+			if a, ok := q.runAttempts[m.id]; ok {
+				md.Attempts = a.attempts
+			}
+			b, h := q.readBack(m)
+			md.Body = string(b)
+			var hs []string
+			for _, k := range slices.Sorted(maps.Keys(h)) {
+				hs = append(hs, k+"="+h[k])
+			}
+			md.Headers = strings.Join(hs, ",")
+			d.Msgs = append(d.Msgs, md)
+		}
+		for m := lv.tail.head; m != nil; m = m.next {
+			d.Levels[p] = append(d.Levels[p], m.id)
+		}
 	}
+	slices.SortFunc(d.Msgs, func(a, b msgDump) int { return int(a.ID - b.ID) })
 	for name, k := range q.keys {
 		var order []uint64
 		if k.busy != nil && k.busy.st == stBackoff {
@@ -77,6 +99,27 @@ func (q *Queue) dump(inflightAsReady bool) queueDump {
 		}
 	}
 	return d
+}
+
+// spilledMessages reads the entries of level p's runs that are still to
+// be read, in order, without changing the queue. q.mu is held.
+func (q *Queue) spilledMessages(p int) []*message {
+	var out []*message
+	for _, r := range q.ready[p].runs {
+		buf := make([]byte, r.left()*runEntrySize)
+		n, err := q.spiller.ReadRun(r.num, runHeaderSize+int64(r.next)*runEntrySize, buf)
+		if err != nil || n != len(buf) {
+			panic(fmt.Sprintf("read run %d: %d bytes, %v", r.num, n, err))
+		}
+		for i := 0; i < len(buf); i += runEntrySize {
+			m := &message{hidx: -1}
+			if !decodeRunEntry(buf[i:i+runEntrySize], m) {
+				panic("bad run entry")
+			}
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // keyOwner returns the consumer the ring gives key to, or "".
@@ -111,6 +154,35 @@ func (q *Queue) check() error {
 		default:
 			return fmt.Errorf("message %d in state %d", m.id, m.st)
 		}
+	}
+	var spilled int64
+	for p := range q.ready {
+		lv := &q.ready[p]
+		n := int64(0)
+		for _, r := range lv.runs {
+			n += r.left()
+		}
+		if n != lv.spilled {
+			return fmt.Errorf("level %d: %d spilled, runs hold %d", p, lv.spilled, n)
+		}
+		if len(lv.runs) == 0 && lv.tail.n > 0 {
+			return fmt.Errorf("level %d: a tail of %d and no runs", p, lv.tail.n)
+		}
+		if !lv.empty() != (q.readyMask&(1<<p) != 0) {
+			return fmt.Errorf("level %d: empty %v, mask %b", p, lv.empty(), q.readyMask)
+		}
+		spilled += n
+	}
+	ready += spilled
+	var resident, paged int64
+	for _, m := range q.index {
+		resident += m.cost()
+		if m.paged {
+			paged++
+		}
+	}
+	if resident != q.resident || paged != q.nPaged || spilled != q.nSpilled {
+		return fmt.Errorf("accounting: resident %d paged %d spilled %d, counted %d %d %d", resident, paged, spilled, q.resident, q.nPaged, q.nSpilled)
 	}
 	s := q.Stats()
 	if s.Ready != ready || s.Unacked != unacked || s.Delayed != delayed {

@@ -1,6 +1,9 @@
 package queue
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+)
 
 // Journal is where a durable queue writes the records that let it be
 // rebuilt after a crash (see [Recover]). Every state change that must
@@ -29,8 +32,9 @@ import "fmt"
 //
 // Threading: the queue calls Append and Release with its lock held, in
 // the order of the changes they record, so that a checkpoint taken under
-// that lock sees each record with its change. They may block briefly
-// (flow control) and must not call back into the queue. done callbacks
+// that lock sees each record with its change. They should not block: a
+// journal with flow control makes publishers wait in [Admitter.Admit],
+// without the lock. They must not call back into the queue. done callbacks
 // may run on any goroutine, at most once each; they must not block, and
 // must not call the queue either (the journal may be waiting for the
 // queue's lock to be released).
@@ -53,6 +57,49 @@ type Reader interface {
 	// Read returns the payload of the record ref; the queue does not keep
 	// the slice past the delivery.
 	Read(ref Ref) ([]byte, error)
+}
+
+// Spiller is an optional interface of a [Journal] that keeps runs: whole
+// files of the queue's own making, written once, read back in pieces,
+// dropped when consumed. A durable queue whose journal is a Spiller and
+// a [Reader] pages the middle of its deep FIFOs to runs (see the package
+// doc, "Memory and paging"). [StoreJournal] keeps them as the store's
+// run files.
+//
+// Threading: the queue calls these methods with its lock held; they must
+// not call back into the queue.
+type Spiller interface {
+	// WriteRun writes data as a new run and returns its number. The run
+	// must be durable by the time a checkpoint whose state names it is
+	// (the store syncs runs at each checkpoint).
+	WriteRun(data []byte) (uint32, error)
+	// ReadRun reads from run num at off into buf, and returns the bytes
+	// read (fewer than len(buf) only at the end of the run).
+	ReadRun(num uint32, off int64, buf []byte) (int, error)
+	// DropRun says the queue no longer needs run num. It may be deleted
+	// once no durable checkpoint names it.
+	DropRun(num uint32)
+	// Runs lists the runs that exist, so that a queue rebuilt from a
+	// checkpoint drops those the checkpoint does not name.
+	Runs() []uint32
+}
+
+// Admitter is an optional interface of a [Journal] with flow control:
+// [Queue.Enqueue] calls Admit before it takes the queue's lock, so that a
+// publisher waits for the disk there, and Append, called under the lock,
+// never waits. Acks, nacks and deliveries never call it: consumers never
+// wait behind publishers.
+type Admitter interface {
+	// Admit returns once the journal has room for an append, or with
+	// ctx's error, or the journal's if it failed.
+	Admit(ctx context.Context) error
+}
+
+// DiskAlarmer is an optional interface of a [Journal] whose disk can run
+// short: while DiskAlarm is true, [Queue.Pressure] asks the broker to
+// stop the queue's publishers.
+type DiskAlarmer interface {
+	DiskAlarm() bool
 }
 
 // Ref names a record of the journal. It mirrors store.Ref (segment,

@@ -26,6 +26,9 @@ type MemJournal struct {
 	next    uint32        // offset of the next record
 	fail    error         // returned by the next Append/Release
 	stats   MemJournalStats
+	runs    map[uint32][]byte // every run written; dropped ones are kept, as a store keeps them until a checkpoint
+	dropped map[uint32]bool
+	nextRun uint32
 }
 
 // MemRecord is one record of a [MemJournal].
@@ -46,11 +49,13 @@ type MemJournalStats struct {
 var (
 	_ Journal = (*MemJournal)(nil)
 	_ Reader  = (*MemJournal)(nil)
+	_ Spiller = (*MemJournal)(nil)
 )
 
 // NewMemJournal returns an empty journal.
 func NewMemJournal() *MemJournal {
-	return &MemJournal{live: make(map[Ref]int), next: 16, stats: MemJournalStats{ByKind: map[Kind]int{}}}
+	return &MemJournal{live: make(map[Ref]int), next: 16, stats: MemJournalStats{ByKind: map[Kind]int{}},
+		runs: map[uint32][]byte{}, dropped: map[uint32]bool{}, nextRun: 1}
 }
 
 // Append implements [Journal]. The payload is copied.
@@ -146,6 +151,11 @@ func (j *MemJournal) Crash() *MemJournal {
 	defer j.mu.Unlock()
 	c := NewMemJournal()
 	c.next = j.next
+	c.nextRun = j.nextRun
+	for n, r := range j.runs {
+		c.runs[n] = r
+		c.dropped[n] = j.dropped[n]
+	}
 	for _, rec := range j.recs[:j.synced] {
 		c.recs = append(c.recs, rec)
 		if rec.Kind == KindRelease {
@@ -216,4 +226,56 @@ func (j *MemJournal) Stats() MemJournalStats {
 		s.ByKind[k] = v
 	}
 	return s
+}
+
+// WriteRun implements [Spiller]. The data is copied.
+func (j *MemJournal) WriteRun(data []byte) (uint32, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := j.fail; err != nil {
+		j.fail = nil
+		return 0, err
+	}
+	n := j.nextRun
+	j.nextRun++
+	j.runs[n] = slices.Clone(data)
+	return n, nil
+}
+
+// ReadRun implements [Spiller]; dropped runs can still be read (a store
+// deletes them only after a checkpoint).
+func (j *MemJournal) ReadRun(num uint32, off int64, buf []byte) (int, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	r, ok := j.runs[num]
+	if !ok {
+		return 0, fmt.Errorf("read run %d: no such run", num)
+	}
+	if off > int64(len(r)) {
+		return 0, nil
+	}
+	return copy(buf, r[off:]), nil
+}
+
+// DropRun implements [Spiller].
+func (j *MemJournal) DropRun(num uint32) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if _, ok := j.runs[num]; ok {
+		j.dropped[num] = true
+	}
+}
+
+// Runs implements [Spiller]: the runs not dropped.
+func (j *MemJournal) Runs() []uint32 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var out []uint32
+	for n := range j.runs {
+		if !j.dropped[n] {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

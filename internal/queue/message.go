@@ -125,6 +125,7 @@ type message struct {
 	body     []byte            // nil when paged
 	size     int               // body length
 	headers  map[string]string // nil when paged
+	hsize    int32             // bytes accounted for headers
 	paged    bool              // body and headers are only in the journal, at ref
 	key      string
 	prio     uint8
@@ -189,10 +190,19 @@ func (l *msgList) remove(m *message) {
 
 // level is one priority level of the shared ready list: messages being
 // retried go before the others, each in the order they became ready.
+// The others form a FIFO in three parts: main, the head, in RAM; runs,
+// the middle, spilled to the journal's runs with no *message in RAM;
+// and tail, in RAM, where messages join while runs are not empty (see
+// spill.go). runs empty implies tail empty.
 type level struct {
 	retry, main msgList
+	runs        []*run // oldest first
+	spilled     int64  // messages in runs
+	tail        msgList
 }
 
+// front is the next message of the level in RAM; the caller refills main
+// from the runs first (Queue.front).
 func (lv *level) front() *message {
 	if lv.retry.head != nil {
 		return lv.retry.head
@@ -200,7 +210,9 @@ func (lv *level) front() *message {
 	return lv.main.head
 }
 
-func (lv *level) empty() bool { return lv.retry.n == 0 && lv.main.n == 0 }
+func (lv *level) empty() bool {
+	return lv.retry.n == 0 && lv.main.n == 0 && lv.spilled == 0 && lv.tail.n == 0 && len(lv.runs) == 0
+}
 
 // timerHeap is a min-heap of messages on (at, id); each message knows its
 // index (hidx).

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"math/bits"
@@ -17,8 +18,12 @@ type Queue struct {
 	cfg     Config
 	sched   *Scheduler
 	clock   Clock
-	journal Journal // nil: transient
-	reader  Reader  // journal's, if it reads back
+	journal Journal     // nil: transient
+	reader  Reader      // journal's, if it reads back
+	spiller Spiller     // journal's, if it keeps runs (and reads back)
+	admit   Admitter    // journal's flow control, if any
+	disk    DiskAlarmer // journal's disk alarm, if any
+	mem     *Memory     // the node's budget, or nil
 	log     *slog.Logger
 	stats   counters // atomics: read without mu
 
@@ -50,6 +55,17 @@ type Queue struct {
 	enc       []byte                // record encoding buffer
 	relBuf    []Ref
 	rand      func() float64 // jitter source
+
+	// Memory accounting and paging (memory.go, spill.go).
+	resident    int64                 // bytes in RAM, as accounted
+	nPaged      int64                 // messages in RAM with their body paged out
+	kept        int64                 // body and header bytes of durable messages in RAM
+	reported    [3]int64              // resident, nPaged and spilled as last added to mem
+	runReleased map[Ref]struct{}      // after a restart: records released while their message was in a run
+	runAttempts map[uint64]runAttempt // after a restart: failed attempts of messages still in runs
+	runBuf      []byte                // run encoding and reading buffer
+	spillHold   int64                 // no spill before this time (unix ns), after a failed one
+	nSpilled    int64                 // messages in runs, all levels
 }
 
 // watcher is one [Queue.Watch] registration.
@@ -87,6 +103,18 @@ func New(name string, cfg Config) (*Queue, error) {
 	}
 	if r, ok := q.journal.(Reader); ok {
 		q.reader = r
+		if sp, ok := q.journal.(Spiller); ok {
+			q.spiller = sp
+		}
+	}
+	if a, ok := q.journal.(Admitter); ok {
+		q.admit = a
+	}
+	if d, ok := q.journal.(DiskAlarmer); ok {
+		q.disk = d
+	}
+	if q.mem = cfg.Memory; q.mem != nil {
+		q.mem.queues.Add(1)
 	}
 	return q, nil
 }
@@ -113,6 +141,11 @@ func (q *Queue) Close() error {
 	}
 	q.closed = true
 	q.sched.unschedule(q)
+	if q.mem != nil {
+		q.mem.add(-q.reported[0], -q.reported[1], -q.reported[2])
+		q.reported = [3]int64{}
+		q.mem.queues.Add(-1)
+	}
 	for _, c := range q.consumers {
 		c.gone.Store(true)
 	}
@@ -141,6 +174,11 @@ func (q *Queue) Enqueue(msg Message, confirm func(error), watch WatchFunc) (uint
 			return 0, fmt.Errorf("enqueue: %w", err)
 		}
 	}
+	if q.admit != nil {
+		if err := q.admit.Admit(context.Background()); err != nil {
+			return 0, fmt.Errorf("enqueue: %w", err)
+		}
+	}
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -150,6 +188,7 @@ func (q *Queue) Enqueue(msg Message, confirm func(error), watch WatchFunc) (uint
 	m := q.alloc()
 	m.id = q.nextID
 	m.body, m.size, m.headers, m.key, m.prio = msg.Body, len(msg.Body), msg.Headers, msg.Key, msg.Priority
+	m.hsize = headersSize(msg.Headers)
 	m.enqueued = now
 	start := now
 	if !msg.DueAt.IsZero() {
@@ -178,6 +217,7 @@ func (q *Queue) Enqueue(msg Message, confirm func(error), watch WatchFunc) (uint
 	}
 	q.nextID++
 	q.index[m.id] = m
+	q.charge(m, 1)
 	q.stats.published.Add(1)
 	q.stats.bytes.Add(int64(m.size))
 	if watch != nil {
@@ -192,9 +232,22 @@ func (q *Queue) Enqueue(msg Message, confirm func(error), watch WatchFunc) (uint
 		q.stats.ready.Add(1)
 		q.makeReady(m, false)
 	}
+	q.pageOnEnqueue(m)
 	id := m.id
 	q.finish(now)
 	return id, nil
+}
+
+// Admit waits until the queue's journal has room for a message (its
+// flow control: [Admitter]), or ctx ends, without taking the queue's
+// lock. [Queue.Enqueue] admits by itself, without a deadline; the broker
+// calls Admit first with the publisher's context, so that a publisher
+// that gives up does not wait. A transient queue admits at once.
+func (q *Queue) Admit(ctx context.Context) error {
+	if q.admit == nil {
+		return ctx.Err()
+	}
+	return q.admit.Admit(ctx)
 }
 
 // Ack settles a message that c has in flight: it leaves the queue, its
@@ -270,6 +323,9 @@ func (q *Queue) Watch(id uint64, fn WatchFunc) (cancel func(), err error) {
 		return nil, ErrClosed
 	}
 	if q.index[id] == nil {
+		if q.maybeSpilled(id) {
+			return nil, fmt.Errorf("watch %d: %w: %w", id, ErrNotFound, ErrPagedOut)
+		}
 		return nil, fmt.Errorf("watch %d: %w", id, ErrNotFound)
 	}
 	w := &watcher{fn}
@@ -334,9 +390,12 @@ func (q *Queue) makeReady(m *message, retry bool) {
 		return
 	}
 	lv := &q.ready[m.prio]
-	if retry {
+	switch {
+	case retry:
 		lv.retry.pushBack(m)
-	} else {
+	case len(lv.runs) > 0:
+		lv.tail.pushBack(m) // after the spilled middle
+	default:
 		lv.main.pushBack(m)
 	}
 	q.readyMask |= 1 << m.prio
@@ -465,6 +524,7 @@ func (q *Queue) drop(m *message) {
 		q.routeKey(k)
 	}
 	q.stats.bytes.Add(-int64(m.size))
+	q.charge(m, -1)
 	delete(q.index, m.id)
 	q.recycle(m)
 }
@@ -521,7 +581,7 @@ func (q *Queue) serve(c *Consumer, now int64) {
 func (q *Queue) deliverOne(c *Consumer, now int64) bool {
 	var m *message
 	if q.readyMask != 0 {
-		m = q.ready[bits.Len16(q.readyMask)-1].front()
+		m = q.front(bits.Len16(q.readyMask) - 1)
 	}
 	if k := c.keys.best(); k != nil {
 		if km := k.waiting.head; m == nil || km.prio > m.prio || km.prio == m.prio && km.id < m.id {
@@ -564,6 +624,8 @@ func (q *Queue) deliverOne(c *Consumer, now int64) bool {
 		q.stats.redelivered.Add(1)
 	}
 	q.out = append(q.out, event{kind: evDeliver, c: c, d: d})
+	// The consumer has the body now; a redelivery reads it back.
+	q.pageOut(m)
 	return true
 }
 
@@ -614,7 +676,9 @@ func (q *Queue) readBack(m *message) ([]byte, map[string]string) {
 func (q *Queue) finish(now int64) {
 	if now != 0 {
 		q.dispatch(now)
+		q.balance(now)
 	}
+	q.report()
 	if len(q.timers) > 0 {
 		if at := q.timers[0].at; q.armedAt == 0 || at < q.armedAt {
 			q.armedAt = at

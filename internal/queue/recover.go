@@ -33,17 +33,24 @@ type Rebuilder struct {
 	maxID        uint64
 	skipped      int
 	fromSnapshot bool // LoadSnapshot was called: messages are paged
+
+	// The snapshot's runs, and the records replayed for messages in them.
+	runs        []snapRun
+	runReleased map[Ref]struct{}      // released refs of messages in runs
+	runAttempts map[uint64]runAttempt // latest failed attempt of messages in runs
+	attemptRefs map[Ref]uint64        // attempt records of runAttempts, to ids
 }
 
 // recovered is a message being rebuilt.
 type recovered struct {
 	m    *message
 	join int64 // when it joined the queue: enqueued, or its original due time
+	tail bool  // goes after the level's runs: not at its head when the snapshot was taken
 }
 
 // NewRebuilder returns an empty Rebuilder.
 func NewRebuilder() *Rebuilder {
-	return &Rebuilder{msgs: make(map[uint64]*recovered), refs: make(map[Ref]uint64)}
+	return &Rebuilder{msgs: make(map[uint64]*recovered), refs: make(map[Ref]uint64), attemptRefs: make(map[Ref]uint64)}
 }
 
 // Apply applies one record. A record that does not decode is skipped and
@@ -70,7 +77,7 @@ func (r *Rebuilder) Apply(e Entry) error {
 		} else {
 			m.body = slices.Clone(rec.body)
 		}
-		r.msgs[rec.id] = &recovered{m: m, join: max(rec.enqueued, rec.due)}
+		r.msgs[rec.id] = &recovered{m: m, join: max(rec.enqueued, rec.due), tail: true}
 		r.refs[e.Ref] = rec.id
 	case KindAttempt:
 		rec, err := decodeAttempt(e.Payload)
@@ -79,6 +86,17 @@ func (r *Rebuilder) Apply(e Entry) error {
 			return fmt.Errorf("replay %v: %w", e.Ref, err)
 		}
 		x := r.msgs[rec.id]
+		if x == nil && len(r.runs) > 0 {
+			// Perhaps a message of a run, read back after the checkpoint.
+			if a, ok := r.runAttempts[rec.id]; !ok || rec.attempts >= a.attempts {
+				if r.runAttempts == nil {
+					r.runAttempts = make(map[uint64]runAttempt)
+				}
+				r.runAttempts[rec.id] = runAttempt{attempts: rec.attempts, due: rec.due, aref: e.Ref}
+				r.attemptRefs[e.Ref] = rec.id
+			}
+			return nil
+		}
 		if x == nil || rec.attempts < x.m.attempts {
 			return nil // released already, or an older attempt
 		}
@@ -88,6 +106,7 @@ func (r *Rebuilder) Apply(e Entry) error {
 		for _, ref := range e.Released {
 			id, ok := r.refs[ref]
 			if !ok {
+				r.releaseSpilled(ref)
 				continue
 			}
 			delete(r.refs, ref)
@@ -108,6 +127,26 @@ func (r *Rebuilder) Apply(e Entry) error {
 		return fmt.Errorf("replay %v: %w: kind %v", e.Ref, errBadRecord, e.Kind)
 	}
 	return nil
+}
+
+// releaseSpilled applies the release of ref, which no message in RAM
+// holds: if a snapshot named runs, it may be a record of a message in
+// one, read back, settled and released after the checkpoint.
+func (r *Rebuilder) releaseSpilled(ref Ref) {
+	if len(r.runs) == 0 {
+		return
+	}
+	if id, ok := r.attemptRefs[ref]; ok {
+		delete(r.attemptRefs, ref)
+		if a, ok := r.runAttempts[id]; ok && a.aref == ref {
+			delete(r.runAttempts, id) // settled: its enqueue record is released with it
+		}
+		return
+	}
+	if r.runReleased == nil {
+		r.runReleased = make(map[Ref]struct{})
+	}
+	r.runReleased[ref] = struct{}{}
 }
 
 // Len returns the number of messages rebuilt so far.
@@ -132,6 +171,9 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 	if (r.LazyBodies || r.fromSnapshot) && q.reader == nil {
 		return nil, fmt.Errorf("rebuild %q: %w: paged messages need a Journal that is a Reader", name, ErrBadConfig)
 	}
+	if len(r.runs) > 0 && q.spiller == nil {
+		return nil, fmt.Errorf("rebuild %q: %w: the snapshot names runs and the Journal is not a Spiller", name, ErrBadConfig)
+	}
 	all := make([]*recovered, 0, len(r.msgs))
 	for _, x := range r.msgs {
 		all = append(all, x)
@@ -145,9 +187,34 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 	q.mu.Lock()
 	now := q.now()
 	q.nextID = max(r.maxID+1, r.NextID)
+	// The heads of the levels that have runs: the messages that were
+	// before the runs, in order; then the runs; then the rest.
+	hasRuns := [numPriorities]bool{}
+	for _, sr := range r.runs {
+		hasRuns[sr.prio] = true
+	}
+	head := func(x *recovered) bool {
+		m := x.m
+		return hasRuns[m.prio] && !x.tail && m.attempts == 0 && m.key == "" && m.due <= now
+	}
+	for _, x := range all {
+		if m := x.m; head(x) {
+			q.index[m.id] = m
+			q.stats.bytes.Add(int64(m.size))
+			q.charge(m, 1)
+			q.stats.ready.Add(1)
+			q.makeReady(m, false)
+		}
+	}
+	q.installRuns(r.runs)
+	q.runReleased, q.runAttempts = r.runReleased, r.runAttempts
 	var retried []*message // plain messages ready after a failure: in the order they came back
 	for _, x := range all {
 		m := x.m
+		if head(x) {
+			continue
+		}
+		q.charge(m, 1)
 		if m.attempts > 0 && m.due <= now && m.key == "" {
 			q.index[m.id] = m
 			q.stats.bytes.Add(int64(m.size))
@@ -194,8 +261,35 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 	}
 	r.msgs = nil
 	r.refs = nil
+	r.runs, r.runReleased, r.runAttempts = nil, nil, nil
 	q.finish(now)
 	return q, nil
+}
+
+// installRuns puts the runs of a snapshot in the middle of their levels,
+// and drops the journal's other runs of the queue: written after the
+// checkpoint, or consumed before it, nothing names them. q.mu is held.
+func (q *Queue) installRuns(runs []snapRun) {
+	named := map[uint32]bool{}
+	for _, sr := range runs {
+		r := sr.run
+		named[r.num] = true
+		lv := &q.ready[sr.prio]
+		lv.runs = append(lv.runs, &r)
+		lv.spilled += r.left()
+		q.nSpilled += r.left()
+		q.stats.ready.Add(r.left())
+		q.stats.bytes.Add(r.bytes)
+		q.readyMask |= 1 << sr.prio
+	}
+	if q.spiller == nil {
+		return
+	}
+	for _, num := range q.spiller.Runs() {
+		if !named[num] {
+			q.spiller.DropRun(num)
+		}
+	}
 }
 
 // Recover rebuilds a queue from a journal's records, bodies in memory:

@@ -6,11 +6,14 @@ import (
 )
 
 // A snapshot is a queue's index for a checkpoint (store.Log.Checkpoint
-// keeps the caller's state): every message's metadata and the refs of
-// its records, not bodies or headers, which stay in the journal. A
-// restart loads it with [Rebuilder.LoadSnapshot], then applies only the
-// records written after the checkpoint, so that its work follows what
-// was written since, not the depth of the queue. Little-endian:
+// keeps the caller's state): the metadata and record refs of every
+// message in RAM, not bodies or headers, which stay in the journal, and
+// references to the runs that hold the index of the spilled messages
+// (see spill.go), not their contents: its size follows what the queue
+// keeps in RAM, not its depth. A restart loads it with
+// [Rebuilder.LoadSnapshot], then applies only the records written after
+// the checkpoint, so that its work follows what was written since, not
+// the depth of the queue. Little-endian:
 //
 //	+--------+------+-------+------------+-----------+
 //	| "CQSN" | v u8 | 0 0 0 | nextID u64 | count u64 |   24 bytes
@@ -19,16 +22,41 @@ import (
 //	+--------+--------------+---------+-------------+--------------+----------+
 //	| id u64 | enqueued i64 | due i64 | expires i64 | attempts u32 | size u32 |
 //	+--------+--------------+---------+-------------+--------------+----------+
-//	| ref: seg u32, off u32, len u32 | aref: seg, off, len | prio u8 | 0 u8 |
-//	+--------------------------------+---------------------+---------+------+
+//	| ref: seg u32, off u32, len u32 | aref: seg, off, len | prio u8 | flags u8 |
+//	+--------------------------------+---------------------+---------+----------+
 //	| keyLen u16 | key |                                       68 bytes + key
 //	+------------+-----+
+//	flags: bit 0: the message is in its level's tail, after the runs
+//
+//	version 2 goes on (version 1 ends here: no runs):
+//	+-----------+---------------+---------------+-------+
+//	| nruns u32 | nreleased u32 | nattempts u32 | 0 u32 |   16 bytes
+//	+-----------+---------------+---------------+-------+
+//	nruns x, each level's runs in order, oldest first:
+//	+---------+---------+-------+----------+-----------+-----------+
+//	| num u32 | prio u8 | 0 0 0 | next u32 | count u32 | bytes i64 |
+//	+---------+---------+-------+----------+-----------+-----------+
+//	| minSeg u32 | maxSeg u32 | minID u64 | maxID u64 |             48 bytes
+//	+------------+------------+-----------+-----------+
+//	nreleased x: ref (12 bytes): released while its message was in a run
+//	nattempts x: | id u64 | attempts u32 | due i64 | aref (12) |   32 bytes
+//	  failed attempts of messages in runs
+//
+// The last two lists are empty but after a restart from a checkpoint
+// that named runs: records replayed for messages that were then in a run
+// (read back, delivered and acked or failed before the crash) wait there
+// until their run entry is read back.
 
 var snapMagic = [4]byte{'C', 'Q', 'S', 'N'}
 
 const (
-	snapHeaderSize = 24
-	snapEntrySize  = 68
+	snapHeaderSize  = 24
+	snapEntrySize   = 68
+	snapVersion     = 2
+	snapSectionSize = 16
+	snapRunSize     = 48
+	snapAttemptSize = 32
+	snapFlagTail    = 1
 )
 
 // AppendSnapshot appends the queue's snapshot to dst. Call it from the
@@ -36,12 +64,13 @@ const (
 // under which every record is appended with its change, so the snapshot
 // reflects every record before the checkpoint's position (and perhaps
 // some after, which replay applies idempotently). Messages in flight are
-// included: after a restart they are ready again.
+// included: after a restart they are ready again. Runs it names must be
+// durable before the checkpoint is: store.Log.Checkpoint syncs them.
 func (q *Queue) AppendSnapshot(dst []byte) []byte {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	dst = append(dst, snapMagic[:]...)
-	dst = append(dst, recordVersion, 0, 0, 0)
+	dst = append(dst, snapVersion, 0, 0, 0)
 	dst = binary.LittleEndian.AppendUint64(dst, q.nextID)
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(len(q.index)))
 	for _, m := range q.index {
@@ -55,9 +84,52 @@ func (q *Queue) AppendSnapshot(dst []byte) []byte {
 		putRef(e[40:], m.ref)
 		putRef(e[52:], m.aref)
 		e[64] = m.prio
+		if m.list != nil && m.list == &q.ready[m.prio].tail {
+			e[65] = snapFlagTail
+		}
 		binary.LittleEndian.PutUint16(e[66:], uint16(len(m.key)))
 		dst = append(dst, e[:]...)
 		dst = append(dst, m.key...)
+	}
+	nruns := 0
+	for p := range q.ready {
+		nruns += len(q.ready[p].runs)
+	}
+	if nruns == 0 {
+		// Nothing left for them to match.
+		q.runReleased, q.runAttempts = nil, nil
+	}
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(nruns))
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(q.runReleased)))
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(q.runAttempts)))
+	dst = binary.LittleEndian.AppendUint32(dst, 0)
+	for p := range q.ready {
+		for _, r := range q.ready[p].runs {
+			var b [snapRunSize]byte
+			binary.LittleEndian.PutUint32(b[0:], r.num)
+			b[4] = uint8(p)
+			binary.LittleEndian.PutUint32(b[8:], r.next)
+			binary.LittleEndian.PutUint32(b[12:], r.count)
+			binary.LittleEndian.PutUint64(b[16:], uint64(r.bytes))
+			binary.LittleEndian.PutUint32(b[24:], r.minSeg)
+			binary.LittleEndian.PutUint32(b[28:], r.maxSeg)
+			binary.LittleEndian.PutUint64(b[32:], r.minID)
+			binary.LittleEndian.PutUint64(b[40:], r.maxID)
+			dst = append(dst, b[:]...)
+		}
+	}
+	for ref := range q.runReleased {
+		var b [12]byte
+		putRef(b[:], ref)
+		dst = append(dst, b[:]...)
+	}
+	for id, a := range q.runAttempts {
+		var b [snapAttemptSize]byte
+		binary.LittleEndian.PutUint64(b[0:], id)
+		binary.LittleEndian.PutUint32(b[8:], a.attempts)
+		binary.LittleEndian.PutUint64(b[12:], uint64(a.due))
+		putRef(b[20:], a.aref)
+		dst = append(dst, b[:]...)
 	}
 	return dst
 }
@@ -79,9 +151,10 @@ func getRef(b []byte) Ref {
 // Call it first, at most once; it returns an error, and loads nothing,
 // if the snapshot does not decode.
 func (r *Rebuilder) LoadSnapshot(b []byte) error {
-	if len(b) < snapHeaderSize || [4]byte(b[:4]) != snapMagic || b[4] != recordVersion {
+	if len(b) < snapHeaderSize || [4]byte(b[:4]) != snapMagic || b[4] != recordVersion && b[4] != snapVersion {
 		return fmt.Errorf("load snapshot: %w: bad header", errBadRecord)
 	}
+	version := b[4]
 	nextID := binary.LittleEndian.Uint64(b[8:])
 	count := binary.LittleEndian.Uint64(b[16:])
 	p := b[snapHeaderSize:]
@@ -107,6 +180,7 @@ func (r *Rebuilder) LoadSnapshot(b []byte) error {
 			hidx:     -1,
 		}
 		n := int(binary.LittleEndian.Uint16(p[66:]))
+		tail := p[65]&snapFlagTail != 0
 		p = p[snapEntrySize:]
 		if n > len(p) || m.prio > MaxPriority || m.id == 0 || m.id >= nextID || msgs[m.id] != nil {
 			return fmt.Errorf("load snapshot: %w: bad entry for message %d", errBadRecord, m.id)
@@ -116,10 +190,23 @@ func (r *Rebuilder) LoadSnapshot(b []byte) error {
 		if m.attempts == 0 {
 			join = max(m.enqueued, m.due)
 		}
-		msgs[m.id] = &recovered{m: m, join: join}
+		msgs[m.id] = &recovered{m: m, join: join, tail: tail}
+	}
+	var sec snapRuns
+	if version == snapVersion {
+		var err error
+		if sec, p, err = decodeSnapRuns(p, nextID); err != nil {
+			return fmt.Errorf("load snapshot: %w", err)
+		}
 	}
 	if len(p) != 0 {
 		return fmt.Errorf("load snapshot: %w: %d bytes after the entries", errBadRecord, len(p))
+	}
+	r.runs = sec.runs
+	r.runReleased = sec.released
+	r.runAttempts = sec.attempts
+	for id, a := range sec.attempts {
+		r.attemptRefs[a.aref] = id
 	}
 	for id, x := range msgs {
 		r.msgs[id] = x
@@ -132,4 +219,71 @@ func (r *Rebuilder) LoadSnapshot(b []byte) error {
 	r.maxID = max(r.maxID, nextID-1)
 	r.fromSnapshot = true
 	return nil
+}
+
+// snapRuns is the version 2 part of a snapshot.
+type snapRuns struct {
+	runs     []snapRun
+	released map[Ref]struct{}
+	attempts map[uint64]runAttempt
+}
+
+// snapRun is a run as a snapshot names it.
+type snapRun struct {
+	run
+	prio uint8
+}
+
+// decodeSnapRuns decodes the runs, released refs and attempts of a
+// version 2 snapshot, and returns the rest of p.
+func decodeSnapRuns(p []byte, nextID uint64) (snapRuns, []byte, error) {
+	var s snapRuns
+	if len(p) < snapSectionSize {
+		return s, p, fmt.Errorf("%w: no run section", errBadRecord)
+	}
+	nruns := uint64(binary.LittleEndian.Uint32(p))
+	nrel := uint64(binary.LittleEndian.Uint32(p[4:]))
+	natt := uint64(binary.LittleEndian.Uint32(p[8:]))
+	p = p[snapSectionSize:]
+	if nruns*snapRunSize+nrel*12+natt*snapAttemptSize != uint64(len(p)) {
+		return s, p, fmt.Errorf("%w: run section of %d bytes", errBadRecord, len(p))
+	}
+	seen := map[uint32]bool{}
+	for range nruns {
+		r := snapRun{prio: p[4]}
+		r.num = binary.LittleEndian.Uint32(p[0:])
+		r.next = binary.LittleEndian.Uint32(p[8:])
+		r.count = binary.LittleEndian.Uint32(p[12:])
+		r.bytes = int64(binary.LittleEndian.Uint64(p[16:]))
+		r.minSeg = binary.LittleEndian.Uint32(p[24:])
+		r.maxSeg = binary.LittleEndian.Uint32(p[28:])
+		r.minID = binary.LittleEndian.Uint64(p[32:])
+		r.maxID = binary.LittleEndian.Uint64(p[40:])
+		if r.prio > MaxPriority || r.next > r.count || r.bytes < 0 || r.maxID >= nextID || seen[r.num] {
+			return s, p, fmt.Errorf("%w: bad run %d", errBadRecord, r.num)
+		}
+		seen[r.num] = true
+		s.runs = append(s.runs, r)
+		p = p[snapRunSize:]
+	}
+	if nrel > 0 {
+		s.released = make(map[Ref]struct{}, nrel)
+	}
+	for range nrel {
+		s.released[getRef(p)] = struct{}{}
+		p = p[12:]
+	}
+	if natt > 0 {
+		s.attempts = make(map[uint64]runAttempt, natt)
+	}
+	for range natt {
+		id := binary.LittleEndian.Uint64(p)
+		s.attempts[id] = runAttempt{
+			attempts: binary.LittleEndian.Uint32(p[8:]),
+			due:      int64(binary.LittleEndian.Uint64(p[12:])),
+			aref:     getRef(p[20:]),
+		}
+		p = p[snapAttemptSize:]
+	}
+	return s, p, nil
 }

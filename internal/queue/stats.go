@@ -14,6 +14,11 @@ type Stats struct {
 	Keys      int64 // keys with messages due or in flight
 	Bytes     int64 // body bytes of the messages held (ready, unacked, delayed)
 
+	// Memory (see [Memory]).
+	Resident int64 // bytes kept in RAM: index entries, bodies and headers not paged out
+	PagedOut int64 // messages whose index is in RAM and body only on disk
+	Spilled  int64 // messages whose index too is only on disk (in runs)
+
 	Published    uint64 // messages enqueued, ever
 	Delivered    uint64 // deliveries, redeliveries included
 	Redelivered  uint64 // deliveries of messages that had failed before
@@ -29,6 +34,7 @@ func (s Stats) Messages() int64 { return s.Ready + s.Unacked + s.Delayed }
 // without it.
 type counters struct {
 	ready, unacked, delayed, consumers, keys, bytes                 atomic.Int64
+	resident, pagedOut, spilled                                     atomic.Int64
 	published, delivered, redelivered, acked, deadLettered, expired atomic.Uint64
 }
 
@@ -42,6 +48,9 @@ func (q *Queue) Stats() Stats {
 		Consumers:    c.consumers.Load(),
 		Keys:         c.keys.Load(),
 		Bytes:        c.bytes.Load(),
+		Resident:     c.resident.Load(),
+		PagedOut:     c.pagedOut.Load(),
+		Spilled:      c.spilled.Load(),
 		Published:    c.published.Load(),
 		Delivered:    c.delivered.Load(),
 		Redelivered:  c.redelivered.Load(),
