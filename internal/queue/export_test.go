@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"testing"
 )
 
 // msgDump is a message's state as tests compare it.
@@ -64,10 +65,10 @@ func (q *Queue) dump(inflightAsReady bool) queueDump {
 			}
 		}
 		for _, m := range q.spilledMessages(p) {
-			d.Levels[p] = append(d.Levels[p], m.id)
 			if _, released := q.runReleased[m.ref]; released {
 				continue
 			}
+			d.Levels[p] = append(d.Levels[p], m.id)
 			md := msgDump{ID: m.id, Prio: uint8(p), State: "ready", Expires: m.expires}
 			if a, ok := q.runAttempts[m.id]; ok {
 				md.Attempts = a.attempts
@@ -212,4 +213,14 @@ func (q *Queue) check() error {
 		return fmt.Errorf("%d keys, counter %d", len(q.keys), s.Keys)
 	}
 	return nil
+}
+
+// smallRuns makes runs, refills and heads tiny for the test, so that a
+// few hundred messages spill.
+func smallRuns(t testing.TB) {
+	old := [4]int64{int64(spillBatch), int64(refillLow), refillBatch, int64(keepMin)}
+	spillBatch, refillLow, refillBatch, keepMin = 16, 4, 8, 8
+	t.Cleanup(func() {
+		spillBatch, refillLow, refillBatch, keepMin = int(old[0]), int(old[1]), old[2], int(old[3])
+	})
 }

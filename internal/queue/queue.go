@@ -66,6 +66,7 @@ type Queue struct {
 	runBuf      []byte                // run encoding and reading buffer
 	spillHold   int64                 // no spill before this time (unix ns), after a failed one
 	nSpilled    int64                 // messages in runs, all levels
+	settling    []*message            // during Build: retried messages read back from runs
 }
 
 // watcher is one [Queue.Watch] registration.

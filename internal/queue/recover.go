@@ -34,6 +34,8 @@ type Rebuilder struct {
 	skipped      int
 	fromSnapshot bool // LoadSnapshot was called: messages are paged
 
+	replayedRecords int // applied after LoadSnapshot
+
 	// The snapshot's runs, and the records replayed for messages in them.
 	runs        []snapRun
 	runReleased map[Ref]struct{}      // released refs of messages in runs
@@ -46,6 +48,9 @@ type recovered struct {
 	m    *message
 	join int64 // when it joined the queue: enqueued, or its original due time
 	tail bool  // goes after the level's runs: not at its head when the snapshot was taken
+	// replayed: from an enqueue record replayed after the snapshot. A
+	// fuzzy checkpoint may also hold it in a run.
+	replayed bool
 }
 
 // NewRebuilder returns an empty Rebuilder.
@@ -57,6 +62,7 @@ func NewRebuilder() *Rebuilder {
 // reported in the error (wrapping nothing from the journal: the caller
 // may log it and go on); the Rebuilder stays usable.
 func (r *Rebuilder) Apply(e Entry) error {
+	r.replayedRecords++
 	switch e.Kind {
 	case KindEnqueue:
 		rec, err := decodeEnqueue(e.Payload)
@@ -77,7 +83,7 @@ func (r *Rebuilder) Apply(e Entry) error {
 		} else {
 			m.body = slices.Clone(rec.body)
 		}
-		r.msgs[rec.id] = &recovered{m: m, join: max(rec.enqueued, rec.due), tail: true}
+		r.msgs[rec.id] = &recovered{m: m, join: max(rec.enqueued, rec.due), tail: true, replayed: true}
 		r.refs[e.Ref] = rec.id
 	case KindAttempt:
 		rec, err := decodeAttempt(e.Payload)
@@ -114,6 +120,10 @@ func (r *Rebuilder) Apply(e Entry) error {
 			switch {
 			case x == nil:
 			case x.m.ref == ref:
+				if x.replayed && id <= r.maxRunID() {
+					// A fuzzy checkpoint may hold it in a run too.
+					r.releaseSpilled(ref)
+				}
 				delete(r.msgs, id)
 				if !x.m.aref.IsZero() {
 					delete(r.refs, x.m.aref)
@@ -149,6 +159,64 @@ func (r *Rebuilder) releaseSpilled(ref Ref) {
 	r.runReleased[ref] = struct{}{}
 }
 
+// maxRunID is the highest message id in the snapshot's runs.
+func (r *Rebuilder) maxRunID() uint64 {
+	var n uint64
+	for _, sr := range r.runs {
+		n = max(n, sr.maxID)
+	}
+	return n
+}
+
+// dedupe removes from the messages replayed those that the snapshot's
+// runs hold too: a fuzzy checkpoint's runs may hold messages enqueued
+// after its position. The run's entry is where the message stands; a
+// failed attempt replayed for it waits for the entry to be read back.
+// Only runs that may hold such messages are read: those of the window
+// between the checkpoint's position and its snapshot.
+func (r *Rebuilder) dedupe(sp Spiller) error {
+	top := r.maxRunID()
+	lo := ^uint64(0)
+	for id, x := range r.msgs {
+		if x.replayed && id <= top {
+			lo = min(lo, id)
+		}
+	}
+	if lo > top {
+		return nil
+	}
+	for _, sr := range r.runs {
+		if sr.maxID < lo || sr.left() == 0 {
+			continue
+		}
+		buf := make([]byte, sr.left()*runEntrySize)
+		n, err := sp.ReadRun(sr.num, runHeaderSize+int64(sr.next)*runEntrySize, buf)
+		if err != nil {
+			return fmt.Errorf("read run %d: %w", sr.num, err)
+		}
+		var e message
+		for i := 0; i+runEntrySize <= n; i += runEntrySize {
+			if !decodeRunEntry(buf[i:i+runEntrySize], &e) {
+				continue
+			}
+			x := r.msgs[e.id]
+			if x == nil || !x.replayed || x.m.ref != e.ref {
+				continue
+			}
+			delete(r.msgs, e.id)
+			delete(r.refs, e.ref)
+			if m := x.m; m.attempts > 0 {
+				if r.runAttempts == nil {
+					r.runAttempts = make(map[uint64]runAttempt)
+				}
+				r.runAttempts[m.id] = runAttempt{attempts: m.attempts, due: m.due, aref: m.aref}
+				r.attemptRefs[m.aref] = m.id
+			}
+		}
+	}
+	return nil
+}
+
 // Len returns the number of messages rebuilt so far.
 func (r *Rebuilder) Len() int { return len(r.msgs) }
 
@@ -173,6 +241,11 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 	}
 	if len(r.runs) > 0 && q.spiller == nil {
 		return nil, fmt.Errorf("rebuild %q: %w: the snapshot names runs and the Journal is not a Spiller", name, ErrBadConfig)
+	}
+	if len(r.runs) > 0 {
+		if err := r.dedupe(q.spiller); err != nil {
+			return nil, fmt.Errorf("rebuild %q: %w", name, err)
+		}
 	}
 	all := make([]*recovered, 0, len(r.msgs))
 	for _, x := range r.msgs {
@@ -208,7 +281,10 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 	}
 	q.installRuns(r.runs)
 	q.runReleased, q.runAttempts = r.runReleased, r.runAttempts
-	var retried []*message // plain messages ready after a failure: in the order they came back
+	q.settling = make([]*message, 0)
+	q.settleRuns(r.replayedRecords + int(refillBatch))
+	retried := q.settling // plain messages ready after a failure: in the order they came back
+	q.settling = nil
 	for _, x := range all {
 		m := x.m
 		if head(x) {
@@ -264,6 +340,22 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 	r.runs, r.runReleased, r.runAttempts = nil, nil, nil
 	q.finish(now)
 	return q, nil
+}
+
+// settleRuns reads back the heads of the runs while replayed records
+// wait for messages in them (read back, then settled or failed, after
+// the checkpoint, before the restart): those messages were at the front
+// of their runs, so that the queue finds them where they were, and the
+// records that wait do not outlive the restart. It reads budget entries
+// at most a level. q.mu is held.
+func (q *Queue) settleRuns(budget int) {
+	now := q.now()
+	for p := range q.ready {
+		lv := &q.ready[p]
+		for read := 0; read < budget && len(lv.runs) > 0 && len(q.runAttempts)+len(q.runReleased) > 0; read += int(refillBatch) {
+			q.refill(p, now)
+		}
+	}
 }
 
 // installRuns puts the runs of a snapshot in the middle of their levels,

@@ -26,7 +26,8 @@ import (
 //	+--------------------------------+---------------------+---------+----------+
 //	| keyLen u16 | key |                                       68 bytes + key
 //	+------------+-----+
-//	flags: bit 0: the message is in its level's tail, after the runs
+//	flags: bit 0: the message is at the head of its level (before its
+//	runs), or in flight
 //
 //	version 2 goes on (version 1 ends here: no runs):
 //	+-----------+---------------+---------------+-------+
@@ -56,7 +57,7 @@ const (
 	snapSectionSize = 16
 	snapRunSize     = 48
 	snapAttemptSize = 32
-	snapFlagTail    = 1
+	snapFlagHead    = 1
 )
 
 // AppendSnapshot appends the queue's snapshot to dst. Call it from the
@@ -84,8 +85,8 @@ func (q *Queue) AppendSnapshot(dst []byte) []byte {
 		putRef(e[40:], m.ref)
 		putRef(e[52:], m.aref)
 		e[64] = m.prio
-		if m.list != nil && m.list == &q.ready[m.prio].tail {
-			e[65] = snapFlagTail
+		if m.list != nil && m.list == &q.ready[m.prio].main || m.st == stInflight {
+			e[65] = snapFlagHead
 		}
 		binary.LittleEndian.PutUint16(e[66:], uint16(len(m.key)))
 		dst = append(dst, e[:]...)
@@ -180,7 +181,7 @@ func (r *Rebuilder) LoadSnapshot(b []byte) error {
 			hidx:     -1,
 		}
 		n := int(binary.LittleEndian.Uint16(p[66:]))
-		tail := p[65]&snapFlagTail != 0
+		tail := p[65]&snapFlagHead == 0
 		p = p[snapEntrySize:]
 		if n > len(p) || m.prio > MaxPriority || m.id == 0 || m.id >= nextID || msgs[m.id] != nil {
 			return fmt.Errorf("load snapshot: %w: bad entry for message %d", errBadRecord, m.id)

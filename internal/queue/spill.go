@@ -59,20 +59,24 @@ const (
 	runHeaderSize = 16
 	runEntrySize  = 52
 	runVersion    = 1
-	// spillBatch is the number of messages a run holds (at most).
-	spillBatch = 4096
-	// refillLow and refillBatch: the head is refilled when it holds
-	// fewer than refillLow messages, refillBatch entries at a time.
-	refillLow   = 512
-	refillBatch = 1024
-	// keepMin is the least indexAllowance: a head that small is never
-	// spilled.
-	keepMin = 2048
 	// trimSteps bounds the messages looked at per operation to drop
 	// bodies beyond the allowance.
 	trimSteps = 1024
 	// spillRetry is how long spilling pauses after a failed run write.
 	spillRetry = int64(1e9)
+)
+
+// Sizes of the paged index; variables so that tests can make them small.
+var (
+	// spillBatch is the number of messages a run holds (at most).
+	spillBatch = 4096
+	// refillLow and refillBatch: the head is refilled when it holds
+	// fewer than refillLow messages, refillBatch entries at a time.
+	refillLow   = 512
+	refillBatch = int64(1024)
+	// keepMin is the least indexAllowance: a head that small is never
+	// spilled.
+	keepMin = 2048
 )
 
 var runMagic = [4]byte{'C', 'Q', 'R', 'N'}
@@ -387,6 +391,11 @@ func (q *Queue) refill(p int, now int64) {
 			q.materialize(p, e, r, now)
 		}
 	}
+	defer func() {
+		if lv.empty() {
+			q.readyMask &^= 1 << p
+		}
+	}()
 	if r.left() == 0 {
 		if r.bytes != 0 {
 			q.stats.bytes.Add(-r.bytes) // entries that did not decode
@@ -396,7 +405,7 @@ func (q *Queue) refill(p int, now int64) {
 			lv.runs = nil
 		}
 		q.spiller.DropRun(r.num)
-		if len(lv.runs) == 0 && lv.main.n < refillLow {
+		if len(lv.runs) == 0 {
 			q.refill(p, now) // the tail joins the head
 		}
 	}
@@ -429,6 +438,12 @@ func (q *Queue) materialize(p int, e []byte, r *run, now int64) {
 		// It failed after the checkpoint, before a restart.
 		delete(q.runAttempts, m.id)
 		m.attempts, m.due, m.aref = o.attempts, o.due, o.aref
+		if q.settling != nil && m.due <= now {
+			// Build sorts it with the other retried messages.
+			q.stats.ready.Add(-1)
+			q.settling = append(q.settling, m)
+			return
+		}
 		if m.due > now {
 			q.stats.ready.Add(-1)
 			q.stats.delayed.Add(1)
