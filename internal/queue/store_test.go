@@ -9,63 +9,14 @@ import (
 	"github.com/courier-mq/courier/internal/store"
 )
 
-// storeJournal is the adapter the integration needs: one queue's share
-// of the node's store.Log. It lives in a test so that the package does
-// not depend on the store yet; this test proves the interface maps onto
-// the store's API.
-type storeJournal struct {
-	log *store.Log
-	id  uint32 // the queue's id in the log
-}
-
-var (
-	_ Journal = storeJournal{}
-	_ Reader  = storeJournal{}
-)
-
-func toStore(r Ref) store.Ref   { return store.Ref{Pos: store.Pos{Seg: r.Seg, Off: r.Off}, Len: r.Len} }
-func fromStore(r store.Ref) Ref { return Ref{Seg: r.Seg, Off: r.Off, Len: r.Len} }
-
-func (j storeJournal) Append(kind Kind, payload []byte, done func(error)) (Ref, error) {
-	r, err := j.log.Append(j.id, store.Kind(kind), payload, done)
-	return fromStore(r), err
-}
-
-func (j storeJournal) Release(refs []Ref, done func(error)) error {
-	sr := make([]store.Ref, len(refs))
-	for i, r := range refs {
-		sr[i] = toStore(r)
-	}
-	return j.log.Release(j.id, sr, done)
-}
-
-func (j storeJournal) Read(ref Ref) ([]byte, error) {
-	rec, err := j.log.Read(toStore(ref), nil)
-	return rec.Payload, err
-}
-
 // replayStore dispatches the log's records to one Rebuilder per queue.
 func replayStore(t *testing.T, log *store.Log, rbs map[uint32]*Rebuilder) {
 	t.Helper()
-	var rel []store.Ref
-	err := log.Replay(func(rec store.Record) error {
-		rb := rbs[rec.Queue]
-		if rb == nil {
-			return fmt.Errorf("record of unknown queue %d", rec.Queue)
-		}
-		e := Entry{Ref: fromStore(rec.Ref), Kind: Kind(rec.Kind), Payload: rec.Payload}
-		if rec.Kind == store.KindRelease {
-			var err error
-			if rel, err = rec.Released(rel[:0]); err != nil {
-				return err
-			}
-			for _, r := range rel {
-				e.Released = append(e.Released, fromStore(r))
-			}
-		}
-		return rb.Apply(e)
-	})
+	skipped, err := ReplayLog(log, func(id uint32) *Rebuilder { return rbs[id] })
 	must(t, err)
+	if skipped != 0 {
+		t.Fatalf("%d records skipped", skipped)
+	}
 }
 
 func TestStoreJournalSurvivesCrash(t *testing.T) {
@@ -75,7 +26,7 @@ func TestStoreJournalSurvivesCrash(t *testing.T) {
 	e := newEnv(t)
 	newQueue := func(name string, id uint32) (*Queue, Config) {
 		cfg := e.config()
-		cfg.Journal = storeJournal{log, id}
+		cfg.Journal = StoreJournal{log, id}
 		cfg.BackoffBase, cfg.BackoffMax = time.Second, 4*time.Second
 		cfg.MaxAttempts = 5
 		q, err := New(name, cfg)
@@ -117,8 +68,8 @@ func TestStoreJournalSurvivesCrash(t *testing.T) {
 	rbs := map[uint32]*Rebuilder{1: NewRebuilder(), 2: NewRebuilder()}
 	rbs[1].LazyBodies = true
 	replayStore(t, log2, rbs)
-	cfg1.Journal = storeJournal{log2, 1}
-	cfg2.Journal = storeJournal{log2, 2}
+	cfg1.Journal = StoreJournal{log2, 1}
+	cfg2.Journal = StoreJournal{log2, 2}
 	r1, err := rbs[1].Build("tasks", cfg1)
 	must(t, err)
 	r2, err := rbs[2].Build("other", cfg2)
@@ -156,7 +107,7 @@ func TestStoreCheckpointThenReplay(t *testing.T) {
 	must(t, err)
 	e := newEnv(t)
 	cfg := e.config()
-	cfg.Journal = storeJournal{log, 1}
+	cfg.Journal = StoreJournal{log, 1}
 	cfg.BackoffBase, cfg.BackoffMax = time.Second, 4*time.Second
 	q, err := New("tasks", cfg)
 	must(t, err)
@@ -178,10 +129,125 @@ func TestStoreCheckpointThenReplay(t *testing.T) {
 	rb := NewRebuilder()
 	must(t, rb.LoadSnapshot(rec.State))
 	replayStore(t, log2, map[uint32]*Rebuilder{1: rb})
-	cfg.Journal = storeJournal{log2, 1}
+	cfg.Journal = StoreJournal{log2, 1}
 	r, err := rb.Build("tasks", cfg)
 	must(t, err)
 	sameState(t, before, r.dump(false), inflight)
 	t.Logf("replayed %d records after the checkpoint; %d messages rebuilt; %d segments deleted by the checkpoint",
 		rec.ReplayRecords, len(before.Msgs), log.Stats().SegmentsDeleted)
+}
+
+// TestStoreSpillCrash: a queue on the store with a tiny budget spills its
+// index to the store's runs; checkpoints name them; after a crash the
+// queue rebuilds from the last checkpoint and the log after it, runs
+// included, and every message confirmed and not acked comes out, with
+// its body, once; no record and no run is left after draining.
+func TestStoreSpillCrash(t *testing.T) {
+	smallRuns(t)
+	fs := store.NewMemFS()
+	opts := store.Options{SegmentSize: 64 << 10}
+	log, _, err := store.Open(fs, "/data", opts)
+	must(t, err)
+	e := newEnv(t)
+	cfg := e.config()
+	cfg.Journal = StoreJournal{log, 1}
+	cfg.Memory = NewMemory(16 << 10)
+	q, err := New("tasks", cfg)
+	must(t, err)
+	var mu sync.Mutex
+	confirmed := map[uint64]bool{}
+	acked := map[uint64]bool{}
+	enqueue := func(n int) {
+		for i := range n {
+			var id uint64
+			ready := make(chan struct{})
+			id, err := q.Enqueue(Message{Body: fmt.Appendf(nil, "m%d-%d", n, i), Priority: uint8(i % 2 * 5)}, func(err error) {
+				<-ready
+				if err == nil {
+					mu.Lock()
+					confirmed[id] = true
+					mu.Unlock()
+				}
+			}, nil)
+			must(t, err)
+			close(ready)
+		}
+	}
+	w := addWorker(t, q, "w", 3)
+	settle := func(n int) {
+		for range n {
+			for _, d := range w.take() {
+				if d.ID%5 == 0 {
+					must(t, q.Nack(w.Consumer, d.ID, true))
+					continue
+				}
+				must(t, q.Ack(w.Consumer, d.ID))
+				acked[d.ID] = true
+			}
+			e.clk.Advance(time.Second)
+		}
+	}
+	must(t, q.SetPrefetch(w.Consumer, 1))
+	enqueue(800)
+	settle(40)
+	_, err = log.Checkpoint(func(store.Pos) ([]byte, error) { return q.AppendSnapshot(nil), nil })
+	must(t, err)
+	if q.Stats().Spilled == 0 {
+		t.Fatal("nothing spilled")
+	}
+	enqueue(500)
+	settle(60)
+	_, err = log.Checkpoint(func(store.Pos) ([]byte, error) { return q.AppendSnapshot(nil), nil })
+	must(t, err)
+	enqueue(300)
+	settle(50)
+	must(t, log.Sync())
+	before, inflight := q.dump(true), inflightIDs(q)
+	spilled := q.Stats().Spilled
+	q.Close()
+
+	log2, rec, err := store.Open(fs.Crash(nil), "/data", opts)
+	must(t, err)
+	defer log2.Close()
+	rb := NewRebuilder()
+	must(t, rb.LoadSnapshot(rec.State))
+	replayStore(t, log2, map[uint32]*Rebuilder{1: rb})
+	cfg.Journal = StoreJournal{log2, 1}
+	r, err := rb.Build("tasks", cfg)
+	must(t, err)
+	if err := r.check(); err != nil {
+		t.Fatal(err)
+	}
+	sameState(t, before, r.dump(false), inflight)
+	t.Logf("%d spilled before the crash; %d confirmed, %d acked; replayed %d records", spilled, len(confirmed), len(acked), rec.ReplayRecords)
+
+	got := map[uint64]int{}
+	w2 := addWorker(t, r, "after", 100)
+	for range 100 {
+		e.clk.Advance(time.Minute)
+		for _, d := range w2.take() {
+			if len(d.Body) == 0 {
+				t.Fatalf("message %d delivered without its body", d.ID)
+			}
+			got[d.ID]++
+			must(t, r.Ack(w2.Consumer, d.ID))
+		}
+	}
+	for id := range confirmed {
+		if !acked[id] && got[id] == 0 {
+			t.Fatalf("confirmed message %d lost", id)
+		}
+	}
+	for id, n := range got {
+		if n > 1 || acked[id] {
+			t.Fatalf("message %d delivered %d times after the restart (acked before: %v)", id, n, acked[id])
+		}
+	}
+	_, err = log2.Checkpoint(func(store.Pos) ([]byte, error) { return r.AppendSnapshot(nil), nil })
+	must(t, err)
+	_, err = log2.Checkpoint(func(store.Pos) ([]byte, error) { return r.AppendSnapshot(nil), nil })
+	must(t, err)
+	if st := log2.Stats(); st.LiveRecords != 0 || st.Runs != 0 || st.BadReleases != 0 {
+		t.Fatalf("after draining: %d live records, %d runs, %d bad releases", st.LiveRecords, st.Runs, st.BadReleases)
+	}
 }
