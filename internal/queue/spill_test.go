@@ -3,9 +3,9 @@ package queue
 import (
 	"fmt"
 	"os"
-	"strconv"
 	"runtime"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
