@@ -68,6 +68,22 @@
 // behind an indirection (in memory, or only in the journal and read back
 // on delivery), so that paging can evict them.
 //
+// # Memory and paging
+//
+// Every queue accounts what it keeps in RAM (about [MessageOverhead]
+// bytes of index a message, plus the bodies and headers it holds) to the
+// node's budget, [Config.Memory]. As the budget fills past [PageAt], a
+// durable queue pages: bodies first (dropping the RAM copy of a body
+// that is in the journal costs no write), then the index of its deep
+// FIFOs, whose middle goes to runs written through the journal's
+// [Spiller] (52 bytes a message) and read back in batches as the head
+// drains, so that its RAM stays bounded whatever its depth. Messages
+// with a key, delayed, backing off or in flight keep their index in RAM.
+// [Queue.Pressure] tells the broker how hard to slow each queue's
+// publishers; consumers are never slowed. Transient queues do not page:
+// their bytes count, and their publishers are slowed first. See
+// spill.go and docs/queues.md.
+//
 // # Threading
 //
 // Each queue's state is guarded by its own mutex (Queue.mu); there is no
@@ -81,5 +97,8 @@
 // they are called with the lock held, in the order of the changes.
 //
 // Lock order: Queue.mu, then Scheduler.mu, then the journal's locks. The
-// scheduler calls queues without its lock. [Queue.Stats] takes no lock.
+// scheduler calls queues without its lock. [Queue.Stats],
+// [Queue.Resident], [Queue.Pressure] and [Memory]'s methods take no lock.
+// A publisher waits for the journal's flow control ([Admitter]) before
+// it takes the lock; acks, nacks and deliveries never wait for it.
 package queue

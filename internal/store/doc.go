@@ -97,6 +97,23 @@
 // which records are live: the caller copies them forward (see
 // [Log.Segments]).
 //
+// # Runs and alarms
+//
+// Besides segments, a log keeps runs ([Log.WriteRun]): immutable side
+// files in which a queue pages out the index of its deep FIFOs. They are
+// synced by the next [Log.Checkpoint], which may name them in its state,
+// and deleted after the checkpoint that follows [Log.DropRun]. The log
+// also watches its disk's free space ([Options.MinFreeDisk],
+// [Log.DiskAlarm]) for the broker's flow control.
+//
+// # Flow control
+//
+// [Log.Append] waits while [Options.MaxPending] bytes are pending;
+// [Log.Release] never waits, so that acks never queue behind publishers.
+// A caller that appends under a lock of its own waits first with
+// [Log.WaitSpace], without the lock, then appends with
+// [Log.AppendNoWait].
+//
 // # Concurrency
 //
 // Every method of [Log] is safe for concurrent use. Done callbacks run
