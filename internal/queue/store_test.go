@@ -251,3 +251,78 @@ func TestStoreSpillCrash(t *testing.T) {
 		t.Fatalf("after draining: %d live records, %d runs, %d bad releases", st.LiveRecords, st.Runs, st.BadReleases)
 	}
 }
+
+// TestAcksDoNotWaitForPublishers: with the disk stalled and the store's
+// MaxPending reached, a publisher waits (outside the queue's lock), and
+// acks and deliveries of the same queue go on. (Not redeliveries here:
+// MemFS holds its lock while a test stalls a write, so a read back
+// would wait for it.)
+func TestAcksDoNotWaitForPublishers(t *testing.T) {
+	fs := store.NewMemFS()
+	log, _, err := store.Open(fs, "/data", store.Options{SegmentSize: 64 << 10, MaxPending: 2 << 10})
+	must(t, err)
+	defer log.Close()
+	e := newEnv(t)
+	cfg := e.config()
+	cfg.Journal = StoreJournal{log, 1}
+	cfg.BackoffBase = 0
+	q, err := New("tasks", cfg)
+	must(t, err)
+	for i := range 6 {
+		mustEnqueue(t, q, Message{Body: body(i)})
+	}
+	must(t, log.Sync())
+	w := addWorker(t, q, "w", 3)
+
+	stalled := make(chan struct{})
+	unstall := make(chan struct{})
+	var once sync.Once
+	fs.SetInjector(func(op store.Op, name string) error {
+		if op == store.OpWrite {
+			once.Do(func() { close(stalled) })
+			<-unstall
+		}
+		return nil
+	})
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		for range 100 {
+			if _, err := q.Enqueue(Message{Body: make([]byte, 200)}, nil, nil); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	<-stalled
+	// The publisher is now held by flow control (its 100 messages do not
+	// fit 2 KiB), and the writer by the disk.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 2 {
+			ds := w.take()
+			for _, d := range ds {
+				must(t, q.Ack(w.Consumer, d.ID))
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		close(unstall)
+		t.Fatal("acks waited behind a publisher held by flow control")
+	}
+	select {
+	case <-published:
+		t.Fatal("the publisher did not wait for the disk")
+	default:
+	}
+	close(unstall)
+	<-published
+	fs.SetInjector(nil)
+	must(t, log.Sync())
+	if s := q.Stats(); s.Published != 106 {
+		t.Fatalf("stats %+v", s)
+	}
+}
