@@ -7,13 +7,15 @@ const ReasonPurged Reason = "purged"
 // backing off. Their records are released and their watchers get
 // EventFailed with [ReasonPurged]; they are not dead-lettered. Messages in
 // flight stay, as RabbitMQ's purge leaves unacknowledged ones. It returns
-// how many messages it removed.
+// how many messages it removed. Messages whose index is in runs are
+// purged too; it reads their runs, with the queue's lock held.
 func (q *Queue) Purge() (int, error) {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
 		return 0, ErrClosed
 	}
+	spilled := q.purgeRuns()
 	var list []*message
 	for _, m := range q.index {
 		if m.st != stInflight {
@@ -43,5 +45,5 @@ func (q *Queue) Purge() (int, error) {
 		q.drop(m)
 	}
 	q.finish(q.now())
-	return len(list), nil
+	return spilled + len(list), nil
 }

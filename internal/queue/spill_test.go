@@ -281,3 +281,58 @@ func TestMessageOverhead(t *testing.T) {
 	}
 	runtime.KeepAlive(q)
 }
+
+// TestPurgeSpilled: Purge removes the messages in runs too, releases
+// their records, tells their watchers, and drops the runs.
+func TestPurgeSpilled(t *testing.T) {
+	smallRuns(t)
+	e := newEnv(t)
+	q := e.queue(func(c *Config) { c.Memory = NewMemory(8 << 10) })
+	failed := 0
+	for i := range 300 {
+		var watch WatchFunc
+		if i%10 == 0 {
+			watch = func(ev Event) {
+				if ev.Kind == EventFailed && ev.Reason == ReasonPurged {
+					failed++
+				}
+			}
+		}
+		if _, err := q.Enqueue(Message{Body: body(i), Priority: uint8(i % 2)}, nil, watch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := addWorker(t, q, "w", 2)
+	if s := q.Stats(); s.Spilled == 0 || s.Unacked != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+	n, err := q.Purge()
+	must(t, err)
+	if n != 298 || failed != 30-countWatched(w.take()) {
+		t.Fatalf("purged %d, %d watchers told", n, failed)
+	}
+	if s := q.Stats(); s.Messages() != 2 || s.Spilled != 0 || s.Bytes != int64(len(body(0))+len(body(1))) {
+		t.Fatalf("after the purge: %+v", s)
+	}
+	if err := q.check(); err != nil {
+		t.Fatal(err)
+	}
+	if e.j.Live() != 2 || len(e.j.Runs()) != 0 {
+		t.Fatalf("%d records live, runs %v", e.j.Live(), e.j.Runs())
+	}
+	fill(t, q, 1, 100)
+	if err := q.check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countWatched counts the deliveries of watched messages (every tenth).
+func countWatched(ds []Delivery) int {
+	n := 0
+	for _, d := range ds {
+		if (d.ID-1)%10 == 0 {
+			n++
+		}
+	}
+	return n
+}
