@@ -58,23 +58,30 @@ func TestBacklog(t *testing.T) {
 	c, err := q.AddConsumer("c", ConsumerConfig{Prefetch: 10, Deliver: func(d Delivery) { deliveries <- d }})
 	must(t, err)
 
-	// Checkpoints every 2 s, as the broker takes them.
+	// Checkpoints every 2 s or 32 MiB of log, whichever comes first, as
+	// the broker should take them: a restart replays what was written
+	// since the last one.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		tick := time.NewTicker(2 * time.Second)
+		tick := time.NewTicker(20 * time.Millisecond)
 		defer tick.Stop()
+		lastAt, lastBytes := time.Now(), uint64(0)
 		for {
 			select {
 			case <-stop:
 				return
-			case <-tick.C:
+			case now := <-tick.C:
+				if b := log.Stats().AppendedBytes; now.Sub(lastAt) < 2*time.Second && b-lastBytes < 32<<20 {
+					continue
+				}
 				if _, err := log.Checkpoint(func(store.Pos) ([]byte, error) { return q.AppendSnapshot(nil), nil }); err != nil {
 					t.Error(err)
 					return
 				}
+				lastAt, lastBytes = time.Now(), log.Stats().AppendedBytes
 			}
 		}
 	}()
@@ -151,9 +158,10 @@ func TestBacklog(t *testing.T) {
 	r, err := rb.Build("backlog", cfg)
 	must(t, err)
 	t3 := time.Now()
-	t.Logf("restart at depth %d: %v (open %v, replay %v of %d records / %.0f MiB, rebuild %v); %d messages back",
+	t.Logf("restart at depth %d: %v (open %v, replay %v of %d records / %.0f MiB, rebuild %v); %d messages back, %d spilled, RSS %.1f MiB",
 		want, t3.Sub(t0).Round(time.Microsecond), t1.Sub(t0).Round(time.Microsecond), t2.Sub(t1).Round(time.Microsecond),
-		rec.ReplayRecords, float64(rec.ReplayBytes)/(1<<20), t3.Sub(t2).Round(time.Microsecond), r.Stats().Messages())
+		rec.ReplayRecords, float64(rec.ReplayBytes)/(1<<20), t3.Sub(t2).Round(time.Microsecond), r.Stats().Messages(),
+		r.Stats().Spilled, float64(rss())/(1<<20))
 	if got := r.Stats().Messages(); got < want {
 		t.Fatalf("%d messages after the restart, %d before", got, want)
 	}

@@ -338,6 +338,10 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 	r.msgs = nil
 	r.refs = nil
 	r.runs, r.runReleased, r.runAttempts = nil, nil, nil
+	// The messages replayed may be many (what a fast publisher wrote
+	// since the checkpoint): page them out now, not one run an operation.
+	for q.report(); q.balance(now); q.report() {
+	}
 	q.finish(now)
 	return q, nil
 }

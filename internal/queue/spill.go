@@ -207,8 +207,9 @@ func (q *Queue) pageOnEnqueue(m *message) {
 }
 
 // balance pages out what the budget no longer allows and refills the
-// heads of spilled levels, a bounded amount per operation. q.mu is held.
-func (q *Queue) balance(now int64) {
+// heads of spilled levels, a bounded amount per operation: at most one
+// run a level. It reports whether it spilled. q.mu is held.
+func (q *Queue) balance(now int64) (spilled bool) {
 	for mask := q.readyMask; mask != 0; mask &= mask - 1 {
 		p := 0
 		for mask&(1<<p) == 0 {
@@ -219,17 +220,17 @@ func (q *Queue) balance(now int64) {
 		}
 	}
 	if q.reader == nil || q.mem == nil {
-		return
+		return false
 	}
 	pl := q.mem.PageLevel()
 	if pl == 0 {
-		return
+		return false
 	}
 	if allow := q.bodyAllowance(pl); q.kept > allow+allow/4 {
 		q.trimBodies(allow)
 	}
 	if q.spiller == nil || now < q.spillHold {
-		return
+		return false
 	}
 	keep := q.indexAllowance(pl)
 	for mask := q.readyMask; mask != 0; mask &= mask - 1 {
@@ -240,11 +241,12 @@ func (q *Queue) balance(now int64) {
 		lv := &q.ready[p]
 		switch {
 		case lv.main.n > keep+spillBatch:
-			q.spill(p, false, now) // the head's end: a run before the others
+			spilled = q.spill(p, false, now) || spilled // the head's end: a run before the others
 		case len(lv.runs) > 0 && lv.tail.n >= spillBatch:
-			q.spill(p, true, now)
+			spilled = q.spill(p, true, now) || spilled
 		}
 	}
+	return spilled
 }
 
 // trimBodies drops bodies from the newest messages of the heads until
@@ -269,8 +271,9 @@ func spillable(m *message) bool {
 
 // spill moves up to spillBatch messages of level p to a new run: the
 // oldest of the tail (fromTail), appended after the other runs, or the
-// newest of the head, put before them. q.mu is held.
-func (q *Queue) spill(p int, fromTail bool, now int64) {
+// newest of the head, put before them. It reports whether it wrote a
+// run. q.mu is held.
+func (q *Queue) spill(p int, fromTail bool, now int64) bool {
 	lv := &q.ready[p]
 	// Pick the stretch: first..last in list order, all spillable.
 	var first, last *message
@@ -293,7 +296,7 @@ func (q *Queue) spill(p int, fromTail bool, now int64) {
 		}
 	}
 	if n == 0 {
-		return
+		return false
 	}
 	r := &run{count: uint32(n), minSeg: ^uint32(0), minID: ^uint64(0)}
 	buf := q.runBuf[:0]
@@ -312,7 +315,7 @@ func (q *Queue) spill(p int, fromTail bool, now int64) {
 	if err != nil {
 		q.spillHold = now + spillRetry
 		q.log.Error("queue: cannot spill the index to a run; keeping it in RAM", "queue", q.name, "err", err)
-		return
+		return false
 	}
 	r.num = num
 	for m, next := first, first; m != nil; m = next {
@@ -338,6 +341,7 @@ func (q *Queue) spill(p int, fromTail bool, now int64) {
 		copy(lv.runs[1:], lv.runs)
 		lv.runs[0] = r
 	}
+	return true
 }
 
 // front returns the next message of level p, refilling its head from its
