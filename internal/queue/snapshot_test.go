@@ -80,6 +80,16 @@ func FuzzLoadSnapshot(f *testing.F) {
 	mustEnqueue(f, q, Message{Body: []byte("x"), Key: "k", Priority: 3, DueAt: epoch.Add(time.Hour)})
 	mustEnqueue(f, q, Message{Body: []byte("y")})
 	f.Add(q.AppendSnapshot(nil))
+	// A queue that spilled: the snapshot names runs.
+	smallRuns(f)
+	sq := e.queue(func(c *Config) { c.Memory = NewMemory(8 << 10) })
+	for i := range 100 {
+		mustEnqueue(f, sq, Message{Body: body(i), Priority: uint8(i % 2)})
+	}
+	if sq.Stats().Spilled == 0 {
+		f.Fatal("nothing spilled")
+	}
+	f.Add(sq.AppendSnapshot(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rb := NewRebuilder()
 		if rb.LoadSnapshot(b) != nil {
