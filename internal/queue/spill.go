@@ -351,10 +351,19 @@ func (q *Queue) front(p int) *message {
 	for lv.retry.n == 0 && lv.main.n == 0 && (len(lv.runs) > 0 || lv.tail.n > 0) {
 		q.refill(p, q.now())
 	}
-	if lv.empty() {
+	m := lv.front()
+	if m == nil {
+		if lv.spilled != 0 {
+			// Never expected: counted messages that no run holds. Forget
+			// them rather than look for them forever.
+			q.log.Error("queue: spilled messages counted and not found", "queue", q.name, "level", p, "count", lv.spilled)
+			q.stats.ready.Add(-lv.spilled)
+			q.nSpilled -= lv.spilled
+			lv.spilled = 0
+		}
 		q.readyMask &^= 1 << p
 	}
-	return lv.front()
+	return m
 }
 
 // refill reads up to refillBatch entries of level p's oldest run into
@@ -382,9 +391,14 @@ func (q *Queue) refill(p int, now int64) {
 		if err != nil || n < need {
 			q.log.Error("queue: cannot read a run back; its messages are lost to the queue (their records stay in the journal)",
 				"queue", q.name, "run", r.num, "entry", r.next, "err", err, "bytes", n)
+			n = max(n, 0)
 			buf = buf[:n-n%runEntrySize]
+			lost := r.left() - int64(len(buf)/runEntrySize)
 			want = int64(len(buf) / runEntrySize)
 			r.count = r.next + uint32(want) // the rest is gone
+			lv.spilled -= lost
+			q.nSpilled -= lost
+			q.stats.ready.Add(-lost)
 		}
 		for i := range want {
 			e := buf[i*runEntrySize : (i+1)*runEntrySize]

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -335,4 +336,38 @@ func countWatched(ds []Delivery) int {
 		}
 	}
 	return n
+}
+
+// brokenRuns is a journal whose runs cannot be read back.
+type brokenRuns struct{ *MemJournal }
+
+func (brokenRuns) ReadRun(uint32, int64, []byte) (int, error) { return 0, errors.New("disk gone") }
+
+// TestUnreadableRun: a run that cannot be read back loses its messages
+// to the queue (logged); the queue goes on with the others and its
+// counters stay right.
+func TestUnreadableRun(t *testing.T) {
+	smallRuns(t)
+	e := newEnv(t)
+	q := e.queue(func(c *Config) { c.Memory, c.Journal = NewMemory(8<<10), brokenRuns{e.j} })
+	for i := range 200 {
+		mustEnqueue(t, q, Message{Body: body(i)})
+	}
+	if q.Stats().Spilled == 0 {
+		t.Fatal("nothing spilled")
+	}
+	w := addWorker(t, q, "w", 1000)
+	n := 0
+	for range 10 {
+		for _, d := range w.take() {
+			must(t, q.Ack(w.Consumer, d.ID))
+			n++
+		}
+	}
+	if err := q.check(); err != nil {
+		t.Fatal(err)
+	}
+	if s := q.Stats(); s.Messages() != 0 || n == 0 || n == 200 {
+		t.Fatalf("delivered %d; stats %+v", n, s)
+	}
 }
