@@ -125,6 +125,11 @@ func readCheckpoint(fs FS, name string) (*checkpoint, error) {
 // the directory. A crash at any point leaves the previous checkpoint or
 // the new one, never a mix.
 //
+// Runs ([Log.WriteRun]) written since the previous checkpoint are synced
+// before the checkpoint file is written, so that the state may name them;
+// runs dropped before snapshot is called are deleted once the file is
+// durable.
+//
 // Checkpoints run one at a time; appends go on meanwhile. How often to
 // checkpoint is the caller's choice: restart replays what was appended
 // since the last one, and dead segments are deleted only once a
