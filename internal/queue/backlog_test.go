@@ -200,3 +200,66 @@ func heapInUse() uint64 {
 	runtime.ReadMemStats(&ms)
 	return ms.HeapInuse
 }
+
+// TestBacklogStaysInBudget is a small TestBacklog that CI runs: 30,000
+// queued 1 KiB messages (30 MiB of bodies, 7 MiB of index if nothing
+// paged) on the real store under a 4 MiB budget. The accounted bytes
+// never pass the budget, and the live heap stays far below what the
+// queue holds.
+func TestBacklogStaysInBudget(t *testing.T) {
+	opts := store.DefaultOptions()
+	opts.MaxPending = 1 << 20
+	log, _, err := store.Open(store.OSFS{}, t.TempDir(), opts)
+	must(t, err)
+	defer log.Close()
+	mem := NewMemory(4 << 20)
+	sched := NewScheduler(SchedulerOptions{})
+	defer sched.Close()
+	cfg := DefaultConfig()
+	cfg.Scheduler, cfg.Journal, cfg.Memory = sched, StoreJournal{log, 1}, mem
+	q, err := New("backlog", cfg)
+	must(t, err)
+	deliveries := make(chan Delivery, 16)
+	c, err := q.AddConsumer("c", ConsumerConfig{Prefetch: 10, Deliver: func(d Delivery) { deliveries <- d }})
+	must(t, err)
+	body := bytes.Repeat([]byte("x"), 1024)
+	var confirms sync.WaitGroup
+	const depth = 30_000
+	for i := 1; i <= depth; i++ {
+		for range 2 {
+			confirms.Add(1)
+			if _, err := q.Enqueue(Message{Body: body}, func(err error) {
+				if err != nil {
+					t.Error(err)
+				}
+				confirms.Done()
+			}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d := <-deliveries
+		if len(d.Body) != 1024 {
+			t.Fatalf("message %d with %d bytes", d.ID, len(d.Body))
+		}
+		must(t, q.Ack(c, d.ID))
+		if used := mem.Used(); used > mem.Limit() {
+			t.Fatalf("iteration %d: %d bytes accounted, budget %d", i, used, mem.Limit())
+		}
+		if i%5000 == 0 {
+			_, err := log.Checkpoint(func(store.Pos) ([]byte, error) { return q.AppendSnapshot(nil), nil })
+			must(t, err)
+		}
+	}
+	confirms.Wait()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	s := q.Stats()
+	t.Logf("depth %d: %d spilled, %d paged out, accounted %d KiB, live heap %d KiB", s.Messages(), s.Spilled, s.PagedOut, mem.Used()>>10, ms.HeapAlloc>>10)
+	if s.Messages() != depth || s.Spilled < depth/2 {
+		t.Fatalf("stats %+v", s)
+	}
+	if ms.HeapAlloc > 24<<20 {
+		t.Fatalf("live heap %d MiB with a 4 MiB budget", ms.HeapAlloc>>20)
+	}
+}
