@@ -23,6 +23,7 @@ import (
 	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/internal/admin"
 	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/internal/queue"
 	"github.com/courier-mq/courier/internal/server"
 	"github.com/courier-mq/courier/internal/store"
 	"github.com/courier-mq/courier/internal/supervise"
@@ -58,7 +59,15 @@ type Config struct {
 	// default): fewer syncs, and publisher confirms that wait longer. A
 	// confirmed task survives a crash either way.
 	SyncInterval time.Duration `toml:"sync_interval"`
-	// DrainTimeout bounds how long [Node.Shutdown] waits for requests in
+	// MemoryBudget bounds what the node's queues keep in RAM: past half
+	// of it durable queues page message bodies, then the index of deep
+	// queues, to disk, more the fuller it is; past 85% the publishers of
+	// the queues holding the most are slowed; at 100% (the memory alarm)
+	// every publisher waits until it falls under 95%. It does not count
+	// connections' buffers: leave room for them. -1: no budget. Default:
+	// 40% of the machine's memory (or its cgroup limit).
+	MemoryBudget ByteSize `toml:"memory_budget"`
+		// DrainTimeout bounds how long [Node.Shutdown] waits for requests in
 	// flight to finish. Default: 10s.
 	DrainTimeout time.Duration `toml:"drain_timeout"`
 	// Limits protect the node from clients that ask too much.
@@ -138,6 +147,9 @@ func (c *Config) setDefaults() {
 	setDefault(&c.DataDir, d.DataDir)
 	setDefault(&c.Heartbeat, d.Heartbeat)
 	setDefault(&c.DrainTimeout, d.DrainTimeout)
+	if c.MemoryBudget == 0 {
+		c.MemoryBudget = defaultMemoryBudget()
+	}
 	l, dl := &c.Limits, d.Limits
 	setDefault(&l.MaxFrame, dl.MaxFrame)
 	setDefault(&l.MaxConns, dl.MaxConns)
@@ -177,6 +189,7 @@ func (c Config) Validate() error {
 		bad bool
 	}{
 		{"drain_timeout", c.DrainTimeout < 0},
+		{"memory_budget", c.MemoryBudget < -1},
 		{"heartbeat", c.Heartbeat < 0},
 		{"limits.max_frame", l.MaxFrame < 0 || l.MaxFrame > 1<<30},
 		{"limits.max_connections", l.MaxConns < 0},
@@ -196,6 +209,14 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// memory returns the node's budget, nil for none.
+func (c *Config) memory() *queue.Memory {
+	if c.MemoryBudget <= 0 {
+		return nil
+	}
+	return queue.NewMemory(int64(c.MemoryBudget))
 }
 
 // Node is an embedded broker.
@@ -228,6 +249,7 @@ func Start(cfg Config) (*Node, error) {
 		cfg: cfg,
 		broker: broker.New(broker.Config{
 			Node: cfg.Name, Log: cfg.Log, Supervised: true,
+			Memory: cfg.memory(),
 			MaxInflight: cfg.Limits.MaxInflight, MaxAttachments: cfg.Limits.MaxAttachments, MaxDeadline: cfg.Limits.MaxDeadline,
 		}),
 		sup: supervise.New(supervise.Config{

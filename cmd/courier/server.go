@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -109,6 +110,10 @@ component the server cannot run without fails (more restarts than
 			if cfg.HTTP == "off" {
 				cfg.HTTP = ""
 			}
+			if cfg.MemoryBudget == 0 {
+				cfg.MemoryBudget = node.ByteSize(float64(node.MachineMemory()) * node.DefaultMemoryShare)
+			}
+			setMemoryLimit(log, cfg.MemoryBudget)
 			n, err := node.Start(*cfg)
 			if err != nil && !httpSet && errors.Is(err, admin.ErrListen) && errors.Is(err, syscall.EADDRINUSE) {
 				// Only the default address is busy (another server on this
@@ -156,6 +161,7 @@ component the server cannot run without fails (more restarts than
 	f.StringVar(&cfg.Name, "name", d.Name, "node name")
 	f.DurationVar(&cfg.Heartbeat, "heartbeat", d.Heartbeat, "heartbeat interval; silent clients are cut after three")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "on SIGTERM, how long requests in flight may take to finish")
+	f.Var(&cfg.MemoryBudget, "memory-budget", "what queues may keep in RAM before they page to disk and slow publishers: 64MiB, 2GB, 40% of the machine (default 40%; -1: none)")
 	f.DurationVar(&cfg.SyncInterval, "sync-interval", d.SyncInterval, "fsync durable queues at most this often instead of group commit (0: group commit, the default)")
 	l, dl := &cfg.Limits, d.Limits
 	f.IntVar(&l.MaxFrame, "max-frame", dl.MaxFrame, "largest frame in bytes")
@@ -184,4 +190,17 @@ func newLogger(level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
 	}
 	return nil, fmt.Errorf("bad log format %q: text or json", format)
+}
+
+// setMemoryLimit gives the Go runtime a soft memory limit above the
+// node's memory budget, unless GOMEMLIMIT sets one: the budget bounds what
+// the queues keep, and the limit keeps garbage from doubling the heap on
+// top of it.
+func setMemoryLimit(log *slog.Logger, budget node.ByteSize) {
+	if os.Getenv("GOMEMLIMIT") != "" || budget <= 0 {
+		return
+	}
+	limit := int64(budget) + int64(budget)/2 + 32<<20
+	debug.SetMemoryLimit(limit)
+	log.Debug("Go memory limit set from the memory budget", "budget", budget.String(), "limit", node.ByteSize(limit).String())
 }

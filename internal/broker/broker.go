@@ -53,6 +53,10 @@ type Config struct {
 	// Supervised, when set, makes New start no goroutine: the caller runs
 	// [Broker.Sweep] itself, under a supervisor. Default: false.
 	Supervised bool
+	// Memory is the node's memory budget, shared by its queues: they page
+	// out to disk as it fills, and their publishers are slowed past it.
+	// Default: nil, no budget (everything stays in RAM).
+	Memory *queue.Memory
 }
 
 func (c *Config) setDefaults() {
@@ -224,6 +228,9 @@ func (b *Broker) StopQueues() {
 		return true
 	})
 }
+
+// Memory returns the node's memory budget, or nil.
+func (b *Broker) Memory() *queue.Memory { return b.cfg.Memory }
 
 // Node returns the node name.
 func (b *Broker) Node() string { return b.cfg.Node }

@@ -37,11 +37,13 @@ type StoreConfig struct {
 	// Options are the log's. Default: store.DefaultOptions().
 	Options *store.Options
 	// CheckpointEvery is the longest time between checkpoints while
-	// something was written. Default: 30s.
+	// something was written. A checkpoint costs what the queues keep in
+	// RAM (their paged-out index is referenced, not copied), and a
+	// restart replays what was written since the last one. Default: 2s.
 	CheckpointEvery time.Duration
 	// CheckpointBytes starts a checkpoint once that many bytes were
 	// appended since the last one, bounding the work of a restart.
-	// Default: 256 MiB.
+	// Default: 32 MiB.
 	CheckpointBytes uint64
 }
 
@@ -138,10 +140,10 @@ func (b *Broker) OpenStore(cfg StoreConfig) (*store.Recovery, error) {
 		opts.Logger = b.log
 	}
 	if cfg.CheckpointEvery <= 0 {
-		cfg.CheckpointEvery = 30 * time.Second
+		cfg.CheckpointEvery = 2 * time.Second
 	}
 	if cfg.CheckpointBytes == 0 {
-		cfg.CheckpointBytes = 256 << 20
+		cfg.CheckpointBytes = 32 << 20
 	}
 	log, rec, err := store.Open(cfg.FS, cfg.Dir, opts)
 	if err != nil {
@@ -243,6 +245,8 @@ func (d *durability) recover(rec *store.Recovery) error {
 	d.pending = r
 	return nil
 }
+
+func fromStore(r store.Ref) queue.Ref { return queue.Ref{Seg: r.Seg, Off: r.Off, Len: r.Len} }
 
 func newRebuilder() *queue.Rebuilder {
 	rb := queue.NewRebuilder()
@@ -399,7 +403,7 @@ func (d *durability) checkpoint() error {
 // sooner once CheckpointBytes were appended.
 func (d *durability) loop() {
 	defer close(d.done)
-	t := time.NewTicker(time.Second)
+	t := time.NewTicker(min(d.cfg.CheckpointEvery/4, time.Second))
 	defer t.Stop()
 	for {
 		select {

@@ -24,6 +24,8 @@ type Session struct {
 	closed      bool
 	watches     map[uint64]func() // WATCHes by ref: their cancel funcs
 
+	lastQueue atomic.Pointer[taskQueue] // the queue of its last SUBMIT, for flow control
+
 	requests requestTable // requests this session made, by its ids
 	handling slotTable    // requests delivered to this session's handlers
 	inflight atomic.Int64 // len(requests)

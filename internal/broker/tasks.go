@@ -151,10 +151,11 @@ func (b *Broker) newTaskQueue(ex *Exchange, def queueDef, rb *queue.Rebuilder) (
 	qc.Scheduler = b.sched
 	qc.Logger = b.log
 	qc.DeadLetter = tq.deadLetter
+	qc.Memory = b.cfg.Memory
 	durable := !def.Config.Transient || def.Sub != ""
 	if durable && b.dur != nil {
 		tq.durable = true
-		qc.Journal = &storeJournal{log: b.dur.log, id: def.ID}
+		qc.Journal = queue.StoreJournal{Log: b.dur.log, QueueID: def.ID}
 	}
 	if rb != nil {
 		tq.q, err = rb.Build(def.Name, qc)
@@ -354,6 +355,9 @@ func (s *Session) submit(f *wire.Frame) {
 	}
 	ex.publishes.Add(1)
 	s.stats.Publishes.Add(1)
+	if s.lastQueue.Load() != ex.tq {
+		s.lastQueue.Store(ex.tq)
+	}
 	id, err := ex.tq.q.Enqueue(m, confirm, watch)
 	if err != nil {
 		s.sendError(ref, queueError("submit to "+ex.name, err))
@@ -715,23 +719,54 @@ func (b *Broker) dropQueue(tq *taskQueue, why string) {
 	if binding != nil {
 		tq.ex.removeAll(binding)
 	}
-	// Durable subscribers of the queue are detached; a task exchange's
-	// workers were, with the exchange.
+	// Its consumers go first, so that what they hold comes back to the
+	// queue, then everything is purged: every record of the queue is
+	// released, and its segments can go. Durable subscribers are told; a
+	// task exchange's workers were, with the exchange.
 	b.mu.RLock()
-	var subs []*Attachment
+	var consumers []*Attachment
 	for _, a := range b.members {
-		if a.tq == tq && a.role == wire.RoleSubscriber {
-			subs = append(subs, a)
+		if a.tq == tq {
+			consumers = append(consumers, a)
 		}
 	}
 	b.mu.RUnlock()
-	for _, a := range subs {
-		a.s.forget(a)
-		a.consumer.Store(nil)
-		a.detached(why)
+	for _, a := range consumers {
+		tq.detachConsumer(a)
+		if a.role == wire.RoleSubscriber {
+			a.s.forget(a)
+			a.detached(why)
+		}
+	}
+	if _, err := tq.q.Purge(); err != nil && !errors.Is(err, queue.ErrClosed) {
+		b.log.Warn("queue: purge at deletion failed; its records stay until the next restart", "queue", name, "err", err)
 	}
 	tq.q.Close()
+	if tq.durable {
+		b.dur.log.DropRuns(tq.def.ID)
+	}
 	b.log.Info("queue deleted", "queue", name, "why", why)
+}
+
+// Pressure is how hard the publishers of this session should be slowed,
+// from 0 to 1: the flow-control pressure of the queue it submitted to
+// last (see queue.Queue.Pressure), so that the publishers of the queues
+// that cause memory or disk pressure are slowed first.
+func (s *Session) Pressure() float64 {
+	if tq := s.lastQueue.Load(); tq != nil {
+		return tq.q.Pressure()
+	}
+	return 0
+}
+
+// SubmitPressure is the flow-control pressure of the task exchange name's
+// queue, 0 if there is none: an embedded client's submits wait while it
+// is 1.
+func (s *Session) SubmitPressure(name string) float64 {
+	if ex := s.b.Exchange(name); ex != nil && ex.tq != nil {
+		return ex.tq.q.Pressure()
+	}
+	return 0
 }
 
 // dropSubscriptions deletes the durable subscriptions of a pub-sub
