@@ -535,15 +535,53 @@ var (
 
 func (t *localTransport) Start(recv func(*wire.Frame)) { t.recv = recv }
 
+var (
+	_ courier.ContextSender = (*localTransport)(nil)
+)
+
 // Send takes a frame from the Conn to the broker.
 func (t *localTransport) Send(f *wire.Frame) error {
+	return t.SendContext(context.Background(), f)
+}
+
+// SendContext is Send for a caller that may give up: a SUBMIT waits
+// while its queue's flow control is full (memory or disk alarm), as a
+// network client waits for credit.
+func (t *localTransport) SendContext(ctx context.Context, f *wire.Frame) error {
 	if t.closed.Load() {
 		f.Release()
 		return courier.ErrClosed
 	}
+	if f.Type == wire.TypeSubmit && t.s.SubmitPressure(f.Name) >= 1 {
+		if err := t.waitPressure(ctx, f.Name); err != nil {
+			f.Release()
+			return err
+		}
+	}
 	t.s.Handle(f)
 	return nil
 }
+
+// waitPressure waits until the queue of task exchange name can take
+// submits again.
+func (t *localTransport) waitPressure(ctx context.Context, name string) error {
+	tick := time.NewTicker(pressurePoll)
+	defer tick.Stop()
+	for t.s.SubmitPressure(name) >= 1 {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return fmt.Errorf("courier: waiting for flow control of %s: %w", name, ctx.Err())
+		}
+		if t.closed.Load() {
+			return courier.ErrClosed
+		}
+	}
+	return nil
+}
+
+// pressurePoll is how often a submit held by flow control looks again.
+const pressurePoll = 10 * time.Millisecond
 
 // Deliver takes a frame from the broker to the Conn.
 func (t *localTransport) Deliver(f *wire.Frame) {

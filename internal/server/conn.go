@@ -49,8 +49,11 @@ type conn struct {
 	closing   chan struct{} // closed when the connection is to end
 	wdone     chan struct{} // closed when the write loop ended
 
-	// owned by the read loop
-	used, granted uint64
+	// used is owned by the read loop; granted grows there and, for a
+	// connection held by flow control, in a timer's goroutine.
+	used         uint64
+	granted      atomic.Uint64
+	grantPending atomic.Bool // a grant is held back by flow control
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -162,11 +165,11 @@ func (c *conn) handshake() error {
 		name = c.peer
 	}
 	c.sess = c.s.b.Open(c, name)
-	c.granted = c.s.cfg.Credit
+	c.granted.Store(c.s.cfg.Credit)
 	w := wire.Welcome{
 		Version: wire.Version, Server: c.s.cfg.Version, Node: c.s.b.Node(), Conn: c.sess.ID(),
 		HeartbeatMS: int(heartbeat / time.Millisecond), TimeoutMS: int(3 * heartbeat / time.Millisecond),
-		MaxFrame: maxFrame, Credit: c.granted,
+		MaxFrame: maxFrame, Credit: c.granted.Load(),
 	}
 	body, _ := json.Marshal(w)
 	c.out.Put(&wire.Frame{Type: wire.TypeWelcome, Body: body}, wire.Control, 0)
@@ -214,7 +217,7 @@ func (c *conn) readLoop() error {
 			return fmt.Errorf("the client sent CLOSE (%s)", reason)
 		case wire.TypePublish, wire.TypeRequest, wire.TypeSubmit:
 			c.used++
-			if c.used > c.granted {
+			if c.used > c.granted.Load() {
 				err := wire.Errorf(wire.CodeLimit, "%s sent without credit (window %d)", f.Type, c.s.cfg.Credit)
 				f.Release()
 				c.fail(err, false)
@@ -223,11 +226,8 @@ func (c *conn) readLoop() error {
 			c.handling.Store(true)
 			c.sess.Handle(f)
 			c.handling.Store(false)
-			if c.granted-c.used <= half {
-				c.granted += half
-				cr := wire.NewFrame(wire.TypeCredit)
-				cr.Aux = half
-				c.Deliver(cr)
+			if c.granted.Load()-c.used <= half && !c.grantPending.Load() {
+				c.grant(half)
 			}
 		default:
 			c.handling.Store(true)
@@ -235,6 +235,49 @@ func (c *conn) readLoop() error {
 			c.handling.Store(false)
 		}
 	}
+}
+
+// maxCreditDelay is how long a grant of credit is held back at most while
+// the session's queues are under pressure; at full pressure it is held
+// until the pressure falls, looked at this often.
+const maxCreditDelay = 50 * time.Millisecond
+
+// grant gives the client n more credits, at once unless the queues it
+// submits to are under memory or disk pressure (broker.Session.Pressure):
+// then fewer, later, and none while the pressure is full. Publishers are
+// slowed by credit, never dropped, and the read loop goes on reading, so
+// the connection's acks keep flowing.
+func (c *conn) grant(n uint64) {
+	p := c.sess.Pressure()
+	if p <= 0 {
+		c.credit(n)
+		return
+	}
+	c.grantPending.Store(true)
+	var later func()
+	later = func() {
+		select {
+		case <-c.closing:
+			return
+		default:
+		}
+		p := c.sess.Pressure()
+		if p >= 1 {
+			time.AfterFunc(maxCreditDelay, later)
+			return
+		}
+		c.grantPending.Store(false)
+		c.credit(max(uint64(float64(n)*(1-p)), 1))
+	}
+	time.AfterFunc(time.Duration(min(p, 1)*float64(maxCreditDelay)), later)
+}
+
+// credit sends a CREDIT frame of n.
+func (c *conn) credit(n uint64) {
+	c.granted.Add(n)
+	cr := wire.NewFrame(wire.TypeCredit)
+	cr.Aux = n
+	c.Deliver(cr)
 }
 
 // badInput ends the connection after a read error, telling the client
