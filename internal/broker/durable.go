@@ -65,6 +65,8 @@ type durability struct {
 	lastBytes uint64
 
 	pending *recovering // between recover and build
+
+	memAlarm, diskAlarm bool // as last logged, by loop
 	stop    chan struct{}
 	done    chan struct{}
 }
@@ -410,6 +412,7 @@ func (d *durability) loop() {
 		case <-d.stop:
 			return
 		case now := <-t.C:
+			d.watchAlarms()
 			bytes := d.log.Stats().AppendedBytes
 			if bytes == d.lastBytes {
 				continue
@@ -420,6 +423,29 @@ func (d *durability) loop() {
 			if err := d.checkpoint(); err != nil {
 				d.b.log.Error("store: checkpoint failed", "err", err)
 			}
+		}
+	}
+}
+
+// watchAlarms logs the memory and disk alarms as they go on and off.
+func (d *durability) watchAlarms() {
+	if m := d.b.cfg.Memory; m != nil {
+		if on := m.Alarm(); on != d.memAlarm {
+			d.memAlarm = on
+			st := m.Stats()
+			if on {
+				d.b.log.Warn("memory alarm: the queues reached the memory budget; publishers wait for credit until it falls under 95%", "used", st.Used, "limit", st.Limit, "paged_out", st.PagedOut, "spilled", st.Spilled)
+			} else {
+				d.b.log.Info("memory alarm cleared", "used", st.Used, "limit", st.Limit)
+			}
+		}
+	}
+	if on := d.log.DiskAlarm(); on != d.diskAlarm {
+		d.diskAlarm = on
+		if on {
+			d.b.log.Warn("disk alarm: free space under the store's minimum; publishers of durable queues wait for credit", "free", d.log.DiskFree())
+		} else {
+			d.b.log.Info("disk alarm cleared", "free", d.log.DiskFree())
 		}
 	}
 }
