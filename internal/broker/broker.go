@@ -352,9 +352,17 @@ func (b *Broker) member(id string) *Attachment {
 
 // Open starts a session whose frames go to sink. name appears in logs; the
 // session's id (such as "c7") prefixes the member ids of its attachments.
+//
+// The session may do anything; see [Broker.OpenAs] for a user's session.
 func (b *Broker) Open(sink Sink, name string) *Session {
+	s := b.open(sink, name)
+	b.register(s)
+	return s
+}
+
+func (b *Broker) open(sink Sink, name string) *Session {
 	n := b.nextSession.Add(1)
-	s := &Session{
+	return &Session{
 		b:           b,
 		n:           n,
 		id:          fmt.Sprintf("c%d", n),
@@ -362,10 +370,13 @@ func (b *Broker) Open(sink Sink, name string) *Session {
 		sink:        sink,
 		attachments: make(map[uint32]*Attachment),
 	}
+}
+
+// register makes s visible to the broker's listings and sweeps.
+func (b *Broker) register(s *Session) {
 	b.mu.Lock()
-	b.sessions[n] = s
+	b.sessions[s.n] = s
 	b.mu.Unlock()
-	return s
 }
 
 func jsonBody(v any) []byte {

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -16,6 +18,11 @@ const maxCache = 16384
 // publish routes a PUBLISH to every matching subscriber, once each, in the
 // order this session published.
 func (s *Session) publish(f *wire.Frame) {
+	if !s.allowed(auth.Write, f.Name) {
+		s.sendError(f.Ref, s.deny("publish", auth.Write, f.Name))
+		f.Release()
+		return
+	}
 	ex, err := s.b.lookup(f.Name)
 	if err == nil && ex.subs == nil {
 		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is %s: publish needs a pub-sub exchange", ex.name, ex.cfg.Pattern)
@@ -281,6 +288,10 @@ func (s *Session) subscribe(f *wire.Frame) {
 		}
 	} else if self.role != wire.RoleSubscriber {
 		s.sendError(f.Ref, wire.Errorf(wire.CodeNotAllowed, "%s: attachment %d is not a subscriber", f.Type, f.Attach))
+		return
+	}
+	if need := attachNeeds(self.role); (f.Type == wire.TypeSubscribe || target != self) && !s.allowed(need, ex.name) {
+		s.sendError(f.Ref, s.deny(strings.ToLower(f.Type.String()), need, ex.name))
 		return
 	}
 	if f.Type == wire.TypeSubscribe && target == self && ex.cfg.Controlled {

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -226,6 +227,10 @@ const maxRedirects = 8
 // request routes a REQUEST from this session to handlers.
 func (s *Session) request(f *wire.Frame) {
 	s.stats.Requests.Add(1)
+	if !s.allowed(auth.Write, f.Name) {
+		s.failRequest(f, s.deny("request", auth.Write, f.Name))
+		return
+	}
 	if max := s.b.maxDeadlineMS; max != 0 {
 		if f.Aux > max {
 			s.failRequest(f, wire.Errorf(wire.CodeDeadlineTooLong, "request deadline %s is over the server's maximum %s",

@@ -3,9 +3,11 @@ package broker
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/queue"
 	"github.com/courier-mq/courier/wire"
 )
@@ -18,6 +20,11 @@ type Session struct {
 	id   string
 	name string
 	sink Sink
+	// user and policy are fixed at open; with a nil policy nothing is
+	// checked (see access.go).
+	user   string
+	policy auth.Policy
+	grants atomic.Pointer[grants]
 
 	mu          sync.Mutex // guards attachments, closed, watches
 	attachments map[uint32]*Attachment
@@ -97,6 +104,11 @@ func (a *Attachment) detached(reason string) {
 	if a.gone.Swap(true) {
 		return
 	}
+	a.sendDetached(reason)
+}
+
+// sendDetached tells the client its attachment is gone.
+func (a *Attachment) sendDetached(reason string) {
 	f := wire.NewFrame(wire.TypeEvent)
 	f.Attach, f.Aux, f.Name, f.Tag = a.id, wire.EventDetached, a.ex.name, reason
 	a.s.sink.Deliver(f)
@@ -127,13 +139,9 @@ func (s *Session) Handle(f *wire.Frame) {
 		body, err := s.declare(f)
 		s.reply(f.Ref, body, err)
 	case wire.TypeDelete:
-		if f.Aux == 1 {
-			s.reply(f.Ref, nil, s.b.DeleteQueue(f.Name))
-		} else {
-			s.reply(f.Ref, nil, s.b.Delete(f.Name))
-		}
+		s.reply(f.Ref, nil, s.delete(f.Name, f.Aux == 1))
 	case wire.TypeList:
-		s.reply(f.Ref, jsonBody(s.b.Exchanges()), nil)
+		s.reply(f.Ref, jsonBody(s.exchanges()), nil)
 	case wire.TypeAttach:
 		s.attach(f)
 	case wire.TypeDetach:
@@ -185,6 +193,9 @@ func (s *Session) declare(f *wire.Frame) ([]byte, error) {
 		}
 	}
 	spec.Passive = f.Aux == 1
+	if err := s.checkDeclare(f.Name, &spec); err != nil {
+		return nil, err
+	}
 	ex, err := s.b.Declare(f.Name, spec)
 	if err != nil {
 		return nil, err
@@ -192,9 +203,50 @@ func (s *Session) declare(f *wire.Frame) ([]byte, error) {
 	return jsonBody(ex.Info()), nil
 }
 
+// checkDeclare lets a DECLARE through with the configure permission. A
+// session with only read or write permission on the exchange may still
+// declare it when it exists (to open it, as [courier.Conn.ReqResp] does):
+// the declare turns passive, so that it can never create it.
+func (s *Session) checkDeclare(name string, spec *Spec) error {
+	configure, any := s.mayConfigure(name)
+	switch {
+	case configure:
+		return nil
+	case any && (spec.Passive || s.b.Exchange(name) != nil):
+		spec.Passive = true
+		return nil
+	}
+	return s.deny("declare", auth.Configure, name)
+}
+
+// delete deletes an exchange, or a queue, with the configure permission
+// on its name.
+func (s *Session) delete(name string, queue bool) error {
+	if configure, _ := s.mayConfigure(name); !configure {
+		return s.deny("delete", auth.Configure, name)
+	}
+	if queue {
+		return s.b.DeleteQueue(name)
+	}
+	return s.b.Delete(name)
+}
+
+// exchanges lists the exchanges; a checked session sees only those it has
+// some permission on.
+func (s *Session) exchanges() []wire.ExchangeInfo {
+	list := s.b.Exchanges()
+	if s.policy == nil {
+		return list
+	}
+	return slices.DeleteFunc(list, func(e wire.ExchangeInfo) bool { return s.policy.Perms(s.user, e.Name) == 0 })
+}
+
 // DeclareFuncs declares an exchange whose routing functions are Go funcs.
 // Only embedded clients can call it.
 func (s *Session) DeclareFuncs(name string, spec Spec) (wire.ExchangeInfo, error) {
+	if err := s.checkDeclare(name, &spec); err != nil {
+		return wire.ExchangeInfo{}, err
+	}
 	ex, err := s.b.Declare(name, spec)
 	if err != nil {
 		return wire.ExchangeInfo{}, err
@@ -210,6 +262,10 @@ func (s *Session) attach(f *wire.Frame) {
 			s.sendError(f.Ref, wire.Errorf(wire.CodeBadOptions, "attach: bad body: %v", err))
 			return
 		}
+	}
+	if need := attachNeeds(f.Aux); !s.allowed(need, f.Name) {
+		s.sendError(f.Ref, s.deny("attach as "+wire.RoleName(f.Aux), need, f.Name))
+		return
 	}
 	ex, err := s.b.lookup(f.Name)
 	if err != nil {
