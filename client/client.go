@@ -7,6 +7,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,6 +40,12 @@ type Options struct {
 	// User and Password authenticate when the server has users. A URL's
 	// userinfo sets them too.
 	User, Password string
+	// TLS configures TLS. A courier+tls:// (or tls://) URL turns TLS on,
+	// with this config or, when nil, the system's roots; with a
+	// courier:// URL a non-nil TLS turns it on too. Give Certificates for
+	// a server that requires client certificates and RootCAs for a
+	// private CA. ServerName defaults to the URL's host. Default: nil.
+	TLS *tls.Config
 	// OutboxLimit bounds the bytes buffered for sending before senders
 	// wait. Default: 8 MiB.
 	OutboxLimit int
@@ -47,38 +54,54 @@ type Options struct {
 	Log *slog.Logger
 }
 
-// ParseURL checks a courier:// URL and returns its host:port.
+// URL schemes: courier:// is plain TCP; courier+tls:// and its short
+// form tls:// are TLS.
+const (
+	Scheme    = "courier"
+	SchemeTLS = "courier+tls"
+)
+
+// ParseURL checks a courier://, courier+tls:// or tls:// URL and returns
+// its host:port.
 func ParseURL(raw string) (addr string, u *url.URL, err error) {
 	if !strings.Contains(raw, "://") {
 		return "", nil, fmt.Errorf("client: bad URL %q: want courier://host:port", raw)
 	}
 	u, err = url.Parse(raw)
 	if err != nil {
-		return "", nil, fmt.Errorf("client: bad URL %q: %w", raw, err)
+		// url.Parse quotes the URL, password included; say less.
+		return "", nil, fmt.Errorf("client: bad URL: %v", errors.Unwrap(err))
 	}
-	if u.Scheme != "courier" {
-		return "", nil, fmt.Errorf("client: bad URL %q: scheme %q, want courier://host:port", raw, u.Scheme)
+	shown := u.Redacted()
+	if u.Scheme != Scheme && u.Scheme != SchemeTLS && u.Scheme != "tls" {
+		return "", nil, fmt.Errorf("client: bad URL %q: scheme %q, want courier://host:port or courier+tls://host:port", shown, u.Scheme)
 	}
 	if u.Hostname() == "" {
-		return "", nil, fmt.Errorf("client: bad URL %q: no host", raw)
+		return "", nil, fmt.Errorf("client: bad URL %q: no host", shown)
 	}
 	port := u.Port()
 	if port == "" {
 		port = DefaultPort
 	}
 	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
-		return "", nil, fmt.Errorf("client: bad URL %q: unexpected path or query", raw)
+		return "", nil, fmt.Errorf("client: bad URL %q: unexpected path or query", shown)
 	}
 	return net.JoinHostPort(u.Hostname(), port), u, nil
 }
 
-// Dial connects to a server at rawURL, such as "courier://127.0.0.1:7400",
-// and completes the handshake before it returns.
+// IsTLS reports whether a URL parsed by [ParseURL] asks for TLS.
+func IsTLS(u *url.URL) bool { return u.Scheme == SchemeTLS || u.Scheme == "tls" }
+
+// Dial connects to a server at rawURL, such as "courier://127.0.0.1:7400"
+// or "courier+tls://user:password@broker.example:7400", and completes the
+// handshake before it returns. A server that refuses the credentials
+// fails it with a [*wire.Error] of code [wire.CodeUnauthorized].
 func Dial(ctx context.Context, rawURL string, opts Options) (*courier.Conn, error) {
 	addr, u, err := ParseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
+	shown := u.Redacted()
 	if u.User != nil && opts.User == "" {
 		opts.User = u.User.Username()
 		opts.Password, _ = u.User.Password()
@@ -92,10 +115,15 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*courier.Conn, erro
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("client: dial %s: %w", rawURL, err)
+		return nil, fmt.Errorf("client: dial %s: %w", shown, err)
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
+	}
+	if IsTLS(u) || opts.TLS != nil {
+		if nc, err = handshakeTLS(ctx, nc, u.Hostname(), opts.TLS); err != nil {
+			return nil, fmt.Errorf("client: %s: %w", shown, err)
+		}
 	}
 	t := &transport{
 		nc:      nc,
@@ -108,13 +136,40 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*courier.Conn, erro
 	w, err := t.handshake(ctx, opts)
 	if err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("client: %s: %w", rawURL, err)
+		return nil, fmt.Errorf("client: %s: %w", shown, err)
 	}
 	t.welcome = w
 	t.conn = courier.NewConn(t, courier.ConnOptions{ID: w.Conn, Log: opts.Log})
 	go t.writeLoop()
 	go t.readLoop()
 	return t.conn, nil
+}
+
+// handshakeTLS runs the TLS handshake over nc, closing nc if it fails.
+func handshakeTLS(ctx context.Context, nc net.Conn, host string, cfg *tls.Config) (net.Conn, error) {
+	if cfg == nil {
+		cfg = &tls.Config{}
+	} else {
+		cfg = cfg.Clone()
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName = host
+	}
+	tc := tls.Client(nc, cfg)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	if err := tc.HandshakeContext(ctx); err != nil {
+		nc.Close()
+		var rh tls.RecordHeaderError
+		if errors.As(err, &rh) {
+			return nil, fmt.Errorf("TLS handshake: the server did not answer in TLS (a plain courier:// port?): %w", err)
+		}
+		return nil, fmt.Errorf("TLS handshake: %w", err)
+	}
+	return tc, nil
 }
 
 // transport carries a Conn's frames over TCP.

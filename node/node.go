@@ -9,6 +9,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/internal/admin"
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
 	"github.com/courier-mq/courier/internal/queue"
 	"github.com/courier-mq/courier/internal/server"
@@ -50,10 +52,34 @@ type Config struct {
 	Heartbeat time.Duration `toml:"heartbeat"`
 	// HTTP, when set, serves the management API, Prometheus metrics,
 	// pprof and the web dashboard on this TCP address, such as
-	// "127.0.0.1:7480" (port 0 picks a free one; see [Node.HTTPAddr]). It
-	// must be a loopback address until Courier has users. Default: ""
-	// (none); `courier server` defaults it to "127.0.0.1:7480".
+	// "127.0.0.1:7480" (port 0 picks a free one; see [Node.HTTPAddr]).
+	// Default: "" (none); `courier server` defaults it to
+	// "127.0.0.1:7480".
+	//
+	// Listen and HTTP may name an address other machines can reach only
+	// when the node has users (see AdminUser): without users every client
+	// is anonymous with full access, which the node allows on loopback
+	// (127.0.0.0/8, ::1, localhost) only.
 	HTTP string `toml:"http"`
+	// TLS serves the network protocol over TLS only, from PEM files,
+	// optionally requiring client certificates. Default: none (plain TCP).
+	TLS TLSFiles `toml:"tls"`
+	// HTTPTLS serves the management listener over HTTPS only.
+	// Default: none (plain HTTP).
+	HTTPTLS TLSFiles `toml:"http_tls"`
+	// AdminUser and AdminPassword create the first user, an administrator
+	// with every permission, when the data directory has no users yet;
+	// once users exist they are ignored. The users live in
+	// DataDir/users.json and are managed through the management API
+	// (`courier users`). `courier server` reads the password from
+	// COURIER_ADMIN_PASSWORD or a file, never from its configuration.
+	// Default: "" (none).
+	AdminUser     string `toml:"admin_user"`
+	AdminPassword string `toml:"-"`
+	// MetricsAuth makes /metrics ask for credentials (any user) once the
+	// node has users, like the rest of the management listener.
+	// Default: false (/metrics stays open, for scrapers).
+	MetricsAuth bool `toml:"metrics_auth"`
 	// SyncInterval, when set, makes durable queues fsync at most this
 	// often instead of once per group of appends (group commit, the
 	// default): fewer syncs, and publisher confirms that wait longer. A
@@ -87,7 +113,8 @@ type Limits struct {
 	// 65536.
 	MaxConns int `toml:"max_connections"`
 	// MaxConnsPerUser bounds the network connections of one user (the
-	// user name of the client's HELLO). Default: 0, no limit.
+	// authenticated user; on a node without users, the user name of the
+	// client's HELLO). Default: 0, no limit.
 	MaxConnsPerUser int `toml:"max_connections_per_user"`
 	// MaxAttachments bounds the attachments of one connection. Default:
 	// 4096.
@@ -178,10 +205,17 @@ func (c Config) Validate() error {
 	if c.Name == "" {
 		return fmt.Errorf("node: name is empty")
 	}
-	if c.HTTP != "" {
-		if err := admin.CheckListen(c.HTTP); err != nil {
-			return err
-		}
+	if (c.AdminUser == "") != (c.AdminPassword == "") {
+		return fmt.Errorf("node: the first administrator needs both a user name and a password")
+	}
+	if err := c.TLS.Validate(); err != nil {
+		return err
+	}
+	if c.HTTPTLS.ClientCAFile != "" {
+		return fmt.Errorf("node: client certificates are not supported on the management listener")
+	}
+	if err := c.HTTPTLS.Validate(); err != nil {
+		return err
 	}
 	l := c.Limits
 	for _, v := range []struct {
@@ -228,6 +262,8 @@ type Node struct {
 	addr   net.Addr
 	admin  *admin.Server
 	http   net.Addr
+	users  *auth.Store
+	tls    []*tlsFiles // the listeners' TLS files, read again by Reload
 	closed atomic.Bool
 	// clientLn is the client listener being served (a net.Listener), for
 	// tests that break it.
@@ -245,6 +281,10 @@ func Start(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("node: data dir: %w", err)
 	}
+	users, err := openUsers(cfg)
+	if err != nil {
+		return nil, err
+	}
 	n := &Node{
 		cfg: cfg,
 		broker: broker.New(broker.Config{
@@ -256,7 +296,9 @@ func Start(cfg Config) (*Node, error) {
 			MaxRestarts: cfg.Supervision.MaxRestarts, Window: cfg.Supervision.RestartWindow, Log: cfg.Log,
 		}),
 		conns: make(map[*localTransport]struct{}),
+		users: users,
 	}
+	users.OnChange(func() { n.broker.Reauthorize() })
 	sc := broker.StoreConfig{Dir: filepath.Join(cfg.DataDir, "store")}
 	if cfg.SyncInterval > 0 {
 		o := store.DefaultOptions()
@@ -276,11 +318,17 @@ func Start(cfg Config) (*Node, error) {
 	n.sup.Add(supervise.Component{Name: "sweeper", Critical: true, Run: n.broker.Sweep})
 	if cfg.Listen != "" {
 		l := cfg.Limits
-		srv, err := server.New(server.Config{
+		scfg := server.Config{
 			Listen: cfg.Listen, Heartbeat: cfg.Heartbeat, Log: cfg.Log,
 			MaxFrame: l.MaxFrame, MaxConns: l.MaxConns, MaxConnsPerUser: l.MaxConnsPerUser,
 			HandshakeTimeout: l.HandshakeTimeout, Credit: l.Credit, OutboxLimit: l.OutboxBytes, SlowTimeout: l.SlowConsumerTimeout,
-		}, n.broker)
+			Users: users,
+		}
+		if scfg.TLS, err = n.loadTLS(cfg.TLS); err != nil {
+			n.broker.Close()
+			return nil, err
+		}
+		srv, err := server.New(scfg, n.broker)
 		if err != nil {
 			n.broker.Close()
 			return nil, err
@@ -333,18 +381,106 @@ func (n *Node) serveClients(ln net.Listener) func(context.Context) error {
 	}
 }
 
+// openUsers opens the users of the data directory, creates the first
+// administrator if the config names one, and refuses listeners beyond
+// loopback without users.
+func openUsers(cfg Config) (*auth.Store, error) {
+	users, err := auth.Open(auth.Config{Dir: cfg.DataDir, Log: cfg.Log})
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	if cfg.AdminUser != "" {
+		created, err := users.Bootstrap(cfg.AdminUser, cfg.AdminPassword)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("node: first administrator: %w", err)
+		case created:
+			cfg.Log.Info("administrator created", "user", cfg.AdminUser, "file", users.Path())
+		default:
+			cfg.Log.Info("first administrator not created: users exist", "user", cfg.AdminUser, "file", users.Path())
+		}
+	}
+	for _, l := range []struct {
+		what, addr string
+		tls        bool
+	}{{"client", cfg.Listen, cfg.TLS.Enabled()}, {"management", cfg.HTTP, cfg.HTTPTLS.Enabled()}} {
+		if l.addr == "" {
+			continue
+		}
+		local, err := auth.Loopback(l.addr)
+		if err != nil {
+			return nil, fmt.Errorf("node: %s listener: %w", l.what, err)
+		}
+		if local {
+			continue
+		}
+		if !users.HasUsers() {
+			return nil, fmt.Errorf("node: refusing the %s listener on %s: the node has no users, so anyone who can reach it would have full access; "+
+				"create an administrator (COURIER_ADMIN_USER and COURIER_ADMIN_PASSWORD with `courier server`) or listen on a loopback address such as 127.0.0.1", l.what, l.addr)
+		}
+		if err := users.Require(); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+		if !l.tls {
+			cfg.Log.Warn("listener beyond loopback without TLS: passwords and messages cross the network in clear", "listener", l.what, "addr", l.addr)
+		}
+	}
+	return users, nil
+}
+
+// loadTLS reads a listener's TLS files; nil when f turns no TLS on.
+func (n *Node) loadTLS(f TLSFiles) (*tls.Config, error) {
+	if !f.Enabled() {
+		return nil, nil
+	}
+	t, err := newTLSFiles(f)
+	if err != nil {
+		return nil, err
+	}
+	n.tls = append(n.tls, t)
+	return t.config(), nil
+}
+
+// Reload reads the users file and the listeners' TLS files again, as
+// `courier server` does on SIGHUP. No connection is dropped: each session
+// sees the new permissions on its next operation, attachments whose
+// permission was revoked are detached (EVENT detached), and new TLS
+// handshakes use the new certificates. On an error, what was loaded
+// before stays in use.
+func (n *Node) Reload() error {
+	var errs []error
+	if err := n.users.Reload(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, t := range n.tls {
+		if err := t.load(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // startAdmin sets up the management API on Config.HTTP, served under
 // the supervisor.
 func (n *Node) startAdmin() error {
+	httpTLS, err := n.loadTLS(n.cfg.HTTPTLS)
+	if err != nil {
+		return err
+	}
 	a, err := admin.New(admin.Config{
 		Listen: n.cfg.HTTP, Broker: n.broker, Node: n.cfg.Name, Log: n.cfg.Log,
 		Describe: describe, Supervised: true, Components: n.components,
 		Queues: queueSource{n.broker},
+		Users:  n.users, TLS: httpTLS, MetricsAuth: n.cfg.MetricsAuth,
 		Listeners: func() []admin.Listener {
 			if n.addr == nil {
 				return nil
 			}
-			return []admin.Listener{{Protocol: "courier", Address: n.addr.String()}}
+			proto := "courier"
+			if n.cfg.TLS.Enabled() {
+				proto = "courier+tls"
+			}
+			return []admin.Listener{{Protocol: proto, Address: n.addr.String()}}
 		},
 	})
 	if err != nil {
@@ -397,7 +533,7 @@ func (n *Node) Failed() <-chan error { return n.sup.Failed() }
 // its peer.
 func describe(sink broker.Sink) (admin.ConnInfo, bool) {
 	if t, ok := sink.(*localTransport); ok {
-		return admin.ConnInfo{Type: "embedded", ConnectedAt: t.opened}, true
+		return admin.ConnInfo{Type: "embedded", User: t.user, ConnectedAt: t.opened}, true
 	}
 	if ci, ok := server.Describe(sink); ok {
 		return admin.ConnInfo{Type: "network", Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt}, true
@@ -409,10 +545,13 @@ func describe(sink broker.Sink) (admin.ConnInfo, bool) {
 func (n *Node) HTTPAddr() net.Addr { return n.http }
 
 // HTTPURL returns the management API's base URL, such as
-// "http://127.0.0.1:7480", or "".
+// "http://127.0.0.1:7480" (https with HTTPTLS), or "".
 func (n *Node) HTTPURL() string {
 	if n.http == nil {
 		return ""
+	}
+	if n.cfg.HTTPTLS.Enabled() {
+		return "https://" + n.http.String()
 	}
 	return "http://" + n.http.String()
 }
@@ -420,10 +559,14 @@ func (n *Node) HTTPURL() string {
 // Addr returns the network address served, or nil without Listen.
 func (n *Node) Addr() net.Addr { return n.addr }
 
-// URL returns the courier:// URL of the network address served, or "".
+// URL returns the courier:// (or, with TLS, courier+tls://) URL of the
+// network address served, or "".
 func (n *Node) URL() string {
 	if n.addr == nil {
 		return ""
+	}
+	if n.cfg.TLS.Enabled() {
+		return "courier+tls://" + n.addr.String()
 	}
 	return "courier://" + n.addr.String()
 }
@@ -435,10 +578,34 @@ func (n *Node) Name() string { return n.cfg.Name }
 // inside this module.
 func (n *Node) Broker() *broker.Broker { return n.broker }
 
-// Connect returns a new in-process connection.
+// Connect returns a new in-process connection. It is trusted: it may do
+// anything, whatever users the node has. See [Node.ConnectAs] for one
+// limited to a user's permissions.
 func (n *Node) Connect() *courier.Conn {
-	t := &localTransport{n: n, opened: time.Now()}
-	t.s = n.broker.Open(t, "embedded")
+	return n.connect("", nil)
+}
+
+// ConnectAs returns a new in-process connection that authenticates as
+// user and may do only what user's permissions allow, as a network client
+// logged in as user would. While the node has no users it is anonymous
+// and may do anything. A wrong user name or password fails with a
+// [*wire.Error] of code [wire.CodeUnauthorized].
+func (n *Node) ConnectAs(user, password string) (*courier.Conn, error) {
+	name, err := n.users.Authenticate(user, password)
+	if err != nil {
+		n.cfg.Log.Warn("authentication failed", "peer", "embedded", "user", user, "err", err)
+		return nil, &wire.Error{Code: wire.CodeUnauthorized, Msg: "bad user name or password", Fatal: true}
+	}
+	return n.connect(name, n.users), nil
+}
+
+func (n *Node) connect(user string, policy auth.Policy) *courier.Conn {
+	t := &localTransport{n: n, opened: time.Now(), user: user}
+	if policy != nil {
+		t.s = n.broker.OpenAs(t, "embedded", user, policy)
+	} else {
+		t.s = n.broker.Open(t, "embedded")
+	}
 	n.mu.Lock()
 	n.conns[t] = struct{}{}
 	n.mu.Unlock()
@@ -524,6 +691,7 @@ type localTransport struct {
 	conn   *courier.Conn
 	recv   func(*wire.Frame)
 	opened time.Time
+	user   string // fixed at connect
 	closed atomic.Bool
 }
 

@@ -16,6 +16,7 @@ package admin
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +30,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
 )
 
@@ -37,10 +39,22 @@ const DefaultListen = "127.0.0.1:7480"
 
 // Config configures a management Server.
 type Config struct {
-	// Listen is the TCP address of the management listener. It must be a
-	// loopback address (127.0.0.0/8, ::1 or localhost): the API has no
-	// access control until Courier has users. Default: "127.0.0.1:7480".
+	// Listen is the TCP address of the management listener. Without
+	// users it must be a loopback address (127.0.0.0/8, ::1 or
+	// localhost): the API is then open to anyone who reaches it.
+	// Default: "127.0.0.1:7480".
 	Listen string
+	// Users, once it has users, makes every request authenticate with
+	// HTTP Basic and checks the user's tags (see access.go); it also
+	// serves /api/users and /api/permissions. Default: nil (no access
+	// control, loopback only; the users endpoints answer 501).
+	Users *auth.Store
+	// MetricsAuth makes /metrics and /metrics/per-object ask for
+	// credentials too once there are users. Default: false (open, for
+	// Prometheus scrapers).
+	MetricsAuth bool
+	// TLS, when set, serves HTTPS only. Default: nil (plain HTTP).
+	TLS *tls.Config
 	// Broker is the broker to manage. Required.
 	Broker *broker.Broker
 	// Describe tells what a session's transport knows of its peer (see
@@ -106,7 +120,7 @@ func (c Config) Validate() error {
 	if c.Broker == nil {
 		return errors.New("admin: no broker")
 	}
-	if c.Listen != "" {
+	if c.Listen != "" && (c.Users == nil || !c.Users.HasUsers()) {
 		if err := CheckListen(c.Listen); err != nil {
 			return err
 		}
@@ -115,19 +129,16 @@ func (c Config) Validate() error {
 }
 
 // CheckListen refuses a management listener address that other machines
-// could reach: until Courier has users, the API has no access control.
+// could reach, for a node without users: its API has no access control.
 func CheckListen(addr string) error {
-	host, _, err := net.SplitHostPort(addr)
+	local, err := auth.Loopback(addr)
 	if err != nil {
-		return fmt.Errorf("admin: bad listen address %q: %w", addr, err)
+		return fmt.Errorf("admin: %w", err)
 	}
-	if host == "localhost" {
-		return nil
+	if !local {
+		return fmt.Errorf("admin: listen address %q is not a loopback address: without users the management API has no access control, so it listens on 127.0.0.1, ::1 or localhost only; create users to listen elsewhere", addr)
 	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
-		return nil
-	}
-	return fmt.Errorf("admin: listen address %q is not a loopback address: the management API has no access control until Courier has users, so it listens on 127.0.0.1, ::1 or localhost only", addr)
+	return nil
 }
 
 // buildVersion is the main module's version, or "devel".
@@ -154,6 +165,7 @@ type Server struct {
 	log     *slog.Logger
 	smp     *sampler
 	mux     *http.ServeMux
+	handler http.Handler // mux behind guard
 	started time.Time
 	prof    *profiler
 	metrics http.Handler // /metrics
@@ -233,6 +245,11 @@ func (s *Server) routes() {
 	api("/api/queues/{name}/contents", s.purgeQueue)
 	api("/api/connections", getOnly(s.listConnections))
 	api("/api/connections/{id}", s.connection)
+	api("/api/whoami", getOnly(s.whoami))
+	api("/api/users", getOnly(s.listUsers))
+	api("/api/users/{name}", s.user)
+	api("/api/permissions", getOnly(s.listPermissions))
+	api("/api/permissions/{user}", s.permissions)
 	m.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, notFound("no API endpoint %s; see docs/operations.md", r.URL.Path))
 	})
@@ -241,10 +258,12 @@ func (s *Server) routes() {
 	s.prof.register(m)
 	m.Handle("/", webHandler())
 	s.mux = m
+	s.handler = s.guard(m)
 }
 
-// Handler returns the HTTP handler of every endpoint.
-func (s *Server) Handler() http.Handler { return s.mux }
+// Handler returns the HTTP handler of every endpoint, behind the access
+// control of [Config.Users].
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Listen opens the configured address; Serve then serves on it. Its
 // errors wrap [ErrListen].
@@ -269,8 +288,11 @@ func (s *Server) Addr() net.Addr {
 // Serve serves the management API on ln until Shutdown; it then returns
 // http.ErrServerClosed.
 func (s *Server) Serve(ln net.Listener) error {
+	if s.cfg.TLS != nil {
+		ln = tls.NewListener(ln, s.cfg.TLS)
+	}
 	hs := &http.Server{
-		Handler:           s.mux,
+		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
@@ -283,7 +305,12 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.hs, s.ln = hs, ln
 	s.mu.Unlock()
-	s.log.Info("management API listening", "addr", ln.Addr().String(), "dashboard", "http://"+ln.Addr().String()+"/")
+	scheme := "http://"
+	if s.cfg.TLS != nil {
+		scheme = "https://"
+	}
+	s.log.Info("management API listening", "addr", ln.Addr().String(), "dashboard", scheme+ln.Addr().String()+"/",
+		"tls", s.cfg.TLS != nil, "users", s.cfg.Users != nil && s.cfg.Users.HasUsers())
 	return hs.Serve(ln)
 }
 

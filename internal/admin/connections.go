@@ -14,7 +14,8 @@ type ConnInfo struct {
 	Type string
 	// Peer is the client's address, "host:port"; "" when embedded.
 	Peer string
-	// User is the authenticated user; "" while the node has no users.
+	// User is the authenticated user; on a node without users, the name
+	// a network client gave in its HELLO.
 	User string
 	// ConnectedAt is when the connection opened.
 	ConnectedAt time.Time

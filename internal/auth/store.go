@@ -86,11 +86,11 @@ type Config struct {
 
 // Store holds the users of one node. It is safe for concurrent use.
 type Store struct {
-	path    string
-	require bool
-	log     *slog.Logger
+	path string
+	log  *slog.Logger
 
-	mu       sync.Mutex // serializes changes and reloads; guards onChange
+	mu       sync.Mutex // serializes changes and reloads; guards onChange, require
+	require  bool
 	onChange []func()
 
 	state atomic.Pointer[state]
@@ -148,6 +148,18 @@ func Open(cfg Config) (*Store, error) {
 	}
 	s.state.Store(&state{version: 1, users: users})
 	return s, nil
+}
+
+// Require makes the store refuse any change or reload that would leave no
+// user, as [Config.RequireUsers] does; it fails if there is none now.
+func (s *Store) Require() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.state.Load().users) == 0 {
+		return fmt.Errorf("%w: %s has no users", ErrNoUsers, s.path)
+	}
+	s.require = true
+	return nil
 }
 
 // Path returns the users file.
@@ -265,11 +277,15 @@ func (s *Store) User(name string) (Info, bool) {
 }
 
 func (e *entry) info() Info {
-	tags := e.Tags
-	if tags == nil {
-		tags = []string{}
+	orEmpty := func(l []string) []string {
+		if l == nil {
+			return []string{}
+		}
+		return l
 	}
-	return Info{Name: e.Name, Tags: tags, Permissions: e.Permissions}
+	p := e.Permissions
+	p.Configure, p.Write, p.Read = orEmpty(p.Configure), orEmpty(p.Write), orEmpty(p.Read)
+	return Info{Name: e.Name, Tags: orEmpty(e.Tags), Permissions: p}
 }
 
 // UserChange describes a user to create or update with [Store.PutUser].

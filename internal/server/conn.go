@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
 	"github.com/courier-mq/courier/wire"
 )
@@ -57,15 +59,24 @@ type conn struct {
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
-	if tc, ok := nc.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-	}
+	noDelay(nc)
 	return &conn{
 		s: s, nc: nc, peer: nc.RemoteAddr().String(), opened: time.Now(),
 		out:     wire.NewOutbox(nc, wire.HandshakeMaxFrame, s.cfg.OutboxLimit),
 		r:       wire.NewReader(nc, wire.HandshakeMaxFrame),
 		closing: make(chan struct{}),
 		wdone:   make(chan struct{}),
+	}
+}
+
+// noDelay turns off Nagle's algorithm on a TCP connection, or on the
+// one under a TLS connection.
+func noDelay(nc net.Conn) {
+	if tc, ok := nc.(*tls.Conn); ok {
+		nc = tc.NetConn()
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
 	}
 }
 
@@ -112,7 +123,7 @@ func (c *conn) serve() {
 		log.Info("handshake failed", "err", err)
 		return
 	}
-	log.Info("connection open", "conn", c.sess.ID(), "name", c.sess.Name())
+	log.Info("connection open", "conn", c.sess.ID(), "name", c.sess.Name(), "user", c.sess.User())
 	if err := c.readLoop(); err != nil {
 		log.Info("connection ended", "conn", c.sess.ID(), "err", err)
 	}
@@ -126,6 +137,12 @@ func (c *conn) handshake() error {
 		if ne, ok := err.(net.Error); ok && ne.Timeout() {
 			c.fail(wire.Errorf(wire.CodeProtocol, "no HELLO within %s", c.s.cfg.HandshakeTimeout), false)
 			return err
+		}
+		var rh tls.RecordHeaderError
+		if errors.As(err, &rh) && rh.Conn != nil {
+			// A plain client on the TLS port: tell it in its own terms.
+			refuse(rh.Conn, wire.Errorf(wire.CodeProtocol, "this port speaks TLS: connect with a courier+tls:// URL"))
+			return fmt.Errorf("plain-text client on the TLS port: %w", err)
 		}
 		c.badInput(err)
 		return err
@@ -151,20 +168,46 @@ func (c *conn) handshake() error {
 	if hb := time.Duration(h.HeartbeatMS) * time.Millisecond; hb > 0 && hb < heartbeat {
 		heartbeat = max(hb, 10*time.Millisecond)
 	}
-	if h.User != "" {
-		if err := c.s.addUser(h.User); err != nil {
-			c.s.log.Warn("connection refused: limit reached", "peer", c.peer, "user", h.User, "err", err)
-			c.fail(err.(*wire.Error), false)
-			return err
-		}
-		c.user = h.User
-	}
 	maxFrame := c.s.cfg.MaxFrame
 	name := h.Name
 	if name == "" {
 		name = c.peer
 	}
-	c.sess = c.s.b.Open(c, name)
+	// user counts against the limit per user: the authenticated user, or
+	// without users the name the client gave.
+	user := h.User
+	var policy auth.Policy
+	var authed string // the session's user: "" while there are no users
+	if st := c.s.cfg.Users; st != nil {
+		var err error
+		authed, err = st.Authenticate(h.User, h.Password)
+		if err != nil {
+			e := wire.Errorf(wire.CodeUnauthorized, "bad user name or password")
+			if errors.Is(err, auth.ErrNoCredentials) {
+				e.Msg = "this server requires a user name and password (courier://user:password@host:port)"
+			}
+			c.s.log.Warn("authentication failed", "peer", c.peer, "user", h.User, "name", h.Name, "err", err)
+			c.fail(e, false)
+			return e
+		}
+		if authed != "" {
+			user = authed
+		}
+		policy = st
+	}
+	if user != "" {
+		if err := c.s.addUser(user); err != nil {
+			c.s.log.Warn("connection refused: limit reached", "peer", c.peer, "user", user, "err", err)
+			c.fail(err.(*wire.Error), false)
+			return err
+		}
+		c.user = user
+	}
+	if policy != nil {
+		c.sess = c.s.b.OpenAs(c, name, authed, policy)
+	} else {
+		c.sess = c.s.b.Open(c, name)
+	}
 	c.granted.Store(c.s.cfg.Credit)
 	w := wire.Welcome{
 		Version: wire.Version, Server: c.s.cfg.Version, Node: c.s.b.Node(), Conn: c.sess.ID(),
@@ -409,9 +452,9 @@ func (c *conn) writeLoop() {
 				c.nc.Write(rest)
 			}
 			// Half-close so the client reads the last frames, then let the
-			// read loop see the end.
-			if tc, ok := c.nc.(*net.TCPConn); ok {
-				tc.CloseWrite()
+			// read loop see the end. (TLS sends close_notify first.)
+			if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
+				cw.CloseWrite()
 			}
 			c.nc.SetReadDeadline(time.Now().Add(time.Second))
 			return

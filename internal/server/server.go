@@ -7,6 +7,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
 	"github.com/courier-mq/courier/wire"
 )
@@ -55,6 +57,14 @@ type Config struct {
 	Log *slog.Logger
 	// Version is reported in WELCOME. Default: "courier".
 	Version string
+	// Users authenticates clients at HELLO and decides what each may do
+	// (see [auth.Store]). With nil, or while it has no users, every
+	// client is anonymous and may do anything. Default: nil.
+	Users *auth.Store
+	// TLS, when set, makes the listener speak TLS only: a client that
+	// sends plain frames gets a fatal ERROR saying so. Set ClientAuth and
+	// ClientCAs to require client certificates. Default: nil (plain TCP).
+	TLS *tls.Config
 }
 
 // DefaultConfig returns the defaults documented on [Config].
@@ -170,7 +180,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.ln = ln
 	s.mu.Unlock()
-	s.log.Info("listening", "addr", ln.Addr().String())
+	s.log.Info("listening", "addr", ln.Addr().String(), "tls", s.cfg.TLS != nil, "users", s.cfg.Users != nil && s.cfg.Users.HasUsers())
 	var backoff time.Duration
 	for {
 		nc, err := ln.Accept()
@@ -202,10 +212,19 @@ func (s *Server) accept(nc net.Conn) {
 		nc.Close()
 		return
 	}
+	if s.cfg.TLS != nil {
+		nc = tls.Server(nc, s.cfg.TLS)
+	}
 	if len(s.conns) >= s.cfg.MaxConns {
 		s.mu.Unlock()
 		s.log.Warn("connection refused: limit reached", "peer", nc.RemoteAddr().String(), "max_conns", s.cfg.MaxConns)
-		refuse(nc, wire.Errorf(wire.CodeTooManyConns, "the server has %d connections, its limit", s.cfg.MaxConns))
+		e := wire.Errorf(wire.CodeTooManyConns, "the server has %d connections, its limit", s.cfg.MaxConns)
+		if s.cfg.TLS != nil {
+			// The write runs the TLS handshake: not in the accept loop.
+			go refuse(nc, e)
+		} else {
+			refuse(nc, e)
+		}
 		return
 	}
 	c := newConn(s, nc)
@@ -225,7 +244,7 @@ func (s *Server) accept(nc net.Conn) {
 func refuse(nc net.Conn, e *wire.Error) {
 	f := &wire.Frame{Type: wire.TypeError, Flags: wire.FlagFatal, Aux: uint64(e.Code), Tag: e.Msg}
 	p, _ := wire.AppendFrame(nil, f, 0)
-	nc.SetWriteDeadline(time.Now().Add(time.Second))
+	nc.SetDeadline(time.Now().Add(time.Second))
 	nc.Write(p)
 	nc.Close()
 }

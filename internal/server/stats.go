@@ -13,8 +13,8 @@ type ConnInfo struct {
 	Peer string
 	// Local is the server address the connection came in on.
 	Local string
-	// User is the user name the client gave in its HELLO; "" for none.
-	// TODO(users): the authenticated user, once the server has users.
+	// User is the authenticated user when the server has users; without
+	// users, the name the client gave in HELLO ("" for none).
 	User string
 	// ConnectedAt is when the connection was accepted.
 	ConnectedAt time.Time

@@ -1,0 +1,103 @@
+package admin
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/courier-mq/courier/internal/auth"
+)
+
+// Access to the management listener, once the node has users: every
+// request needs HTTP Basic credentials, and the user's tags decide what
+// it may do. Without users (a loopback listener only) everything is open.
+//
+//	path                          administrator  monitoring   other users
+//	/api/whoami                   yes            yes          yes
+//	/metrics, /metrics/per-object yes            yes          yes (open to all unless MetricsAuth)
+//	/api/users, /api/permissions  yes            no           no
+//	/debug/pprof/                 yes            no           no
+//	anything else, GET and HEAD   yes            yes          no
+//	anything else, other methods  yes            no           no
+
+// realm is the HTTP Basic realm browsers show in their login prompt.
+const realm = `Basic realm="Courier", charset="UTF-8"`
+
+// guard wraps h with authentication and the access rules above.
+func (s *Server) guard(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		users := s.cfg.Users
+		if users == nil || !users.HasUsers() {
+			h.ServeHTTP(w, r)
+			return
+		}
+		metrics := r.URL.Path == "/metrics" || r.URL.Path == "/metrics/per-object"
+		if metrics && !s.cfg.MetricsAuth {
+			h.ServeHTTP(w, r)
+			return
+		}
+		name, pass, ok := r.BasicAuth()
+		if !ok {
+			w.Header().Set("WWW-Authenticate", realm)
+			writeError(w, &apiError{http.StatusUnauthorized, "unauthorized", "credentials required: this node has users; use HTTP Basic authentication"})
+			return
+		}
+		user, err := users.Authenticate(name, pass)
+		if err != nil {
+			s.log.Warn("management API: authentication failed", "peer", r.RemoteAddr, "user", name, "path", r.URL.Path)
+			w.Header().Set("WWW-Authenticate", realm)
+			writeError(w, &apiError{http.StatusUnauthorized, "unauthorized", "bad user name or password"})
+			return
+		}
+		if !mayAccess(users, user, r, metrics) {
+			s.log.Warn("management API: access refused", "user", user, "method", r.Method, "path", r.URL.Path)
+			writeError(w, &apiError{http.StatusForbidden, "access_refused",
+				"user " + user + " may not " + r.Method + " " + r.URL.Path + ": it needs the administrator tag (or monitoring, to read)"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// mayAccess applies the table above.
+func mayAccess(users *auth.Store, user string, r *http.Request, metrics bool) bool {
+	p := r.URL.Path
+	if metrics || p == "/api/whoami" || users.HasTag(user, auth.TagAdministrator) {
+		return true
+	}
+	if !users.HasTag(user, auth.TagMonitoring) {
+		return false
+	}
+	read := r.Method == http.MethodGet || r.Method == http.MethodHead
+	return read && !underAny(p, "/api/users", "/api/permissions", "/debug/pprof")
+}
+
+// underAny reports whether path is one of roots or below one.
+func underAny(path string, roots ...string) bool {
+	return slices.ContainsFunc(roots, func(root string) bool {
+		return path == root || strings.HasPrefix(path, root+"/")
+	})
+}
+
+// whoami answers who the request authenticated as:
+// {"name": "alice", "tags": ["administrator"]}; {"name": "", "tags": [],
+// "anonymous": true} while the node has no users.
+func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
+	type me struct {
+		Name      string   `json:"name"`
+		Tags      []string `json:"tags"`
+		Anonymous bool     `json:"anonymous,omitempty"`
+	}
+	users := s.cfg.Users
+	if users == nil || !users.HasUsers() {
+		writeJSON(w, http.StatusOK, me{Tags: []string{}, Anonymous: true})
+		return
+	}
+	name, _, _ := r.BasicAuth() // guard checked it
+	u, ok := users.User(name)
+	if !ok {
+		writeError(w, notFound("user %q not found", name))
+		return
+	}
+	writeJSON(w, http.StatusOK, me{Name: u.Name, Tags: u.Tags})
+}
