@@ -3,9 +3,9 @@ package node
 import (
 	"crypto/tls"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
