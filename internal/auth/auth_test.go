@@ -318,8 +318,8 @@ func TestAuthenticateConcurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	errs := make(chan error, 16)
-	for i := range 16 {
+	errs := make(chan error, 6)
+	for i := range 6 {
 		wg.Go(func() {
 			pw := "pw"
 			if i%2 == 1 {

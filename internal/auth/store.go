@@ -105,7 +105,7 @@ type Store struct {
 
 	// verified remembers, per user, an HMAC of the hash and the password
 	// of the last successful login, so that reconnects and the dashboard's
-	// polling do not pay argon2 each time. It is cleared on every change.
+	// polling do not pay argon2 each time.
 	macKey   [32]byte
 	vmu      sync.Mutex // guards verified
 	verified map[string][32]byte
@@ -233,9 +233,7 @@ func (s *Store) Authenticate(user, password string) (string, error) {
 		return "", ErrBadCredentials
 	}
 	s.vmu.Lock()
-	if s.state.Load() == st {
-		s.verified[user] = mac
-	}
+	s.verified[user] = mac
 	s.vmu.Unlock()
 	return user, nil
 }
@@ -441,8 +439,14 @@ func hasAdmin(users map[string]*entry) bool {
 // held.
 func (s *Store) publish(old *state, next map[string]*entry) {
 	s.state.Store(&state{version: old.version + 1, users: next})
+	// A remembered login binds the hash it was checked against, so one
+	// whose password changed no longer matches; only deleted users go.
 	s.vmu.Lock()
-	clear(s.verified)
+	for user := range s.verified {
+		if next[user] == nil {
+			delete(s.verified, user)
+		}
+	}
 	s.vmu.Unlock()
 	for _, fn := range s.onChange {
 		fn()
