@@ -22,11 +22,12 @@ func init() {
 	commands = append(commands, overviewCmd, connectionsCmd, queuesCmd)
 }
 
-// apiFlags are the flags of the tools that read the management API.
+// apiFlags are the flags of the tools that use the management API.
 type apiFlags struct {
 	api     string
 	timeout time.Duration
 	json    bool
+	sec     secFlags
 }
 
 func (a *apiFlags) add(cmd *cobra.Command) {
@@ -34,17 +35,31 @@ func (a *apiFlags) add(cmd *cobra.Command) {
 	if def == "" {
 		def = "http://127.0.0.1:7480"
 	}
-	cmd.Flags().StringVar(&a.api, "api", def, "management API URL (env COURIER_API)")
+	cmd.Flags().StringVar(&a.api, "api", def, "management API URL, http:// or https:// (env COURIER_API)")
 	cmd.Flags().DurationVar(&a.timeout, "timeout", 5*time.Second, "time limit for the request (0: none)")
 	cmd.Flags().BoolVar(&a.json, "json", false, "print the API's JSON")
+	a.sec.add(cmd, false)
 }
 
 // get fetches path from the management API; with v, it decodes the JSON
 // answer into it, else it returns the body as it came.
 func (a *apiFlags) get(ctx context.Context, path string, query url.Values, v any) ([]byte, error) {
+	return a.call(ctx, http.MethodGet, path, query, nil, nil, v)
+}
+
+// call sends a request to the management API with the flags' credentials:
+// body, when not nil, goes as JSON; hdr are extra headers (name, value
+// pairs). Any answer but 2xx is an error with the API's reason.
+func (a *apiFlags) call(ctx context.Context, method, path string, query url.Values, body any, hdr []string, v any) ([]byte, error) {
 	base, err := url.Parse(strings.TrimRight(a.api, "/"))
 	if err != nil || base.Scheme != "http" && base.Scheme != "https" || base.Host == "" {
 		return nil, fmt.Errorf("bad --api %q: want http://host:port", a.api)
+	}
+	user, pass := a.sec.user, a.sec.password
+	if base.User != nil {
+		user = base.User.Username()
+		pass, _ = base.User.Password()
+		base.User = nil
 	}
 	u := base.JoinPath(path)
 	u.RawQuery = query.Encode()
@@ -53,12 +68,37 @@ func (a *apiFlags) get(ctx context.Context, path string, query url.Values, v any
 		ctx, cancel = context.WithTimeout(ctx, a.timeout)
 		defer cancel()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Accept", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	if user != "" {
+		req.SetBasicAuth(user, pass)
+	}
+	hc := http.DefaultClient
+	tc, err := a.sec.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		hc = &http.Client{Transport: &http.Transport{TLSClientConfig: tc, Proxy: http.ProxyFromEnvironment}}
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
@@ -67,23 +107,30 @@ func (a *apiFlags) get(ctx context.Context, path string, query url.Values, v any
 		return nil, fmt.Errorf("cannot reach the management API at %s: %v (is `courier server` running, with --http on that address?)", base, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	out, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", u, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		var e struct{ Error, Reason string }
-		if json.Unmarshal(body, &e) == nil && e.Reason != "" {
-			return nil, fmt.Errorf("%s (HTTP %d from %s)", e.Reason, resp.StatusCode, u.Path)
+	if resp.StatusCode/100 != 2 {
+		var hint string
+		switch {
+		case resp.StatusCode == http.StatusUnauthorized && user == "":
+			hint = "; give --user and --password (or COURIER_USER and COURIER_PASSWORD)"
+		case resp.StatusCode == http.StatusUnauthorized:
+			hint = "; check --user and --password"
 		}
-		return nil, fmt.Errorf("HTTP %s from %s", resp.Status, u.Path)
+		var e struct{ Error, Reason string }
+		if json.Unmarshal(out, &e) == nil && e.Reason != "" {
+			return nil, fmt.Errorf("%s (HTTP %d from %s %s)%s", e.Reason, resp.StatusCode, method, u.Path, hint)
+		}
+		return nil, fmt.Errorf("HTTP %s from %s %s%s", resp.Status, method, u.Path, hint)
 	}
 	if v != nil {
-		if err := json.Unmarshal(body, v); err != nil {
+		if err := json.Unmarshal(out, v); err != nil {
 			return nil, fmt.Errorf("bad answer from %s: %w", u, err)
 		}
 	}
-	return body, nil
+	return out, nil
 }
 
 // printJSON writes an API answer indented.

@@ -74,7 +74,7 @@ func serverCmd() *cobra.Command {
 // newServerCmd returns the server command, its flags bound to sc.
 func newServerCmd(sc *serverConfig) *cobra.Command {
 	cfg := &sc.Config
-	var configPath string
+	var configPath, adminPasswordFile string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run a broker: clients on 127.0.0.1:7400, dashboard on http://127.0.0.1:7480, data in ./courier-data",
@@ -86,7 +86,15 @@ SIGTERM or SIGINT shuts the server down gracefully: it stops accepting,
 tells every client (CLOSE, code 16), lets requests in flight finish within
 --drain-timeout, and exits 0. A second signal closes at once. When a
 component the server cannot run without fails (more restarts than
---max-restarts within --restart-window), it exits 1.`,
+--max-restarts within --restart-window), it exits 1.
+
+SIGHUP reloads the users and permissions (<data>/users.json) and the TLS
+certificates, without dropping a connection.
+
+Without users the server listens on loopback addresses only. Create the
+first administrator on first start with COURIER_ADMIN_USER and
+COURIER_ADMIN_PASSWORD (or --admin-user and --admin-password-file); then
+manage users with 'courier users'.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Signals, not the command's context: the second one must be
@@ -114,6 +122,12 @@ component the server cannot run without fails (more restarts than
 				cfg.MemoryBudget = node.ByteSize(float64(node.MachineMemory()) * node.DefaultMemoryShare)
 			}
 			setMemoryLimit(log, cfg.MemoryBudget)
+			if err := adminPassword(cfg, adminPasswordFile); err != nil {
+				return err
+			}
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
 			n, err := node.Start(*cfg)
 			if err != nil && !httpSet && errors.Is(err, admin.ErrListen) && errors.Is(err, syscall.EADDRINUSE) {
 				// Only the default address is busy (another server on this
@@ -126,13 +140,19 @@ component the server cannot run without fails (more restarts than
 				return err
 			}
 			log.Info("courier server started", "node", n.Name(), "url", n.URL(), "http", n.HTTPURL(), "data", cfg.DataDir, "config", configPath)
-			select {
-			case err := <-n.Failed():
-				log.Error("exiting: a component the server cannot run without has failed", "err", err)
-				n.Close()
-				return fmt.Errorf("%w; exiting so that the service manager starts the server again", err)
-			case s := <-sigs:
-				log.Info("shutting down: draining requests in flight; a second signal closes at once", "signal", s.String(), "drain_timeout", cfg.DrainTimeout)
+		wait:
+			for {
+				select {
+				case err := <-n.Failed():
+					log.Error("exiting: a component the server cannot run without has failed", "err", err)
+					n.Close()
+					return fmt.Errorf("%w; exiting so that the service manager starts the server again", err)
+				case <-hup:
+					reload(n, log)
+				case s := <-sigs:
+					log.Info("shutting down: draining requests in flight; a second signal closes at once", "signal", s.String(), "drain_timeout", cfg.DrainTimeout)
+					break wait
+				}
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
@@ -155,8 +175,8 @@ component the server cannot run without fails (more restarts than
 	d := defaultServerConfig()
 	f := cmd.Flags()
 	f.StringVar(&configPath, "config", "", "configuration file (TOML); flags given override it")
-	f.StringVar(&cfg.Listen, "listen", d.Listen, "client listener address")
-	f.StringVar(&cfg.HTTP, "http", d.HTTP, `management API, metrics and dashboard address, loopback only ("" or "off": none)`)
+	f.StringVar(&cfg.Listen, "listen", d.Listen, "client listener address; loopback only until the node has users")
+	f.StringVar(&cfg.HTTP, "http", d.HTTP, `management API, metrics and dashboard address; loopback only until the node has users ("" or "off": none)`)
 	f.StringVar(&cfg.DataDir, "data", d.DataDir, "data directory")
 	f.StringVar(&cfg.Name, "name", d.Name, "node name")
 	f.DurationVar(&cfg.Heartbeat, "heartbeat", d.Heartbeat, "heartbeat interval; silent clients are cut after three")
@@ -172,6 +192,14 @@ component the server cannot run without fails (more restarts than
 	f.DurationVar(&l.MaxDeadline, "max-request-deadline", dl.MaxDeadline, "longest request deadline; requests without one get it (0: no maximum)")
 	f.IntVar(&cfg.Supervision.MaxRestarts, "max-restarts", d.Supervision.MaxRestarts, "restarts of a component allowed within --restart-window before it is marked failed")
 	f.DurationVar(&cfg.Supervision.RestartWindow, "restart-window", d.Supervision.RestartWindow, "period of the restart intensity")
+	f.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "PEM certificate (chain) file: the client listener speaks TLS only (courier+tls://)")
+	f.StringVar(&cfg.TLS.KeyFile, "tls-key", "", "PEM private key file of --tls-cert")
+	f.StringVar(&cfg.TLS.ClientCAFile, "tls-client-ca", "", "PEM file of CAs: require client certificates they signed")
+	f.StringVar(&cfg.HTTPTLS.CertFile, "http-tls-cert", "", "PEM certificate file: the management listener speaks HTTPS only")
+	f.StringVar(&cfg.HTTPTLS.KeyFile, "http-tls-key", "", "PEM private key file of --http-tls-cert")
+	f.StringVar(&cfg.AdminUser, "admin-user", os.Getenv("COURIER_ADMIN_USER"), "create this administrator on first start, when the data dir has no users (env COURIER_ADMIN_USER; password from COURIER_ADMIN_PASSWORD or --admin-password-file)")
+	f.StringVar(&adminPasswordFile, "admin-password-file", "", "file whose first line is the first administrator's password")
+	f.BoolVar(&cfg.MetricsAuth, "metrics-auth", false, "ask for credentials on /metrics too once there are users")
 	f.StringVar(&sc.Log.Level, "log-level", d.Log.Level, "debug, info, warn or error")
 	f.StringVar(&sc.Log.Format, "log-format", d.Log.Format, "text or json")
 	return cmd
@@ -203,4 +231,36 @@ func setMemoryLimit(log *slog.Logger, budget node.ByteSize) {
 	limit := int64(budget) + int64(budget)/2 + 32<<20
 	debug.SetMemoryLimit(limit)
 	log.Debug("Go memory limit set from the memory budget", "budget", budget.String(), "limit", node.ByteSize(limit).String())
+}
+
+// adminPassword sets the first administrator's password from
+// --admin-password-file or COURIER_ADMIN_PASSWORD, never from a flag's
+// value or the configuration file, which others may read.
+func adminPassword(cfg *node.Config, file string) error {
+	cfg.AdminPassword = os.Getenv("COURIER_ADMIN_PASSWORD")
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return fmt.Errorf("--admin-password-file: %w", err)
+		}
+		cfg.AdminPassword, _, _ = strings.Cut(string(b), "\n")
+		cfg.AdminPassword = strings.TrimRight(cfg.AdminPassword, "\r")
+	}
+	switch {
+	case cfg.AdminUser != "" && cfg.AdminPassword == "":
+		return errors.New("the first administrator needs a password: set COURIER_ADMIN_PASSWORD or --admin-password-file")
+	case cfg.AdminUser == "" && cfg.AdminPassword != "":
+		return errors.New("an administrator password without a name: set COURIER_ADMIN_USER or --admin-user")
+	}
+	return nil
+}
+
+// reload reloads users, permissions and TLS certificates, as on SIGHUP.
+// Connections stay open.
+func reload(n *node.Node, log *slog.Logger) {
+	if err := n.Reload(); err != nil {
+		log.Error("reload on SIGHUP failed; what was loaded stays in use", "err", err)
+		return
+	}
+	log.Info("reloaded on SIGHUP: users, permissions and certificates")
 }

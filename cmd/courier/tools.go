@@ -25,6 +25,7 @@ func init() {
 type connFlags struct {
 	url     string
 	timeout time.Duration
+	sec     secFlags
 }
 
 func (c *connFlags) add(cmd *cobra.Command) {
@@ -34,6 +35,7 @@ func (c *connFlags) add(cmd *cobra.Command) {
 	}
 	cmd.Flags().StringVar(&c.url, "url", def, "server URL (env COURIER_URL)")
 	cmd.Flags().DurationVar(&c.timeout, "timeout", 5*time.Second, "time limit for connecting and each request (0: none)")
+	c.sec.add(cmd, true)
 }
 
 // bound applies --timeout to ctx; 0 means no limit.
@@ -47,7 +49,16 @@ func (c *connFlags) bound(ctx context.Context) (context.Context, context.CancelF
 func (c *connFlags) dial(ctx context.Context) (*courier.Conn, error) {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
-	return client.Dial(ctx, c.url, client.Options{Name: "courier-cli"})
+	opts := client.Options{Name: "courier-cli"}
+	var err error
+	if opts.TLS, err = c.sec.tlsConfig(); err != nil {
+		return nil, err
+	}
+	// Credentials in the URL win over --user and the environment.
+	if _, u, err := client.ParseURL(c.url); err == nil && u.User == nil {
+		opts.User, opts.Password = c.sec.user, c.sec.password
+	}
+	return client.Dial(ctx, c.url, opts)
 }
 
 func parseHeaders(kvs []string) (map[string]string, error) {

@@ -25,8 +25,9 @@ var (
 	ErrBadTag = errors.New("auth: unknown user tag")
 	// ErrBadPattern is an invalid permission pattern.
 	ErrBadPattern = errors.New("auth: invalid permission pattern")
-	// ErrLastAdmin refuses a change that would leave users but no
-	// administrator, so that the management API stays manageable.
+	// ErrLastAdmin refuses a change that would leave no administrator,
+	// so that the management API stays manageable and the node never
+	// turns open by accident (deleting every user opens it).
 	ErrLastAdmin = errors.New("auth: the last administrator cannot be removed")
 	// ErrNoUsers refuses a change or reload that would leave no user
 	// while the node listens beyond loopback, where anonymous access is

@@ -414,13 +414,14 @@ func (s *Store) change(fn func(map[string]*User) error) error {
 	return nil
 }
 
-// guard refuses to leave users without an administrator, or no user at
-// all where users are required.
+// guard refuses to leave no administrator where there was one (deleting
+// the last user would also open the node to anonymous clients), or no
+// user at all where users are required.
 func (s *Store) guard(old, next map[string]*entry) error {
 	if s.require && len(next) == 0 {
 		return ErrNoUsers
 	}
-	if len(next) > 0 && hasAdmin(old) && !hasAdmin(next) {
+	if hasAdmin(old) && !hasAdmin(next) {
 		return ErrLastAdmin
 	}
 	return nil
