@@ -50,7 +50,9 @@ func TestCLIUsers(t *testing.T) {
 	if !strings.Contains(srv.stderr.String(), "administrator created") {
 		t.Errorf("server log lacks the first administrator:\n%s", srv.stderr.String())
 	}
-	as := func(args ...string) []string { return append(args, "--api", api, "--user", "admin", "--password", "adminpw") }
+	as := func(args ...string) []string {
+		return append(args, "--api", api, "--user", "admin", "--password", "adminpw")
+	}
 
 	cliFails(t, []string{"users", "list", "--api", api}, "credentials required", "--user")
 	cliFails(t, []string{"users", "list", "--api", api, "--user", "admin", "--password", "nope"}, "bad user name or password")
