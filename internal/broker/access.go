@@ -1,6 +1,8 @@
 package broker
 
 import (
+	"strings"
+
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/wire"
 )
@@ -92,7 +94,7 @@ func (s *Session) deny(op string, need auth.Perm, exchange string) *wire.Error {
 			s.remember(g, g.version, exchange, p|logged)
 		}
 	}
-	return wire.Errorf(wire.CodeUnauthorized, "access refused: user %q has no %s permission on exchange %q (%s)", s.user, need, exchange, op)
+	return wire.Errorf(wire.CodeUnauthorized, "access refused: user %q has no %s permission on exchange %q (%s)", s.user, strings.ReplaceAll(need.String(), "+", " or "), exchange, op)
 }
 
 // mayConfigure reports whether the session may declare or delete

@@ -276,3 +276,31 @@ func BenchmarkPermissionCheck(b *testing.B) {
 		s.allowed(auth.Write, "news")
 	}
 }
+
+// TestPermissionsTasks: SUBMIT needs write, WATCH write or read, a worker
+// read.
+func TestPermissionsTasks(t *testing.T) {
+	b := New(Config{Log: slog.New(slog.DiscardHandler)})
+	defer b.Close()
+	b.Open(dropSink{}, "admin").Handle(declareFrame(1, "jobs", wire.PatternTasks))
+	if b.Exchange("jobs") == nil {
+		t.Fatal("no tasks exchange")
+	}
+	pol := newFakePolicy()
+	pol.set("w", "jobs", auth.Read)
+	sink := newChanSink()
+	s := b.OpenAs(sink, "c", "w", pol)
+	s.Handle(&wire.Frame{Type: wire.TypeSubmit, Ref: 1, Flags: wire.FlagReply, Name: "jobs", Body: []byte("task")})
+	wantCode(t, sink.next(t), wire.TypeError, 1, wire.CodeUnauthorized)
+	s.Handle(&wire.Frame{Type: wire.TypeAttach, Ref: 2, Attach: 1, Name: "jobs", Aux: wire.RoleWorker})
+	f := sink.next(t)
+	for f.Type == wire.TypeEvent { // the worker group's leader event
+		f = sink.next(t)
+	}
+	wantCode(t, f, wire.TypeOK, 2, 0)
+	pol.set("w", "jobs", 0)
+	s.Handle(&wire.Frame{Type: wire.TypeAttach, Ref: 3, Attach: 2, Name: "jobs", Aux: wire.RoleWorker})
+	wantCode(t, sink.next(t), wire.TypeError, 3, wire.CodeUnauthorized)
+	s.Handle(&wire.Frame{Type: wire.TypeWatch, Ref: 4, Name: "jobs", Aux: 1})
+	wantCode(t, sink.next(t), wire.TypeError, 4, wire.CodeUnauthorized)
+}

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/queue"
 	"github.com/courier-mq/courier/wire"
 )
@@ -330,6 +331,11 @@ func queueError(op string, err error) error {
 // task's events follow it.
 func (s *Session) submit(f *wire.Frame) {
 	ref, flags := f.Ref, f.Flags
+	if !s.allowed(auth.Write, f.Name) {
+		s.sendError(ref, s.deny("submit", auth.Write, f.Name))
+		f.Release()
+		return
+	}
 	ex, err := s.b.lookup(f.Name)
 	if err == nil && ex.tq == nil {
 		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is %s: submit needs a task exchange", ex.name, ex.cfg.Pattern)
@@ -471,6 +477,11 @@ func taskEventFrame(ref uint64, ev queue.Event) *wire.Frame {
 // watchTask handles WATCH: the task's events, from now to its last one.
 func (s *Session) watchTask(f *wire.Frame) {
 	defer f.Release()
+	// Its submitter (write) or its workers (read) may follow a task.
+	if !s.allowed(auth.Write|auth.Read, f.Name) {
+		s.sendError(f.Ref, s.deny("watch", auth.Write|auth.Read, f.Name))
+		return
+	}
 	ex, err := s.b.lookup(f.Name)
 	if err == nil && ex.tq == nil {
 		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is %s: only tasks can be watched", ex.name, ex.cfg.Pattern)
