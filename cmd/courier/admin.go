@@ -47,6 +47,16 @@ func (a *apiFlags) get(ctx context.Context, path string, query url.Values, v any
 	return a.call(ctx, http.MethodGet, path, query, nil, nil, v)
 }
 
+// getOrPrint fetches path into v, or with --json prints the API's JSON
+// instead and reports that it did.
+func (a *apiFlags) getOrPrint(cmd *cobra.Command, path string, v any) (printed bool, err error) {
+	body, err := a.get(cmd.Context(), path, nil, v)
+	if err != nil || !a.json {
+		return false, err
+	}
+	return true, printJSON(cmd.OutOrStdout(), body)
+}
+
 // call sends a request to the management API with the flags' credentials:
 // body, when not nil, goes as JSON; hdr are extra headers (name, value
 // pairs). Any answer but 2xx is an error with the API's reason.
@@ -201,15 +211,10 @@ func overviewCmd() *cobra.Command {
 				MessageStats map[string]json.RawMessage `json:"message_stats"`
 				Listeners    []struct{ Protocol, Address string }
 			}
-			body, err := af.get(cmd.Context(), "/api/overview", nil, &o)
-			if err != nil {
+			if printed, err := af.getOrPrint(cmd, "/api/overview", &o); printed || err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			if af.json {
-				return printJSON(out, body)
-			}
-			tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 2, 4, 2, ' ', 0)
 			fmt.Fprintf(tw, "node\t%s (courier %s, %s), up %s\n", o.Node, o.CourierVersion, o.GoVersion, (time.Duration(o.Uptime) * time.Millisecond).Round(time.Second))
 			t := o.ObjectTotals
 			fmt.Fprintf(tw, "objects\t%d connections, %d exchanges, %d queues, %d attachments\n", t.Connections, t.Exchanges, t.Queues, t.Attachments)

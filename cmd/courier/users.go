@@ -57,15 +57,10 @@ func usersListCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var list []userInfo
-			body, err := af.get(cmd.Context(), "/api/users", nil, &list)
-			if err != nil {
+			if printed, err := af.getOrPrint(cmd, "/api/users", &list); printed || err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			if af.json {
-				return printJSON(out, body)
-			}
-			tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tTAGS\tCONFIGURE\tWRITE\tREAD")
 			for _, u := range list {
 				p := u.Permissions
@@ -100,11 +95,7 @@ it), monitoring (read only).`,
 				return err
 			}
 			body := map[string]any{"password": pw, "tags": append([]string{}, tags...)}
-			if _, err := af.call(cmd.Context(), http.MethodPut, "/api/users/"+url.PathEscape(name), nil, body, []string{"If-None-Match", "*"}, nil); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "user %s added\n", name)
-			return nil
+			return af.changeUser(cmd, http.MethodPut, name, body, []string{"If-None-Match", "*"}, "user %s added\n")
 		},
 	}
 	af.add(cmd)
@@ -123,12 +114,7 @@ func usersPasswdCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if _, err := af.call(cmd.Context(), http.MethodPut, "/api/users/"+url.PathEscape(args[0]), nil,
-				map[string]string{"password": pw}, []string{"If-Match", "*"}, nil); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "password of %s changed\n", args[0])
-			return nil
+			return af.changeUser(cmd, http.MethodPut, args[0], map[string]string{"password": pw}, []string{"If-Match", "*"}, "password of %s changed\n")
 		},
 	}
 	af.add(cmd)
@@ -142,15 +128,21 @@ func usersDeleteCmd() *cobra.Command {
 		Short: "Delete a user (its open connections lose every permission at once)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if _, err := af.call(cmd.Context(), http.MethodDelete, "/api/users/"+url.PathEscape(args[0]), nil, nil, nil, nil); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "user %s deleted\n", args[0])
-			return nil
+			return af.changeUser(cmd, http.MethodDelete, args[0], nil, nil, "user %s deleted\n")
 		},
 	}
 	af.add(cmd)
 	return cmd
+}
+
+// changeUser sends method to /api/users/{name} and says done (a format
+// taking the name) when it succeeds.
+func (a *apiFlags) changeUser(cmd *cobra.Command, method, name string, body any, hdr []string, done string) error {
+	if _, err := a.call(cmd.Context(), method, "/api/users/"+url.PathEscape(name), nil, body, hdr, nil); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), done, name)
+	return nil
 }
 
 func usersGrantCmd() *cobra.Command {

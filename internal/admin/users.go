@@ -71,12 +71,9 @@ func (s *Server) user(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
-		u, ok := users.User(name)
-		if !ok {
-			writeError(w, notFound("user %q not found", name))
-			return
+		if u, ok := findUser(w, users, name); ok {
+			writeJSON(w, http.StatusOK, u)
 		}
-		writeJSON(w, http.StatusOK, u)
 	case http.MethodPut:
 		var body userBody
 		if err := readBody(r, &body, false); err != nil {
@@ -142,12 +139,9 @@ func (s *Server) permissions(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("user")
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
-		u, ok := users.User(name)
-		if !ok {
-			writeError(w, notFound("user %q not found", name))
-			return
+		if u, ok := findUser(w, users, name); ok {
+			writeJSON(w, http.StatusOK, permissionRow{User: u.Name, Permissions: u.Permissions})
 		}
-		writeJSON(w, http.StatusOK, permissionRow{User: u.Name, Permissions: u.Permissions})
 	case http.MethodPut, http.MethodDelete:
 		p := auth.Permissions{Configure: auth.Patterns{}, Write: auth.Patterns{}, Read: auth.Patterns{}}
 		if r.Method == http.MethodPut {
@@ -166,6 +160,15 @@ func (s *Server) permissions(w http.ResponseWriter, r *http.Request) {
 	default:
 		methodNotAllowed(w, "GET, PUT, DELETE")
 	}
+}
+
+// findUser returns the user name, or answers 404.
+func findUser(w http.ResponseWriter, users *auth.Store, name string) (auth.Info, bool) {
+	u, ok := users.User(name)
+	if !ok {
+		writeError(w, notFound("user %q not found", name))
+	}
+	return u, ok
 }
 
 // requester names who made a request, for the log.
