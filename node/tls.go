@@ -12,11 +12,12 @@ import (
 type TLSFiles struct {
 	// CertFile and KeyFile are the server's certificate (chain) and
 	// private key. Setting both turns TLS on. Default: "" (plain TCP).
-	CertFile, KeyFile string
+	CertFile string `toml:"cert_file"`
+	KeyFile  string `toml:"key_file"`
 	// ClientCAFile, when set, makes the listener require a client
 	// certificate signed by one of the CAs it holds, and refuse clients
 	// without one. Default: "" (no client certificates asked).
-	ClientCAFile string
+	ClientCAFile string `toml:"client_ca_file"`
 }
 
 // Enabled reports whether f turns TLS on.

@@ -59,7 +59,7 @@ func wantWireCode(t *testing.T, err error, code wire.Code) *wire.Error {
 	return we
 }
 
-func dial(t *testing.T, url string, opts client.Options) (*courier.Conn, error) {
+func dialURL(t *testing.T, url string, opts client.Options) (*courier.Conn, error) {
 	t.Helper()
 	c, err := client.Dial(testutil.Context(t, 10*time.Second), url, opts)
 	if err == nil {
@@ -72,7 +72,7 @@ func TestAuthRefusesBadCredentials(t *testing.T) {
 	n := startSecure(t, node.TLSFiles{})
 	addr := n.Addr().String()
 
-	_, err := dial(t, "courier://admin:wrong-secret@"+addr, client.Options{})
+	_, err := dialURL(t, "courier://admin:wrong-secret@"+addr, client.Options{})
 	we := wantWireCode(t, err, wire.CodeUnauthorized)
 	if !we.Fatal || !strings.Contains(we.Msg, "bad user name or password") {
 		t.Fatalf("wrong password: %+v", we)
@@ -80,9 +80,9 @@ func TestAuthRefusesBadCredentials(t *testing.T) {
 	if strings.Contains(err.Error(), "wrong-secret") {
 		t.Fatalf("the error shows the password: %v", err)
 	}
-	_, err = dial(t, "courier://nobody:adminpw@"+addr, client.Options{})
+	_, err = dialURL(t, "courier://nobody:adminpw@"+addr, client.Options{})
 	wantWireCode(t, err, wire.CodeUnauthorized)
-	_, err = dial(t, "courier://"+addr, client.Options{})
+	_, err = dialURL(t, "courier://"+addr, client.Options{})
 	if we := wantWireCode(t, err, wire.CodeUnauthorized); !strings.Contains(we.Msg, "requires a user name and password") {
 		t.Fatalf("no credentials: %q", we.Msg)
 	}
@@ -100,14 +100,14 @@ func TestAuthRefusesBadCredentials(t *testing.T) {
 	}
 
 	// The right ones work, from the URL or the options.
-	c, err := dial(t, "courier://admin:adminpw@"+addr, client.Options{})
+	c, err := dialURL(t, "courier://admin:adminpw@"+addr, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.PubSub(testutil.Context(t, 5*time.Second), "news"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dial(t, "courier://"+addr, client.Options{User: "admin", Password: "adminpw"}); err != nil {
+	if _, err := dialURL(t, "courier://"+addr, client.Options{User: "admin", Password: "adminpw"}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -139,7 +139,7 @@ func TestPermissionDeniedKeepsConnection(t *testing.T) {
 		Write: auth.Patterns{"news"}, Read: auth.Patterns{"news", "svc"},
 	})
 
-	bob, err := dial(t, "courier://bob:bobpw@"+n.Addr().String(), client.Options{})
+	bob, err := dialURL(t, "courier://bob:bobpw@"+n.Addr().String(), client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestTLS(t *testing.T) {
 	roots := &tls.Config{RootCAs: ca.Pool}
 
 	for _, scheme := range []string{"courier+tls", "tls"} {
-		c, err := dial(t, scheme+"://admin:adminpw@"+addr, client.Options{TLS: roots})
+		c, err := dialURL(t, scheme+"://admin:adminpw@"+addr, client.Options{TLS: roots})
 		if err != nil {
 			t.Fatalf("%s: %v", scheme, err)
 		}
@@ -212,27 +212,27 @@ func TestTLS(t *testing.T) {
 		}
 	}
 	// Options.TLS turns TLS on with a courier:// URL.
-	if _, err := dial(t, "courier://admin:adminpw@"+addr, client.Options{TLS: roots}); err != nil {
+	if _, err := dialURL(t, "courier://admin:adminpw@"+addr, client.Options{TLS: roots}); err != nil {
 		t.Fatal(err)
 	}
 
 	// Plain TCP to the TLS port: a clear error, from the server itself.
-	_, err := dial(t, "courier://admin:adminpw@"+addr, client.Options{})
+	_, err := dialURL(t, "courier://admin:adminpw@"+addr, client.Options{})
 	if we := wantWireCode(t, err, wire.CodeProtocol); !strings.Contains(we.Msg, "courier+tls://") {
 		t.Fatalf("plain client on the TLS port: %q", we.Msg)
 	}
 	// A CA the client does not trust.
-	if _, err := dial(t, "courier+tls://admin:adminpw@"+addr, client.Options{}); err == nil || !strings.Contains(err.Error(), "certificate") {
+	if _, err := dialURL(t, "courier+tls://admin:adminpw@"+addr, client.Options{}); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("untrusted server certificate: %v", err)
 	}
 	// TLS to a plain port.
 	plain := startNode(t, time.Second)
-	_, err = dial(t, "courier+tls://"+plain.Addr().String(), client.Options{TLS: roots})
+	_, err = dialURL(t, "courier+tls://"+plain.Addr().String(), client.Options{TLS: roots})
 	if err == nil || !strings.Contains(err.Error(), "did not answer in TLS") {
 		t.Fatalf("TLS client on a plain port: %v", err)
 	}
 	// The plain server cut only that connection.
-	if _, err := dial(t, plain.URL(), client.Options{}); err != nil {
+	if _, err := dialURL(t, plain.URL(), client.Options{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -243,15 +243,15 @@ func TestTLSClientCertificates(t *testing.T) {
 	n := startSecure(t, node.TLSFiles{CertFile: sc.CertFile, KeyFile: sc.KeyFile, ClientCAFile: ca.File})
 	url := "courier+tls://admin:adminpw@" + n.Addr().String()
 
-	if _, err := dial(t, url, client.Options{TLS: &tls.Config{RootCAs: ca.Pool}}); err == nil || !strings.Contains(err.Error(), "certificate") {
+	if _, err := dialURL(t, url, client.Options{TLS: &tls.Config{RootCAs: ca.Pool}}); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("no client certificate: %v", err)
 	}
 	other := testutil.NewCA(t).Client("mallory")
-	if _, err := dial(t, url, client.Options{TLS: &tls.Config{RootCAs: ca.Pool, Certificates: []tls.Certificate{other.TLS}}}); err == nil {
+	if _, err := dialURL(t, url, client.Options{TLS: &tls.Config{RootCAs: ca.Pool, Certificates: []tls.Certificate{other.TLS}}}); err == nil {
 		t.Fatal("a client certificate from another CA was accepted")
 	}
 	good := ca.Client("alice")
-	c, err := dial(t, url, client.Options{TLS: &tls.Config{RootCAs: ca.Pool, Certificates: []tls.Certificate{good.TLS}}})
+	c, err := dialURL(t, url, client.Options{TLS: &tls.Config{RootCAs: ca.Pool, Certificates: []tls.Certificate{good.TLS}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,6 +259,6 @@ func TestTLSClientCertificates(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A client certificate does not replace the password.
-	_, err = dial(t, "courier+tls://"+n.Addr().String(), client.Options{TLS: &tls.Config{RootCAs: ca.Pool, Certificates: []tls.Certificate{good.TLS}}})
+	_, err = dialURL(t, "courier+tls://"+n.Addr().String(), client.Options{TLS: &tls.Config{RootCAs: ca.Pool, Certificates: []tls.Certificate{good.TLS}}})
 	wantWireCode(t, err, wire.CodeUnauthorized)
 }
