@@ -2,14 +2,12 @@ package main
 
 import (
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/testutil"
@@ -20,29 +18,13 @@ import (
 // client and API addresses, the data dir and the process.
 func secureServer(t *testing.T, extra ...string) (addr, api, dir string, srv *cliProc) {
 	t.Helper()
-	for attempt := 0; ; attempt++ {
-		addr, httpAddr := "127.0.0.1:"+cliFreePort(t), "127.0.0.1:"+cliFreePort(t)
-		dir = t.TempDir()
-		args := append([]string{"server", "--listen", addr, "--http", httpAddr, "--data", dir}, extra...)
-		srv = cliStart(t, "", []string{"COURIER_ADMIN_USER=admin", "COURIER_ADMIN_PASSWORD=adminpw"}, args...)
-		var err error
-		up := func() bool {
-			var c net.Conn
-			if c, err = net.DialTimeout("tcp", httpAddr, time.Second); err == nil {
-				c.Close()
-				return true
-			}
-			return false
-		}
-		testutil.Eventually(cliWait, func() bool { return up() || srv.exited() })
-		if err == nil {
-			srv.waitStderr(t, "courier server started")
-			return addr, "http://" + httpAddr, dir, srv
-		}
-		if !srv.exited() || attempt == 2 {
-			t.Fatalf("server not up: %v\nstderr:\n%s", err, srv.stderr.String())
-		}
-	}
+	addr, httpAddr := "127.0.0.1:"+cliFreePort(t), "127.0.0.1:"+cliFreePort(t)
+	dir = t.TempDir()
+	args := append([]string{"server", "--listen", addr, "--http", httpAddr, "--data", dir}, extra...)
+	srv = cliStart(t, "", []string{"COURIER_ADMIN_USER=admin", "COURIER_ADMIN_PASSWORD=adminpw"}, args...)
+	cliAccepting(t, srv, httpAddr)
+	srv.waitStderr(t, "courier server started")
+	return addr, "http://" + httpAddr, dir, srv
 }
 
 func TestCLIUsers(t *testing.T) {
