@@ -93,7 +93,7 @@ type Config struct {
 	// connections' buffers: leave room for them. -1: no budget. Default:
 	// 40% of the machine's memory (or its cgroup limit).
 	MemoryBudget ByteSize `toml:"memory_budget"`
-		// DrainTimeout bounds how long [Node.Shutdown] waits for requests in
+	// DrainTimeout bounds how long [Node.Shutdown] waits for requests in
 	// flight to finish. Default: 10s.
 	DrainTimeout time.Duration `toml:"drain_timeout"`
 	// Limits protect the node from clients that ask too much.
@@ -289,7 +289,7 @@ func Start(cfg Config) (*Node, error) {
 		cfg: cfg,
 		broker: broker.New(broker.Config{
 			Node: cfg.Name, Log: cfg.Log, Supervised: true,
-			Memory: cfg.memory(),
+			Memory:      cfg.memory(),
 			MaxInflight: cfg.Limits.MaxInflight, MaxAttachments: cfg.Limits.MaxAttachments, MaxDeadline: cfg.Limits.MaxDeadline,
 		}),
 		sup: supervise.New(supervise.Config{
