@@ -67,8 +67,8 @@ type durability struct {
 	pending *recovering // between recover and build
 
 	memAlarm, diskAlarm bool // as last logged, by loop
-	stop    chan struct{}
-	done    chan struct{}
+	stop                chan struct{}
+	done                chan struct{}
 }
 
 func (d *durability) newID() uint32 {
