@@ -188,3 +188,56 @@ func restartKeepsTasks(t *testing.T, checkpoint bool) {
 		t.Fatal("the durable subscription's binding did not survive")
 	}
 }
+
+// TestDeleteReleasesRecords: deleting a durable task exchange releases
+// every record of its queue, tasks in flight included, so that the
+// store's segments can go; the exchange does not come back at restart.
+func TestDeleteReleasesRecords(t *testing.T) {
+	dir := t.TempDir()
+	ctx := testutil.Context(t, 30*time.Second)
+	n, err := node.Start(node.Config{DataDir: dir, Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := n.Connect()
+	ex, err := c.Tasks(ctx, "doomed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		if _, err := ex.Submit(ctx, courier.Task{Body: make([]byte, 100)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := make(chan struct{}, 10)
+	if _, err := ex.Work(ctx, func(j *courier.Job) error { j.Defer(); held <- struct{}{}; return nil }, courier.Prefetch(10)); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		<-held
+	}
+	live := n.Broker().Store().Stats().LiveRecords
+	if live < 100 {
+		t.Fatalf("%d live records with 100 tasks queued", live)
+	}
+	if err := c.DeleteExchange(ctx, "doomed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Broker().Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	// What may stay: the definition's records until the next checkpoint
+	// releases them.
+	if live := n.Broker().Store().Stats().LiveRecords; live > 2 {
+		t.Fatalf("%d records still live after the exchange was deleted", live)
+	}
+	n.Close()
+	n, err = node.Start(node.Config{DataDir: dir, Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if n.Broker().Exchange("doomed") != nil {
+		t.Fatal("the deleted exchange came back")
+	}
+}

@@ -174,8 +174,9 @@ func (b *Broker) OpenStore(cfg StoreConfig) (*store.Recovery, error) {
 // recovering is the state rebuilt from a checkpoint and the records
 // after it, before the queues are built.
 type recovering struct {
-	defs map[uint32]queueDef
-	rbs  map[uint32]*queue.Rebuilder
+	defs    map[uint32]queueDef
+	rbs     map[uint32]*queue.Rebuilder
+	orphans map[uint32][]store.Ref // records of queues that are gone
 }
 
 var stateMagic = [4]byte{'C', 'B', 'S', 'T'}
@@ -183,7 +184,7 @@ var stateMagic = [4]byte{'C', 'B', 'S', 'T'}
 // recover reads the checkpoint's state and replays the log into
 // rebuilders, one per durable queue.
 func (d *durability) recover(rec *store.Recovery) error {
-	r := &recovering{defs: map[uint32]queueDef{}, rbs: map[uint32]*queue.Rebuilder{}}
+	r := &recovering{defs: map[uint32]queueDef{}, rbs: map[uint32]*queue.Rebuilder{}, orphans: map[uint32][]store.Ref{}}
 	if rec.CheckpointErr != nil {
 		d.b.log.Warn("store: checkpoint unusable; rebuilding from the whole log", "err", rec.CheckpointErr)
 	}
@@ -220,7 +221,13 @@ func (d *durability) recover(rec *store.Recovery) error {
 		}
 		rb := r.rbs[x.Queue]
 		if rb == nil {
-			return nil // a queue deleted since
+			// A queue deleted since, whose records were not all released
+			// before the node stopped: release them now, so that their
+			// segments can go.
+			if x.Kind != store.KindRelease {
+				r.orphans[x.Queue] = append(r.orphans[x.Queue], x.Ref)
+			}
+			return nil
 		}
 		e := queue.Entry{Ref: fromStore(x.Ref), Kind: queue.Kind(x.Kind), Payload: x.Payload}
 		if x.Kind == store.KindRelease {
@@ -292,6 +299,15 @@ func (d *durability) build() error {
 	}
 	if len(ids) > 0 {
 		b.log.Info("store: durable queues recovered", "queues", len(ids), "messages", tasks)
+	}
+	for id, refs := range r.orphans {
+		if _, live := r.defs[id]; live {
+			continue
+		}
+		if err := d.log.Release(id, refs, nil); err != nil {
+			b.log.Warn("store: releasing the records of a deleted queue failed", "queue_id", id, "err", err)
+		}
+		d.log.DropRuns(id)
 	}
 	return nil
 }

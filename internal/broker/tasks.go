@@ -54,6 +54,8 @@ type taskQueue struct {
 	// the one that receives in single-active mode.
 	attachMu sync.Mutex
 
+	consumers map[*Attachment]struct{} // guarded by attachMu
+
 	defMu   sync.Mutex // guards def, binding
 	def     queueDef
 	binding *Attachment // durable subscription: its subscriber in ex
@@ -544,6 +546,10 @@ func (tq *taskQueue) attachConsumer(a *Attachment, prefetch int) error {
 	c, err := tq.q.AddConsumer(a.member, queue.ConsumerConfig{Prefetch: prefetch, Tag: tag, Deliver: a.deliverTask})
 	if err == nil {
 		a.consumer.Store(c)
+		if tq.consumers == nil {
+			tq.consumers = make(map[*Attachment]struct{})
+		}
+		tq.consumers[a] = struct{}{}
 	}
 	a.tmu.Unlock()
 	if err != nil {
@@ -563,6 +569,7 @@ func (tq *taskQueue) detachConsumer(a *Attachment) {
 	if c := a.consumer.Swap(nil); c != nil {
 		tq.q.RemoveConsumer(c)
 	}
+	delete(tq.consumers, a)
 	if a.role == wire.RoleWorker {
 		tq.ex.leave(a)
 	}
@@ -734,14 +741,12 @@ func (b *Broker) dropQueue(tq *taskQueue, why string) {
 	// queue, then everything is purged: every record of the queue is
 	// released, and its segments can go. Durable subscribers are told; a
 	// task exchange's workers were, with the exchange.
-	b.mu.RLock()
-	var consumers []*Attachment
-	for _, a := range b.members {
-		if a.tq == tq {
-			consumers = append(consumers, a)
-		}
+	tq.attachMu.Lock()
+	consumers := make([]*Attachment, 0, len(tq.consumers))
+	for a := range tq.consumers {
+		consumers = append(consumers, a)
 	}
-	b.mu.RUnlock()
+	tq.attachMu.Unlock()
 	for _, a := range consumers {
 		tq.detachConsumer(a)
 		if a.role == wire.RoleSubscriber {
