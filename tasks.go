@@ -58,6 +58,30 @@ func DeadLetter(exchange string) ExchangeOption {
 	return exchangeOptionFunc(func(e *ExchangeSpec) { e.DeadLetter = exchange })
 }
 
+// MaxLength bounds a task queue to n tasks (ready, delayed and unacked);
+// a submit to a full queue fails with [ErrQueueFull] unless the queue
+// drops its head ([DropHead]).
+func MaxLength(n int64) ExchangeOption {
+	return exchangeOptionFunc(func(e *ExchangeSpec) { e.MaxLength = n })
+}
+
+// MaxBytes bounds the body bytes of the tasks a queue holds, as
+// [MaxLength] bounds their number.
+func MaxBytes(n int64) ExchangeOption {
+	return exchangeOptionFunc(func(e *ExchangeSpec) { e.MaxBytes = n })
+}
+
+// DropHead makes a full queue ([MaxLength], [MaxBytes]) dead-letter its
+// oldest ready task of the lowest priority to take a new one, instead of
+// refusing the new one.
+func DropHead() ExchangeOption {
+	return exchangeOptionFunc(func(e *ExchangeSpec) { e.Overflow = wire.OverflowDropHead })
+}
+
+// ErrQueueFull is the error of a submit to a full task queue. It also
+// matches [ErrLimit].
+var ErrQueueFull = &wire.Error{Code: wire.CodeQueueFull}
+
 // Tasks declares a task exchange, durable unless [Transient], or opens
 // the existing one.
 func (c *Conn) Tasks(ctx context.Context, name string, opts ...ExchangeOption) (*Tasks, error) {

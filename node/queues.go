@@ -43,8 +43,9 @@ func (s queueSource) Queue(name string) (admin.QueueInfo, bool) {
 
 // CreateQueue declares a task exchange of that name. The RabbitMQ
 // arguments that map onto its options are understood:
-// x-message-ttl (ms), x-dead-letter-exchange, x-delivery-limit and
-// x-single-active-consumer.
+// x-message-ttl (ms), x-dead-letter-exchange, x-delivery-limit,
+// x-single-active-consumer, x-max-length, x-max-length-bytes and
+// x-overflow (reject-publish or drop-head).
 func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.QueueInfo, bool, error) {
 	cfg := wire.ExchangeConfig{Pattern: wire.PatternTasks, Transient: !spec.Durable}
 	for k, v := range spec.Arguments {
@@ -52,16 +53,27 @@ func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.Queue
 			return wire.Errorf(wire.CodeBadOptions, "queue %q: argument %s: bad value %v", name, k, v)
 		}
 		switch k {
-		case "x-message-ttl", "x-delivery-limit":
+		case "x-message-ttl", "x-delivery-limit", "x-max-length", "x-max-length-bytes":
 			n, ok := v.(float64)
 			if !ok || n < 0 || n != float64(int64(n)) {
 				return admin.QueueInfo{}, false, bad()
 			}
-			if k == "x-message-ttl" {
+			switch k {
+			case "x-message-ttl":
 				cfg.TTLMS = int64(n)
-			} else {
+			case "x-delivery-limit":
 				cfg.MaxAttempts = int(n)
+			case "x-max-length":
+				cfg.MaxLength = int64(n)
+			default:
+				cfg.MaxBytes = int64(n)
 			}
+		case "x-overflow":
+			str, ok := v.(string)
+			if !ok {
+				return admin.QueueInfo{}, false, bad()
+			}
+			cfg.Overflow = str
 		case "x-dead-letter-exchange":
 			str, ok := v.(string)
 			if !ok {

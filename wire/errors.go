@@ -35,6 +35,7 @@ const (
 	CodeTooManyAttachments Code = 22 // the connection's attachment limit
 	CodeTooManyInflight    Code = 23 // the connection's limit of requests in flight
 	CodeDeadlineTooLong    Code = 24 // a request's deadline over the server's maximum
+	CodeQueueFull          Code = 25 // a task queue at its max_length or max_bytes refused a submit
 	CodeStorage            Code = 30 // the store failed: the message may not be durable
 )
 
@@ -49,7 +50,7 @@ var codeNames = [...]string{
 	CodeSlowConsumer: "slow consumer", CodeExchangeDeleted: "exchange deleted",
 	CodeTooManyConns: "too many connections", CodeTooManyAttachments: "too many attachments",
 	CodeTooManyInflight: "too many requests in flight", CodeDeadlineTooLong: "deadline too long",
-	CodeStorage: "storage error",
+	CodeQueueFull: "queue full", CodeStorage: "storage error",
 }
 
 // String returns the short name of c, such as "no handler".
@@ -76,9 +77,9 @@ func (e *Error) Error() string {
 }
 
 // IsLimit reports whether c says a configured limit was reached: code 14
-// or one of the specific limit codes from 21 to 24.
+// or one of the specific limit codes from 21 to 25.
 func (c Code) IsLimit() bool {
-	return c == CodeLimit || c >= CodeTooManyConns && c <= CodeDeadlineTooLong
+	return c == CodeLimit || c >= CodeTooManyConns && c <= CodeQueueFull
 }
 
 // Is makes errors.Is match any *Error with the same Code. A target with

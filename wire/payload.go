@@ -81,7 +81,22 @@ type ExchangeConfig struct {
 	// for good: a task exchange (they are submitted to it) or a pub-sub
 	// exchange (they are published with their key). Empty drops them.
 	DeadLetter string `json:"dead_letter,omitempty"`
+	// MaxLength and MaxBytes bound the tasks a queue holds (ready,
+	// delayed and unacked) and their body bytes; 0: no bound. Overflow
+	// says what a submit to a full queue does: OverflowReject (the
+	// default) refuses it with CodeQueueFull, OverflowDropHead
+	// dead-letters the oldest ready task of the lowest priority to make
+	// room.
+	MaxLength int64  `json:"max_length,omitempty"`
+	MaxBytes  int64  `json:"max_bytes,omitempty"`
+	Overflow  string `json:"overflow,omitempty"`
 }
+
+// Overflow policies of a bounded task queue, as RabbitMQ names them.
+const (
+	OverflowReject   = "reject-publish"
+	OverflowDropHead = "drop-head"
+)
 
 // ExchangeInfo describes an exchange in OK bodies of DECLARE and LIST.
 type ExchangeInfo struct {
@@ -104,6 +119,9 @@ type ExchangeInfo struct {
 	BackoffMS    int64      `json:"backoff_ms,omitempty"`
 	BackoffMaxMS int64      `json:"backoff_max_ms,omitempty"`
 	DeadLetter   string     `json:"dead_letter,omitempty"`
+	MaxLength    int64      `json:"max_length,omitempty"`
+	MaxBytes     int64      `json:"max_bytes,omitempty"`
+	Overflow     string     `json:"overflow,omitempty"`
 	Queue        *QueueInfo `json:"queue,omitempty"`
 }
 

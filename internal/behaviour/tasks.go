@@ -501,6 +501,42 @@ func (s *suite) testTasks(t *testing.T) {
 		}
 		mustErr(t, e.c.DeleteQueue(e.ctx, qname), courier.ErrNotFound, "delete it again")
 	})
+	t.Run("MaxLength", func(t *testing.T) {
+		e := s.env(t)
+		ex := e.tasks(courier.MaxLength(3))
+		e.submit(ex, 3, "")
+		_, err := ex.Submit(e.ctx, courier.Task{Body: []byte("one too many")})
+		mustErr(t, err, courier.ErrQueueFull, "submit to a full queue")
+		mustErr(t, err, courier.ErrLimit, "submit to a full queue")
+		// Room comes back as tasks are acked.
+		var js jobs
+		e.work(ex.Name(), js.ack)
+		js.waitLen(t, 3)
+		testutil.WaitForf(t, wait, func() bool {
+			q := exInfo(e, ex.Name()).Queue
+			return q != nil && q.Messages == 0
+		}, "queue drained")
+		e.submit(ex, 3, "")
+	})
+	t.Run("DropHead", func(t *testing.T) {
+		e := s.env(t)
+		dlx := e.tasks()
+		ex := e.tasks(courier.MaxLength(2), courier.DropHead(), courier.DeadLetter(dlx.Name()))
+		e.submit(ex, 5, "")
+		var dead, live jobs
+		e.work(dlx.Name(), dead.ack)
+		got := dead.waitLen(t, 3)
+		for i, j := range got[:3] {
+			if string(j.Body) != strconv.Itoa(i) || j.Header["x-death-reason"] != "max length" {
+				t.Fatalf("dropped %d: body %q reason %q; want the oldest first, reason max length", i, j.Body, j.Header["x-death-reason"])
+			}
+		}
+		e.work(ex.Name(), live.ack)
+		kept := live.waitLen(t, 2)
+		if string(kept[0].Body) != "3" || string(kept[1].Body) != "4" {
+			t.Fatalf("kept %q and %q, want the newest two", kept[0].Body, kept[1].Body)
+		}
+	})
 	t.Run("Errors", func(t *testing.T) {
 		e := s.env(t)
 		ps := e.pubsub()

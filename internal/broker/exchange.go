@@ -100,8 +100,9 @@ func newExchange(b *Broker, name string, spec Spec) (*Exchange, error) {
 	default:
 		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: unknown pattern %q (reqresp, pubsub or tasks)", name, cfg.Pattern)
 	}
-	if cfg.Pattern != wire.PatternTasks && (cfg.Transient || cfg.MaxAttempts != 0 || cfg.TTLMS != 0 || cfg.BackoffMS != 0 || cfg.BackoffMaxMS != 0 || cfg.DeadLetter != "") {
-		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: transient, max_attempts, ttl_ms, backoff and dead_letter are options of task exchanges", name)
+	if cfg.Pattern != wire.PatternTasks && (cfg.Transient || cfg.MaxAttempts != 0 || cfg.TTLMS != 0 || cfg.BackoffMS != 0 || cfg.BackoffMaxMS != 0 || cfg.DeadLetter != "" ||
+		cfg.MaxLength != 0 || cfg.MaxBytes != 0 || cfg.Overflow != "") {
+		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: transient, max_attempts, ttl_ms, backoff, dead_letter, max_length, max_bytes and overflow are options of task exchanges", name)
 	}
 	ex.view.Store(&view{all: &group{}, byTag: map[string]*group{}})
 	return ex, nil
@@ -207,6 +208,7 @@ func (ex *Exchange) Info() wire.ExchangeInfo {
 		c := ex.cfg
 		info.Transient, info.MaxAttempts, info.TTLMS, info.DeadLetter = c.Transient, c.MaxAttempts, c.TTLMS, c.DeadLetter
 		info.BackoffMS, info.BackoffMaxMS = c.BackoffMS, c.BackoffMaxMS
+		info.MaxLength, info.MaxBytes, info.Overflow = c.MaxLength, c.MaxBytes, c.Overflow
 		info.Queue = ex.tq.info()
 	}
 	return info

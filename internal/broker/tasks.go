@@ -110,7 +110,39 @@ func checkTaskConfig(name string, cfg *wire.ExchangeConfig, spec Spec) error {
 	if _, err := queueConfig(*cfg); err != nil {
 		return wire.Errorf(wire.CodeBadOptions, "exchange %q: %v", name, err)
 	}
+	if cfg.MaxLength < 0 || cfg.MaxBytes < 0 {
+		return wire.Errorf(wire.CodeBadOptions, "exchange %q: max_length and max_bytes must not be negative", name)
+	}
+	switch cfg.Overflow {
+	case "", wire.OverflowReject, wire.OverflowDropHead:
+	default:
+		return wire.Errorf(wire.CodeBadOptions, "exchange %q: unknown overflow %q (%s or %s)", name, cfg.Overflow, wire.OverflowReject, wire.OverflowDropHead)
+	}
 	return nil
+}
+
+// full reports whether a task queue bounded by max_length or max_bytes
+// cannot take a task of size bytes; with overflow drop-head it first
+// drops ready tasks from its head to make room. Concurrent submits may
+// pass the bound by as many tasks as there are submitters.
+func (tq *taskQueue) full(size int) bool {
+	c := &tq.ex.cfg
+	if c.MaxLength <= 0 && c.MaxBytes <= 0 {
+		return false
+	}
+	for {
+		st := tq.q.Stats()
+		over := c.MaxLength > 0 && st.Messages() >= c.MaxLength || c.MaxBytes > 0 && st.Bytes+int64(size) > c.MaxBytes
+		if !over {
+			return false
+		}
+		if c.Overflow != wire.OverflowDropHead {
+			return true
+		}
+		if dropped, _ := tq.q.DropHead(); !dropped {
+			return true // nothing it may drop: refuse instead
+		}
+	}
 }
 
 // taskMatches checks the task options of a declaration against ex.
@@ -132,6 +164,12 @@ func (ex *Exchange) taskMatches(c wire.ExchangeConfig) error {
 		return clash("backoff_max_ms", have.BackoffMaxMS, c.BackoffMaxMS)
 	case c.DeadLetter != "" && c.DeadLetter != have.DeadLetter:
 		return clash("dead_letter", have.DeadLetter, c.DeadLetter)
+	case c.MaxLength != 0 && c.MaxLength != have.MaxLength:
+		return clash("max_length", have.MaxLength, c.MaxLength)
+	case c.MaxBytes != 0 && c.MaxBytes != have.MaxBytes:
+		return clash("max_bytes", have.MaxBytes, c.MaxBytes)
+	case c.Overflow != "" && c.Overflow != have.Overflow:
+		return clash("overflow", have.Overflow, c.Overflow)
 	}
 	return nil
 }
@@ -365,6 +403,10 @@ func (s *Session) submit(f *wire.Frame) {
 	s.stats.Publishes.Add(1)
 	if s.lastQueue.Load() != ex.tq {
 		s.lastQueue.Store(ex.tq)
+	}
+	if ex.tq.full(len(m.Body)) {
+		s.sendError(ref, wire.Errorf(wire.CodeQueueFull, "submit to %s: the queue is full (max_length %d, max_bytes %d)", ex.name, ex.cfg.MaxLength, ex.cfg.MaxBytes))
+		return
 	}
 	id, err := ex.tq.q.Enqueue(m, confirm, watch)
 	if err != nil {
