@@ -93,10 +93,17 @@ type Config struct {
 	// connections' buffers: leave room for them. -1: no budget. Default:
 	// 40% of the machine's memory (or its cgroup limit).
 	MemoryBudget ByteSize `toml:"memory_budget"`
-	// DrainTimeout bounds how long [Node.Shutdown] waits for requests in
+	// MinFreeDisk is the free space of the data directory's file system
+	// under which the disk alarm goes on: publishers of durable queues get
+	// no credit until it is back (consumers go on, and their acks free
+	// space). -1: no check. Default: 1 GiB.
+	MinFreeDisk ByteSize `toml:"min_free_disk"`
+		// DrainTimeout bounds how long [Node.Shutdown] waits for requests in
 	// flight to finish. Default: 10s.
 	DrainTimeout time.Duration `toml:"drain_timeout"`
-	// Limits protect the node from clients that ask too much.
+	// tuneStore, set by tests, adjusts the store's options.
+	tuneStore func(*store.Options)
+		// Limits protect the node from clients that ask too much.
 	Limits Limits `toml:"limits"`
 	// Supervision sets the restart intensity of the node's components.
 	Supervision Supervision `toml:"supervision"`
@@ -224,6 +231,7 @@ func (c Config) Validate() error {
 	}{
 		{"drain_timeout", c.DrainTimeout < 0},
 		{"memory_budget", c.MemoryBudget < -1},
+		{"min_free_disk", c.MinFreeDisk < -1},
 		{"heartbeat", c.Heartbeat < 0},
 		{"limits.max_frame", l.MaxFrame < 0 || l.MaxFrame > 1<<30},
 		{"limits.max_connections", l.MaxConns < 0},
@@ -300,11 +308,17 @@ func Start(cfg Config) (*Node, error) {
 	}
 	users.OnChange(func() { n.broker.Reauthorize() })
 	sc := broker.StoreConfig{Dir: filepath.Join(cfg.DataDir, "store")}
+	so := store.DefaultOptions()
 	if cfg.SyncInterval > 0 {
-		o := store.DefaultOptions()
-		o.Sync, o.SyncInterval = store.Interval, cfg.SyncInterval
-		sc.Options = &o
+		so.Sync, so.SyncInterval = store.Interval, cfg.SyncInterval
 	}
+	if cfg.MinFreeDisk != 0 {
+		so.MinFreeDisk = int64(cfg.MinFreeDisk)
+	}
+	if cfg.tuneStore != nil {
+		cfg.tuneStore(&so)
+	}
+	sc.Options = &so
 	rec, err := n.broker.OpenStore(sc)
 	if err != nil {
 		n.broker.Close()

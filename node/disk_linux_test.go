@@ -1,0 +1,118 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/client"
+	"github.com/courier-mq/courier/internal/store"
+	"github.com/courier-mq/courier/internal/testutil"
+	"github.com/courier-mq/courier/node"
+)
+
+// TestFullDisk runs a node on a small tmpfs of its own and fills it with
+// durable tasks: past the free-space minimum the disk alarm holds the
+// publisher (no credit) before the disk is full, nothing confirmed is
+// lost, no submit fails, and once a worker has drained the queue and the
+// store has deleted its segments, publishing resumes. It needs root to
+// mount the tmpfs, and is skipped without.
+func TestFullDisk(t *testing.T) {
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=24m"); err != nil {
+		t.Skipf("cannot mount a tmpfs (root needed): %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	cfg := node.Config{DataDir: dir, Log: quiet(), Listen: "127.0.0.1:0", MinFreeDisk: 8 << 20}
+	cfg.Limits.Credit = 16
+	node.TuneStore(&cfg, func(o *store.Options) {
+		o.SegmentSize, o.MaxRecordSize, o.DiskCheckInterval = 1<<20, 256<<10, 10*time.Millisecond
+	})
+	n, err := node.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	ctx := testutil.Context(t, time.Minute)
+	c, err := client.Dial(ctx, n.URL(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ex, err := c.Tasks(ctx, "fill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 64<<10)
+	const attempts = 600 // 37.5 MiB: more than the file system holds
+	var mu sync.Mutex
+	confirmed, failed := 0, 0
+	submit := func(ctx context.Context) error {
+		return ex.SubmitAsync(ctx, courier.Task{Body: body}, func(_ courier.TaskID, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed++
+				t.Errorf("submit failed: %v", err)
+				return
+			}
+			confirmed++
+		})
+	}
+	sent := 0
+	for ; sent < attempts; sent++ {
+		sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		err := submit(sctx)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	log := n.Broker().Store()
+	var st syscall.Statfs_t
+	syscall.Statfs(dir, &st)
+	t.Logf("held back after %d submits of 64 KiB: disk alarm %v, %d KiB free of 24 MiB", sent, log.DiskAlarm(), st.Bavail*uint64(st.Bsize)>>10)
+	if sent == attempts {
+		t.Fatalf("all %d submits went through on a 24 MiB disk", attempts)
+	}
+	if !log.DiskAlarm() {
+		t.Fatal("held back without a disk alarm")
+	}
+	if log.Stats().Failed {
+		t.Fatal("the store failed: the disk filled up before the alarm held the publisher")
+	}
+	// A worker drains; the store deletes the dead segments after a
+	// checkpoint; the alarm clears; the publisher goes on.
+	var handled sync.WaitGroup
+	handled.Add(attempts)
+	if _, err := ex.Work(ctx, func(*courier.Job) error { handled.Done(); return nil }, courier.Prefetch(20)); err != nil {
+		t.Fatal(err)
+	}
+	for ; sent < attempts; sent++ {
+		if err := submit(ctx); err != nil {
+			t.Fatalf("submit %d after the worker came: %v", sent, err)
+		}
+	}
+	done := make(chan struct{})
+	go func() { handled.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("not every task was handled")
+	}
+	testutil.WaitForf(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return confirmed+failed == attempts
+	}, "every submit answered")
+	if failed > 0 || log.Stats().Failed {
+		t.Fatalf("%d submits failed; store failed: %v", failed, log.Stats().Failed)
+	}
+}
