@@ -98,12 +98,12 @@ type Config struct {
 	// no credit until it is back (consumers go on, and their acks free
 	// space). -1: no check. Default: 1 GiB.
 	MinFreeDisk ByteSize `toml:"min_free_disk"`
-		// DrainTimeout bounds how long [Node.Shutdown] waits for requests in
+	// DrainTimeout bounds how long [Node.Shutdown] waits for requests in
 	// flight to finish. Default: 10s.
 	DrainTimeout time.Duration `toml:"drain_timeout"`
 	// tuneStore, set by tests, adjusts the store's options.
 	tuneStore func(*store.Options)
-		// Limits protect the node from clients that ask too much.
+	// Limits protect the node from clients that ask too much.
 	Limits Limits `toml:"limits"`
 	// Supervision sets the restart intensity of the node's components.
 	Supervision Supervision `toml:"supervision"`
