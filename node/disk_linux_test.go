@@ -2,7 +2,6 @@ package node_test
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"syscall"
 	"testing"
@@ -63,18 +62,7 @@ func TestFullDisk(t *testing.T) {
 			confirmed++
 		})
 	}
-	sent := 0
-	for ; sent < attempts; sent++ {
-		sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		err := submit(sctx)
-		cancel()
-		if errors.Is(err, context.DeadlineExceeded) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	sent := submitUntilHeld(t, ctx, attempts, submit)
 	log := n.Broker().Store()
 	var st syscall.Statfs_t
 	syscall.Statfs(dir, &st)

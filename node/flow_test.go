@@ -60,19 +60,7 @@ func flowControl(t *testing.T, remote bool) {
 			confirmed <- id
 		})
 	}
-	// Submit until flow control holds the producer back.
-	sent := 0
-	for ; sent < attempts; sent++ {
-		sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		err := submit(sctx)
-		cancel()
-		if errors.Is(err, context.DeadlineExceeded) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	sent := submitUntilHeld(t, ctx, attempts, submit)
 	q := n.Broker().Queue("flow")
 	depth := q.Stats().Messages()
 	mem := n.Broker().Memory()
@@ -110,4 +98,23 @@ func flowControl(t *testing.T, remote bool) {
 	if mem.Alarm() {
 		t.Fatalf("memory alarm still on after the queue drained (used %d)", mem.Used())
 	}
+}
+
+// submitUntilHeld calls submit until flow control holds it back (it does
+// not return within a while) or attempts were made, and returns how many
+// went through.
+func submitUntilHeld(t *testing.T, ctx context.Context, attempts int, submit func(context.Context) error) int {
+	t.Helper()
+	for sent := range attempts {
+		sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		err := submit(sctx)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			return sent
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return attempts
 }
