@@ -63,6 +63,7 @@ type durability struct {
 	cpMu      sync.Mutex // one checkpoint at a time
 	lastCP    time.Time
 	lastBytes uint64
+	lastSnap  int // size of the last checkpoint's state
 
 	pending *recovering // between recover and build
 
@@ -371,7 +372,10 @@ func (d *durability) snapshot() []byte {
 		}
 		return true
 	})
-	out := append([]byte(nil), stateMagic[:]...)
+	// Sized from the last one: a deep queue's state is megabytes, and
+	// growing it by doubling would copy it many times over.
+	out := make([]byte, 0, d.lastSnap+d.lastSnap/8+64)
+	out = append(out, stateMagic[:]...)
 	out = append(out, 1, 0, 0, 0)
 	out = binary.LittleEndian.AppendUint32(out, d.nextID)
 	out = binary.LittleEndian.AppendUint32(out, uint32(len(list)))
@@ -400,7 +404,9 @@ func (d *durability) checkpoint() error {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		covered, d.metaRefs = d.metaRefs, nil
-		return d.snapshot(), nil
+		state := d.snapshot()
+		d.lastSnap = len(state)
+		return state, nil
 	})
 	if err != nil {
 		d.mu.Lock()
@@ -433,7 +439,7 @@ func (d *durability) loop() {
 			if bytes == d.lastBytes {
 				continue
 			}
-			if bytes-d.lastBytes < d.cfg.CheckpointBytes && now.Sub(d.lastCP) < d.cfg.CheckpointEvery {
+			if !d.due(bytes-d.lastBytes, now.Sub(d.lastCP)) {
 				continue
 			}
 			if err := d.checkpoint(); err != nil {
@@ -464,6 +470,18 @@ func (d *durability) watchAlarms() {
 			d.b.log.Info("disk alarm cleared", "free", d.log.DiskFree())
 		}
 	}
+}
+
+// due reports whether a checkpoint is due, written bytes appended and
+// elapsed time since the last one. A checkpoint writes the queues' index
+// in RAM, which a deep queue under a roomy memory budget makes large: so
+// that checkpoints never write more than a quarter of what the queues
+// append, the thresholds grow with the last checkpoint's size. A restart
+// then replays at most four times that size.
+func (d *durability) due(written uint64, elapsed time.Duration) bool {
+	snap := uint64(d.lastSnap)
+	return written >= max(d.cfg.CheckpointBytes, 4*snap) ||
+		elapsed >= d.cfg.CheckpointEvery && written >= snap/2
 }
 
 // close takes a last checkpoint and closes the log.
