@@ -50,6 +50,7 @@ type benchFlags struct {
 	mode     string        // pubsub
 	drain    time.Duration // pubsub
 	users    bench.UsersConfig
+	mgmt     bench.MgmtConfig
 }
 
 func benchCmd() *cobra.Command {
@@ -118,7 +119,7 @@ func scenarioCmd(g *benchGlobal, sc bench.Scenario, use, short string, echo bool
 // own.
 func addScenarioFlags(fs *pflag.FlagSet, f *benchFlags, sc bench.Scenario) {
 	if sc.Has(bench.UsesSize) {
-		fs.IntVar(&f.size, "size", 0, "body size in bytes (default: 4 for reqresp, 128 for pubsub, 64 for users)")
+		fs.IntVar(&f.size, "size", 0, "body size in bytes (default: 4 for reqresp, 128 for pubsub, 64 for users, 256 for mgmt)")
 	}
 	if sc.Has(bench.UsesCount) {
 		if sc.Name == "reqresp" {
@@ -129,23 +130,33 @@ func addScenarioFlags(fs *pflag.FlagSet, f *benchFlags, sc bench.Scenario) {
 	}
 	if sc.Has(bench.UsesDuration) {
 		help := "bound each run by time too: with no --count given, runs last this long"
-		if sc.Name == "users" {
+		switch sc.Name {
+		case "users":
 			help = "length of the whole run, ramp-up included (default: users/ramp + 10s)"
+		case "mgmt":
+			help = "length of the load, after the queues are created (default: 30s)"
 		}
 		fs.DurationVar(&f.duration, "duration", 0, help)
 	}
 	if sc.Has(bench.UsesPublishers) {
-		fs.IntVar(&f.publishers, "publishers", 0, "publishers, each on its own connection (default: 1 for --mode fanout, 10 for fanin)")
+		help := "publishers, each on its own connection (default: 1 for --mode fanout, 10 for fanin)"
+		if sc.Name == "mgmt" {
+			help = "producers submitting to the hot queues, each on its own connection (default: 2)"
+		}
+		fs.IntVar(&f.publishers, "publishers", 0, help)
 	}
 	if sc.Has(bench.UsesSubscribers) {
 		fs.IntVar(&f.subscribers, "subscribers", 0, "subscribers, each on its own connection (default: 10 for --mode fanout, 1 for fanin)")
 	}
 	if sc.Has(bench.UsesWorkers) {
-		def := 1
-		if sc.Name == "users" {
+		def, help := 1, "request handlers, each on its own connection, sharing the requests"
+		switch sc.Name {
+		case "users":
 			def = 2
+		case "mgmt":
+			def, help = 2, "workers acking the hot queues' tasks, each on its own connection"
 		}
-		fs.IntVar(&f.workers, "workers", def, "request handlers, each on its own connection, sharing the requests")
+		fs.IntVar(&f.workers, "workers", def, help)
 	}
 	if sc.Has(bench.UsesRate) {
 		fs.Float64Var(&f.rate, "rate", 0, "offered rate in requests or messages per second, shared by the requesters or publishers (default: as fast as possible)")
@@ -169,6 +180,16 @@ func addScenarioFlags(fs *pflag.FlagSet, f *benchFlags, sc bench.Scenario) {
 		fs.Float64Var(&u.PublishRate, "publish-rate", 1, "messages per second of each user, each to another user (0 for none)")
 		fs.DurationVar(&u.Threshold, "threshold", 100*time.Millisecond, "latency p99 over which the server counts as falling behind")
 		fs.DurationVar(&u.RequestTimeout, "request-timeout", 5*time.Second, "bound on each request; one that times out is an error")
+	case "mgmt":
+		m := &f.mgmt
+		fs.IntVar(&m.Queues, "queues", 10000, "queues (durable task exchanges) to create")
+		fs.IntVar(&m.Hot, "hot", 8, "queues taking the full load (producers and workers)")
+		fs.IntVar(&m.Idle, "idle", 0, "queues filled with a known depth and left alone (default: a tenth of --queues)")
+		fs.Float64Var(&m.Trickle, "trickle", 1000, "tasks per second spread over the other queues (0 for none)")
+		fs.DurationVar(&m.Poll, "poll", 100*time.Millisecond, "how often to GET /api/queues?columns=name,messages_ready")
+		fs.StringVar(&m.HTTP, "http", "", "the server's management API, such as http://127.0.0.1:7480 (default with --url: that one; an embedded node serves its own)")
+		fs.IntVar(&m.Window, "window", 1000, "each producer's submits awaiting their confirm")
+		fs.IntVar(&m.Prefetch, "prefetch", 100, "each worker's prefetch on each hot queue")
 	}
 }
 
@@ -213,7 +234,7 @@ func (f *benchFlags) config(cmd *cobra.Command, g *benchGlobal, sc bench.Scenari
 	cfg := bench.Config{
 		Target: t, Size: f.size, Duration: f.duration, Publishers: f.publishers, Subscribers: f.subscribers,
 		Workers: f.workers, Rate: f.rate, Warmup: warmup, Interval: g.interval, ServerPID: g.serverPID,
-		Parallel: f.parallel, Drain: f.drain, Users: f.users,
+		Parallel: f.parallel, Drain: f.drain, Users: f.users, Mgmt: f.mgmt,
 	}
 	switch sc.Name {
 	case "reqresp":
@@ -235,6 +256,17 @@ func (f *benchFlags) config(cmd *cobra.Command, g *benchGlobal, sc bench.Scenari
 			}
 		default:
 			return bench.Config{}, fmt.Errorf("bench: --mode %q: want fanout or fanin", f.mode)
+		}
+	case "mgmt":
+		if cfg.Mgmt.Trickle == 0 {
+			cfg.Mgmt.Trickle = -1
+		}
+		if cfg.Duration == 0 {
+			cfg.Duration = 30 * time.Second
+		}
+		// Creating 100,000 queues takes a while before the load.
+		if !g.timeoutChanged(cmd) {
+			g.timeout = max(g.timeout, cfg.Duration+15*time.Minute)
 		}
 	case "users":
 		if cfg.Users.RequestRate == 0 {

@@ -42,6 +42,8 @@ func TestBenchFlags(t *testing.T) {
 			[]string{"Pub-sub fan-in:", "3 publisher(s), 1 subscriber(s), 90 messages", "Lost 0 of 90 deliveries"}},
 		{"users", []string{"users", "--users", "4", "--ramp", "40", "--duration", "500ms", "--interval", "100ms", "--request-rate", "10", "--publish-rate", "0"},
 			[]string{"4 users ramped at 40/s, each 10 requests/s and 0 messages/s", "Connected 4 of 4 users"}},
+		{"mgmt", []string{"mgmt", "--queues", "120", "--hot", "2", "--idle", "20", "--trickle", "200", "--poll", "50ms", "--duration", "500ms", "--publishers", "1", "--workers", "1", "--size", "32"},
+			[]string{"120 queues: 2 hot (1 producers, 1 workers, 32-byte tasks), 20 idle with known depths, 98 with a trickle of 200/s", "/api/queues?columns=name,messages_ready every 50ms", "Figures exact: "}},
 		{"echo", []string{"echo", "--count", "50", "--parallel", "4"},
 			[]string{"in-process echo (no broker)", "Sequential 50 cycles in ~", "Parallel 4 50 cycles"}},
 		{"harness", []string{"pubsub", "--harness", "--count", "50", "--subscribers", "2"},
@@ -71,6 +73,9 @@ func TestBenchBadFlags(t *testing.T) {
 		{"reqresp", "--plot", "out.pdf"},
 		{"pubsub", "--publishers", "-1"},
 		{"users", "--count", "5"}, // users has no --count
+		{"mgmt", "--target", "nats://127.0.0.1:4222"},
+		{"mgmt", "--queues", "4", "--hot", "5"},
+		{"mgmt", "--http", "127.0.0.1:7480", "--url", "courier://127.0.0.1:1"},
 	} {
 		if out, err := runBench(t, args...); err == nil {
 			t.Errorf("courier bench %s: no error\n%s", strings.Join(args, " "), out)

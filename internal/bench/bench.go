@@ -218,6 +218,8 @@ type Config struct {
 
 	// Users configures the users scenario.
 	Users UsersConfig
+	// Mgmt configures the mgmt scenario.
+	Mgmt MgmtConfig
 
 	// ServerPID, if not 0, is the broker's process for CPU and memory
 	// figures, instead of the one found listening on the target's port.
@@ -231,6 +233,10 @@ type Config struct {
 	DataDir string
 	// Log receives the brokers' and clients' logs. Default: discarded.
 	Log *slog.Logger
+
+	// embeddedHTTP, if set, is the embedded node's management listener
+	// (the mgmt scenario polls it).
+	embeddedHTTP string
 }
 
 func (c Config) withDefaults(scenario string) Config {
@@ -260,12 +266,17 @@ func (c Config) withDefaults(scenario string) Config {
 			c.Size = 128
 		case "users":
 			c.Size = 64
+		case "mgmt":
+			c.Size = 256
 		default:
 			c.Size = 4
 		}
 	}
 	if c.Publishers == 0 {
 		c.Publishers = 1
+		if scenario == "mgmt" {
+			c.Publishers = 2
+		}
 	}
 	if c.Subscribers == 0 {
 		c.Subscribers = 1
@@ -275,7 +286,7 @@ func (c Config) withDefaults(scenario string) Config {
 	}
 	if c.Workers == 0 {
 		c.Workers = 1
-		if scenario == "users" {
+		if scenario == "users" || scenario == "mgmt" {
 			c.Workers = 2
 		}
 	}
@@ -289,6 +300,9 @@ func (c Config) withDefaults(scenario string) Config {
 		c.Drain = 3 * time.Second
 	}
 	c.Users = c.Users.withDefaults()
+	if scenario == "mgmt" {
+		c.Mgmt = c.Mgmt.withDefaults(c.Target.Kind)
+	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
@@ -332,6 +346,9 @@ func (c Config) Validate() error {
 	switch {
 	case c.Publishers > maxConns || c.Subscribers > maxConns || c.Workers > maxConns:
 		return fmt.Errorf("bench: at most %d publishers, subscribers or workers", maxConns)
+	}
+	if err := c.Mgmt.validate(); err != nil {
+		return err
 	}
 	return c.Users.validate()
 }

@@ -394,6 +394,9 @@ func TestJSON(t *testing.T) {
 			if sc.Name != "users" {
 				cfg.Duration = 0
 			}
+			if sc.Name == "mgmt" {
+				cfg.Duration, cfg.Mgmt.Queues = 500*time.Millisecond, 50
+			}
 			res, err := sc.Run(ctxFor(t), cfg)
 			if err != nil {
 				t.Fatalf("%s: %v", sc.Name, err)

@@ -46,7 +46,7 @@ func newCourierDriver(ctx context.Context, cfg *Config) (*courierDriver, error) 
 		}
 		d.tempDir = dir
 	}
-	n, err := node.Start(node.Config{Name: "bench", DataDir: dir, Log: cfg.Log})
+	n, err := node.Start(node.Config{Name: "bench", DataDir: dir, Log: cfg.Log, HTTP: cfg.embeddedHTTP})
 	if err != nil {
 		d.close()
 		return nil, fmt.Errorf("bench: embedded node: %w", err)

@@ -96,6 +96,15 @@ func Scenarios() []Scenario {
 				return nilIfNil(RunUsers(ctx, cfg))
 			},
 		},
+		{
+			Name:    "mgmt",
+			Short:   "Management API under load: N queues, hot ones loaded, GET /api/queues?columns=name,messages_ready polled and checked",
+			Uses:    UsesSize | UsesDuration | UsesPublishers | UsesWorkers,
+			Targets: []Kind{KindEmbedded, KindCourier},
+			Run: func(ctx context.Context, cfg Config) (Result, error) {
+				return nilIfNil(RunMgmt(ctx, cfg))
+			},
+		},
 	}
 }
 
