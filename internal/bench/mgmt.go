@@ -270,8 +270,10 @@ func runMgmt(ctx context.Context, cfg *Config, res *MgmtResult) error {
 	meter := newCPUMeter(cfg)
 	pr := probe{
 		sent: st.hotConfirmed.Load, received: st.delivered.Load, published: st.trickleConfirmed.Load,
-		errors: func() int64 { return st.hotErrors.Load() + st.trickleErrors.Load() + st.pollErrs.Load() + st.wrong.Load() },
-		lat:    st.lat,
+		errors: func() int64 {
+			return st.hotErrors.Load() + st.trickleErrors.Load() + st.pollErrs.Load() + st.wrong.Load()
+		},
+		lat: st.lat,
 	}
 	if err := st.startWorkers(ctx); err != nil {
 		return err
