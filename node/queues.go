@@ -13,12 +13,40 @@ import (
 // exchanges' queues and durable subscriptions, from their live counters.
 type queueSource struct{ b *broker.Broker }
 
-var _ admin.QueueSource = queueSource{}
+var (
+	_ admin.QueueSource = queueSource{}
+	_ admin.QueueRefs   = queueSource{}
+)
+
+// queueRef reads a queue's counters for the management API, which keeps
+// one per queue between samples.
+type queueRef queue.Queue
+
+func (r *queueRef) Name() string { return (*queue.Queue)(r).Name() }
+
+// Counters reads the queue's counters, not its name: the management API
+// has it, and it lies on another cache line.
+func (r *queueRef) Counters() admin.QueueInfo { return counters((*queue.Queue)(r)) }
+
+func (s queueSource) QueueVersion() uint64 { return s.b.QueueVersion() }
+
+func (s queueSource) AppendQueueRefs(dst []admin.QueueRef) []admin.QueueRef {
+	s.b.RangeQueues(func(q *queue.Queue, _ bool) bool {
+		dst = append(dst, (*queueRef)(q))
+		return true
+	})
+	return dst
+}
 
 func queueInfo(q *queue.Queue) admin.QueueInfo {
+	info := counters(q)
+	info.Name = q.Name()
+	return info
+}
+
+func counters(q *queue.Queue) admin.QueueInfo {
 	st := q.Stats()
 	return admin.QueueInfo{
-		Name:          q.Name(),
 		MessagesReady: uint64(st.Ready + st.Delayed), MessagesUnacked: uint64(st.Unacked),
 		Consumers: int(st.Consumers), Memory: uint64(st.Bytes),
 		Publish: st.Published, Deliver: st.Delivered, Ack: st.Acked,

@@ -143,7 +143,7 @@ func (s *Server) readOverview() *overview {
 	if s.cfg.Components != nil {
 		o.components = s.cfg.Components()
 	}
-	c := s.smp.count()
+	c := s.smp.count(nil, nil)
 	o.totals, o.exchanges, o.queues, o.ready, o.unacked = c.totals, c.exchanges, c.queues, c.ready, c.unacked
 	o.rates = s.smp.lastTick().rates
 	o.conns = s.b.SessionCount()

@@ -104,6 +104,9 @@ type Broker struct {
 	// creation and deletion.
 	queues sync.Map
 	qmu    sync.Mutex
+	// qVersion moves on after every queue added to or removed from
+	// queues (see [Broker.QueueVersion]).
+	qVersion atomic.Uint64
 	sched  *queue.Scheduler
 	dur    *durability // nil without a store
 

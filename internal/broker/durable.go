@@ -295,7 +295,7 @@ func (d *durability) build() error {
 				continue
 			}
 			tq.bind(def.Patterns)
-			b.queues.Store(def.Name, tq)
+			b.putQueue(def.Name, tq)
 		}
 	}
 	if len(ids) > 0 {

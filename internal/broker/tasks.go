@@ -244,7 +244,7 @@ func (b *Broker) declareTasks(ex *Exchange, spec Spec, rq *recoveredQueue) (*Exc
 			return
 		}
 		b.exVersion.Add(1)
-		b.queues.Store(def.Name, tq)
+		b.putQueue(def.Name, tq)
 		stored = true
 	}
 	wait := func() error { return nil }
@@ -279,6 +279,25 @@ func (b *Broker) Queue(name string) *queue.Queue {
 	}
 	return nil
 }
+
+// putQueue adds a queue to the set; removeQueue takes one out. The
+// version moves on after the change, so that a reader that reads it
+// before a walk and finds it unchanged later knows its walk saw the
+// whole set.
+func (b *Broker) putQueue(name string, tq *taskQueue) {
+	b.queues.Store(name, tq)
+	b.qVersion.Add(1)
+}
+
+func (b *Broker) removeQueue(name string) {
+	b.queues.Delete(name)
+	b.qVersion.Add(1)
+}
+
+// QueueVersion returns a number that changes whenever a queue is created
+// or deleted: a walk of [Broker.RangeQueues] that starts after reading
+// version v saw every queue while QueueVersion still returns v.
+func (b *Broker) QueueVersion() uint64 { return b.qVersion.Load() }
 
 // RangeQueues calls fn with every queue until it returns false.
 func (b *Broker) RangeQueues(fn func(q *queue.Queue, durable bool) bool) {
@@ -734,7 +753,7 @@ func (b *Broker) durableSub(ex *Exchange, sub string, patterns []string) (*taskQ
 	}
 	err = b.defineQueue(def, func() {
 		tq.bind(patterns)
-		b.queues.Store(name, tq)
+		b.putQueue(name, tq)
 	})()
 	if err != nil {
 		return nil, err
@@ -766,7 +785,7 @@ func (b *Broker) dropQueue(tq *taskQueue, why string) {
 		b.qmu.Unlock()
 		return
 	}
-	remove := func() { b.queues.Delete(name) }
+	remove := func() { b.removeQueue(name) }
 	if tq.durable {
 		b.undefineQueue(tq.def.ID, remove)
 	} else {
