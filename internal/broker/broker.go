@@ -107,8 +107,8 @@ type Broker struct {
 	// qVersion moves on after every queue added to or removed from
 	// queues (see [Broker.QueueVersion]).
 	qVersion atomic.Uint64
-	sched  *queue.Scheduler
-	dur    *durability // nil without a store
+	sched    *queue.Scheduler
+	dur      *durability // nil without a store
 
 	nextSession atomic.Uint64
 	nextSubReq  atomic.Uint64
