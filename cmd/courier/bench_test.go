@@ -43,7 +43,7 @@ func TestBenchFlags(t *testing.T) {
 		{"users", []string{"users", "--users", "4", "--ramp", "40", "--duration", "500ms", "--interval", "100ms", "--request-rate", "10", "--publish-rate", "0"},
 			[]string{"4 users ramped at 40/s, each 10 requests/s and 0 messages/s", "Connected 4 of 4 users"}},
 		{"mgmt", []string{"mgmt", "--queues", "120", "--hot", "2", "--idle", "20", "--trickle", "200", "--poll", "50ms", "--duration", "500ms", "--publishers", "1", "--workers", "1", "--size", "32"},
-			[]string{"120 queues: 2 hot (1 producers, 1 workers, 32-byte tasks), 20 idle with known depths, 98 with a trickle of 200/s", "/api/queues?columns=name,messages_ready every 50ms", "Figures exact: "}},
+			[]string{"120 queues: 2 hot (1 producers as fast as confirmed, 1 workers, 32-byte tasks), 20 idle with known depths, 98 with a trickle of 200/s", "/api/queues?columns=name,messages_ready every 50ms", "Figures exact: "}},
 		{"echo", []string{"echo", "--count", "50", "--parallel", "4"},
 			[]string{"in-process echo (no broker)", "Sequential 50 cycles in ~", "Parallel 4 50 cycles"}},
 		{"harness", []string{"pubsub", "--harness", "--count", "50", "--subscribers", "2"},

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -146,6 +147,11 @@ type MgmtResult struct {
 	PollLatency Latency `json:"poll_latency_us"`
 	// ResponseBytes is the mean size of an answer's body.
 	ResponseBytes int64 `json:"response_bytes"`
+	// Handler is the server's own view of the same answers, from its
+	// courier_http_request_duration_seconds histogram: the time in the
+	// handler, from the request read to the last byte written, as the
+	// bucket bounds that hold p50, p90 and p99 (ms); nil if unknown.
+	Handler *HandlerTimes `json:"handler_ms,omitempty"`
 	// Checks counts the answers checked for exactness (about one a
 	// second), Checked the figures compared, Wrong those out of their
 	// bounds, Missing the queues absent from an answer.
@@ -189,7 +195,8 @@ type mgmtRun struct {
 // RunMgmt runs the mgmt scenario: it declares cfg.Mgmt.Queues durable
 // task exchanges, fills the idle ones with a known number of tasks,
 // then for cfg.Duration drives the hot ones with cfg.Publishers
-// producers (pipelined SubmitAsync) and cfg.Workers workers that ack,
+// producers (pipelined SubmitAsync, as fast as confirmed or at cfg.Rate
+// in all) and cfg.Workers workers that ack,
 // trickles tasks into the others, and polls GET
 // /api/queues?columns=name,messages_ready every cfg.Mgmt.Poll, timing
 // each answer to its last byte. About once a second it checks an answer
@@ -263,6 +270,7 @@ func runMgmt(ctx context.Context, cfg *Config, res *MgmtResult) error {
 	if _, err := st.poll(ctx, true); err != nil {
 		return fmt.Errorf("bench: %s: %w", res.URL, err)
 	}
+	hist0, _ := st.handlerHist(ctx)
 	st.polls.Store(0)
 	st.bytes.Store(0)
 	st.lat.takeInto(newHist())
@@ -297,11 +305,14 @@ func runMgmt(ctx context.Context, cfg *Config, res *MgmtResult) error {
 			st.check(c)
 		}
 	})
-	st.pollLoop(runCtx, checks)
+	st.pollLoop(runCtx, ctx, checks)
 	close(checks)
 	wg.Wait()
 	stopProgress()
 	secs := time.Since(start).Seconds()
+	if hist1, err := st.handlerHist(ctx); err == nil && hist0 != nil {
+		res.Handler = handlerTimes(hist0, hist1)
+	}
 	res.LoadAvgEnd = loadAvg()
 	res.finish(smp, meter)
 	res.PollLatency, _ = smp.latency()
@@ -461,7 +472,8 @@ func (st *mgmtRun) startWorkers(ctx context.Context) error {
 }
 
 // produce submits to the hot queues in turn, as fast as confirms come
-// back within the window, until ctx ends.
+// back within the window (or at its share of Config.Rate), until ctx
+// ends.
 func (st *mgmtRun) produce(ctx context.Context, p int) {
 	c, err := st.d.connect(ctx, fmt.Sprintf("bench-mgmt-producer-%d", p))
 	if err != nil {
@@ -489,7 +501,16 @@ func (st *mgmtRun) produce(ctx context.Context, p int) {
 		}
 		w.release()
 	}
+	var pace *pacer
+	if st.cfg.Rate > 0 {
+		pace = newPacer(st.cfg.Rate/float64(st.cfg.Publishers), float64(p)/float64(st.cfg.Publishers))
+	}
 	for k := p; ctx.Err() == nil; k++ {
+		if pace != nil {
+			if _, ok := pace.wait(ctx); !ok {
+				break
+			}
+		}
 		if w.acquire(ctx) != nil {
 			break
 		}
@@ -562,16 +583,17 @@ type check struct {
 // checkEvery is how often an answer is checked for exactness.
 const checkEvery = time.Second
 
-// pollLoop polls the API every Poll until ctx ends; about once a
+// pollLoop polls the API every Poll until runCtx ends; about once a
 // second it hands an answer with its bounds to checks, unless the
-// checker is still busy with the last one.
-func (st *mgmtRun) pollLoop(ctx context.Context, checks chan<- check) {
+// checker is still busy with the last one. A poll under way at the end
+// finishes, within ctx.
+func (st *mgmtRun) pollLoop(runCtx, ctx context.Context, checks chan<- check) {
 	t := time.NewTicker(st.m.Poll)
 	defer t.Stop()
 	var lastCheck time.Time
 	for {
 		select {
-		case <-ctx.Done():
+		case <-runCtx.Done():
 			return
 		case <-t.C:
 		}
@@ -832,6 +854,86 @@ func (s slots) drain(ctx context.Context) error {
 	return nil
 }
 
+// HandlerTimes are bucket bounds of the server's handler times, in ms:
+// the bucket of each percentile's answer is "at most this long".
+type HandlerTimes struct {
+	Count int64   `json:"count"`
+	P50   float64 `json:"p50_at_most"`
+	P90   float64 `json:"p90_at_most"`
+	P99   float64 `json:"p99_at_most"`
+}
+
+// bucket is one cumulative bucket of a Prometheus histogram.
+type bucket struct {
+	le    float64 // seconds
+	count int64
+}
+
+// handlerHist reads the server's histogram of /api/queues handler times
+// from /metrics.
+func (st *mgmtRun) handlerHist(ctx context.Context) ([]bucket, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, st.base+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := mgmtClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	const prefix = `courier_http_request_duration_seconds_bucket{endpoint="/api/queues",le="`
+	var hist []bucket
+	for line := range strings.Lines(string(b)) {
+		rest, ok := strings.CutPrefix(line, prefix)
+		if !ok {
+			continue
+		}
+		le, count, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		v, err1 := strconv.ParseFloat(le, 64)
+		n, err2 := strconv.ParseInt(strings.TrimSpace(count), 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		hist = append(hist, bucket{v, n})
+	}
+	if len(hist) == 0 {
+		return nil, errors.New("no /api/queues histogram in /metrics")
+	}
+	return hist, nil
+}
+
+// handlerTimes returns the percentiles' buckets of the answers counted
+// between two readings of the histogram.
+func handlerTimes(before, after []bucket) *HandlerTimes {
+	if len(before) != len(after) {
+		return nil
+	}
+	diff := make([]bucket, len(after))
+	for i := range after {
+		diff[i] = bucket{after[i].le, after[i].count - before[i].count}
+	}
+	total := diff[len(diff)-1].count
+	if total <= 0 {
+		return nil
+	}
+	at := func(q float64) float64 {
+		for _, b := range diff {
+			if float64(b.count) >= q*float64(total) {
+				return b.le * 1e3
+			}
+		}
+		return math.Inf(1)
+	}
+	return &HandlerTimes{Count: total, P50: at(0.5), P90: at(0.9), P99: at(0.99)}
+}
+
 // loadAvg reads the machine's load averages; zeros if it cannot.
 func loadAvg() [3]float64 {
 	var l [3]float64
@@ -849,8 +951,12 @@ func loadAvg() [3]float64 {
 // WriteText prints the result.
 func (res *MgmtResult) WriteText(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Management API under load: %s, %d queues: %d hot (%d producers, %d workers, %d-byte tasks), %d idle with known depths, %d with a trickle of %g/s; %gs\n",
-		res.Target, res.Queues, res.Hot, res.Producers, res.Workers, res.Size, res.Idle, res.Queues-res.Hot-res.Idle, res.Trickle, res.Duration)
+	offered := "as fast as confirmed"
+	if res.Rate > 0 {
+		offered = fmt.Sprintf("%g/s offered", res.Rate)
+	}
+	fmt.Fprintf(&b, "Management API under load: %s, %d queues: %d hot (%d producers %s, %d workers, %d-byte tasks), %d idle with known depths, %d with a trickle of %g/s; %gs\n",
+		res.Target, res.Queues, res.Hot, res.Producers, offered, res.Workers, res.Size, res.Idle, res.Queues-res.Hot-res.Idle, res.Trickle, res.Duration)
 	fmt.Fprintf(&b, "Setup: %d queues declared in %.1f s, %d tasks preloaded in %.1f s\n", res.Queues, res.SetupSeconds, res.Preloaded, res.PreloadSeconds)
 	fmt.Fprintf(&b, "Load: %.0f tasks/s submitted and confirmed, %.0f/s delivered and acked; trickle %d confirmed; %d submits failed\n",
 		res.PublishRate, res.DeliverRate, res.TrickleConfirmed, res.SubmitErrors)
@@ -859,6 +965,10 @@ func (res *MgmtResult) WriteText(w io.Writer) error {
 		l := res.PollLatency
 		fmt.Fprintf(&b, "Poll latency p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, max %.2f ms (%d polls)\n",
 			l.P50/1e3, l.P90/1e3, l.P99/1e3, l.P999/1e3, l.Max/1e3, l.Count)
+	}
+	if h := res.Handler; h != nil {
+		fmt.Fprintf(&b, "Server handler time (its courier_http_request_duration_seconds): p50 <= %g ms, p90 <= %g ms, p99 <= %g ms (%d answers)\n",
+			h.P50, h.P90, h.P99, h.Count)
 	}
 	fmt.Fprintf(&b, "Response %d bytes on average (%.1f bytes a queue)\n", res.ResponseBytes, float64(res.ResponseBytes)/float64(max(res.Queues, 1)))
 	verdict := "exact"

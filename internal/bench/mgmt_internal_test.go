@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 )
@@ -68,5 +69,17 @@ func TestMgmtCheck(t *testing.T) {
 	}
 	if len(st.firstErrs) != 3 || !strings.Contains(st.firstErrs[0], "idle queue p.q0000001: messages_ready 1, want 2") {
 		t.Errorf("notes %q", st.firstErrs)
+	}
+}
+
+func TestHandlerTimes(t *testing.T) {
+	before := []bucket{{0.001, 10}, {0.002, 20}, {0.004, 30}, {math.Inf(1), 30}}
+	after := []bucket{{0.001, 60}, {0.002, 110}, {0.004, 129}, {math.Inf(1), 130}}
+	h := handlerTimes(before, after) // 100 answers: 50 in 1ms, 40 in 2ms, 9 in 4ms, 1 slower
+	if h == nil || h.Count != 100 || h.P50 != 1 || h.P90 != 2 || h.P99 != 4 {
+		t.Errorf("handler times %+v", h)
+	}
+	if handlerTimes(before, before) != nil || handlerTimes(before, after[:2]) != nil {
+		t.Errorf("no answers or mismatched buckets gave times")
 	}
 }

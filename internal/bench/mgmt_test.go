@@ -61,6 +61,9 @@ func checkMgmt(t *testing.T, cfg bench.Config) *bench.MgmtResult {
 	if res.ResponseBytes < 300*40 {
 		t.Errorf("response of %d bytes for 300 queues", res.ResponseBytes)
 	}
+	if res.Handler == nil || res.Handler.Count != res.Polls {
+		t.Errorf("server handler times %+v for %d polls", res.Handler, res.Polls)
+	}
 	if res.Wrong != 0 || res.Missing != 0 || res.Checks == 0 || res.Checked < res.Checks*int64(300-3) {
 		t.Errorf("checks %d, checked %d, wrong %d, missing %d", res.Checks, res.Checked, res.Wrong, res.Missing)
 	}

@@ -99,7 +99,7 @@ func Scenarios() []Scenario {
 		{
 			Name:    "mgmt",
 			Short:   "Management API under load: N queues, hot ones loaded, GET /api/queues?columns=name,messages_ready polled and checked",
-			Uses:    UsesSize | UsesDuration | UsesPublishers | UsesWorkers,
+			Uses:    UsesSize | UsesDuration | UsesPublishers | UsesWorkers | UsesRate,
 			Targets: []Kind{KindEmbedded, KindCourier},
 			Run: func(ctx context.Context, cfg Config) (Result, error) {
 				return nilIfNil(RunMgmt(ctx, cfg))
