@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/internal/store"
 )
 
 // Metrics follow rabbitmq_prometheus: /metrics holds node-wide figures,
@@ -30,6 +31,27 @@ var (
 	mCompUp       = desc("courier_component_up", "1 while the supervised component runs, else 0.", "component")
 	mCompFailed   = desc("courier_component_failed", "1 once the supervised component crashed more often than its restart intensity allows and was given up.", "component")
 	mCompRestarts = desc("courier_component_restarts_total", "Restarts of the supervised component.", "component")
+	mQPublishes   = desc("courier_queue_publishes_total", "Messages enqueued on every queue, deleted queues included.")
+	mQDeliveries  = desc("courier_queue_deliveries_total", "Messages delivered from every queue (redeliveries included), deleted queues included.")
+	mReqLatency   = desc("courier_request_duration_seconds", "Time from a request's arrival at the broker to its last response, over every request-response exchange; requests that found no handler or timed out are not counted.")
+	mAlarm        = desc("courier_alarm", "1 while an alarm of the kind is on: memory (the memory budget is full), disk (the store's disk is under its minimum free space), store (the store failed), component (a supervised component was given up).", "kind")
+	mMemLimit     = desc("courier_memory_budget_bytes", "The node's memory budget for the queues.")
+	mMemUsed      = desc("courier_memory_budget_used_bytes", "Bytes the queues account against the memory budget: messages and index entries in RAM.")
+	mMemPaged     = desc("courier_memory_paged_out_messages", "Messages whose body is only on disk (their index entry is in RAM).")
+	mMemSpilled   = desc("courier_memory_spilled_messages", "Messages whose index entry is on disk too.")
+	mMemPage      = desc("courier_memory_page_level", "How hard durable queues page to disk, from 0 (everything in RAM) to 1 (a small working set).")
+	mMemThrottle  = desc("courier_memory_throttle_level", "How hard publishers are slowed for memory, from 0 to 1 (1 during the memory alarm).")
+	mStoreSync    = desc("courier_store_sync_duration_seconds", "Latency of the store's fsyncs (one per group commit).")
+	mStoreSegs    = desc("courier_store_segments", "Segment files of the store.")
+	mStoreDisk    = desc("courier_store_disk_bytes", "Bytes in the store's segment files.")
+	mStoreLive    = desc("courier_store_live_records", "Records appended to the store and not yet released.")
+	mStoreLiveB   = desc("courier_store_live_bytes", "Bytes of the live records, headers included.")
+	mStoreRecs    = desc("courier_store_records_total", "Records appended to the store, release records included.")
+	mStoreApp     = desc("courier_store_appended_bytes_total", "Bytes appended to the store, headers included.")
+	mStoreWrit    = desc("courier_store_written_bytes_total", "Bytes written to segment files.")
+	mStoreCkpt    = desc("courier_store_checkpoints_total", "Checkpoints written.")
+	mStoreRuns    = desc("courier_store_runs", "Run files (queue index pages spilled to disk).")
+	mStoreFree    = desc("courier_store_disk_free_bytes", "Free space of the store's disk at the last check; absent when unknown.")
 	mTotals       = [nTotals]*prometheus.Desc{
 		totRequest:  desc("courier_requests_total", "Requests routed through exchanges."),
 		totPublish:  desc("courier_publishes_total", "Messages published to exchanges."),
@@ -49,13 +71,49 @@ var (
 	mQPublish      = desc("courier_queue_publishes_total", "Messages published to the queue.", "queue")
 	mQDeliver      = desc("courier_queue_deliveries_total", "Messages delivered from the queue.", "queue")
 	mQAck          = desc("courier_queue_acks_total", "Messages acknowledged on the queue.", "queue")
+	mExLatency     = desc("courier_exchange_request_duration_seconds", "Time from a request's arrival at the broker to its last response.", "exchange")
 )
+
+// latencyBounds are the upper bounds of the request latency buckets, in
+// seconds.
+var latencyBounds = func() []float64 {
+	b := make([]float64, broker.LatencyBuckets)
+	for i := range b {
+		b[i] = broker.LatencyBound(i).Seconds()
+	}
+	return b
+}()
+
+// latencyHistogram turns a latency snapshot into a Prometheus histogram.
+func latencyHistogram(d *prometheus.Desc, h *broker.LatencySnapshot, labels ...string) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(latencyBounds))
+	var cum uint64
+	for i, le := range latencyBounds {
+		cum += h.Counts[i]
+		buckets[le] = cum
+	}
+	return prometheus.MustNewConstHistogram(d, cum+h.Counts[len(latencyBounds)], h.Sum.Seconds(), buckets, labels...)
+}
+
+// syncHistogram turns the store's fsync latency counts into a Prometheus
+// histogram.
+func syncHistogram(st *store.Stats) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(store.SyncBuckets))
+	var cum uint64
+	for i, le := range store.SyncBuckets {
+		cum += st.SyncHist[i]
+		buckets[le.Seconds()] = cum
+	}
+	return prometheus.MustNewConstHistogram(mStoreSync, cum+st.SyncHist[len(store.SyncBuckets)], st.SyncTime.Seconds(), buckets)
+}
 
 // nodeCollector collects the node-wide metrics.
 type nodeCollector struct{ s *Server }
 
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mInfo, mConns, mExchanges, mQueues, mAttachments, mReady, mUnacked, mCompUp, mCompFailed, mCompRestarts} {
+	for _, d := range []*prometheus.Desc{mInfo, mConns, mExchanges, mQueues, mAttachments, mReady, mUnacked, mCompUp, mCompFailed, mCompRestarts,
+		mQPublishes, mQDeliveries, mReqLatency, mAlarm, mMemLimit, mMemUsed, mMemPaged, mMemSpilled, mMemPage, mMemThrottle,
+		mStoreSync, mStoreSegs, mStoreDisk, mStoreLive, mStoreLiveB, mStoreRecs, mStoreApp, mStoreWrit, mStoreCkpt, mStoreRuns, mStoreFree} {
 		ch <- d
 	}
 	for _, d := range mTotals {
@@ -89,6 +147,41 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(mCompFailed, flag(comp.State == "failed"), comp.Name)
 		ch <- prometheus.MustNewConstMetric(mCompRestarts, prometheus.CounterValue, float64(comp.Restarts), comp.Name)
 	}
+	counter := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
+	}
+	counter(mQPublishes, float64(o.queued[qPublished]))
+	counter(mQDeliveries, float64(o.queued[qDelivered]))
+	lat := c.s.smp.requestLatency()
+	ch <- latencyHistogram(mReqLatency, &lat)
+	for _, kind := range alarmKinds {
+		gauge(mAlarm, flag(o.has(kind)), kind)
+	}
+	if m := c.s.b.Memory(); m != nil {
+		st := m.Stats()
+		gauge(mMemLimit, float64(st.Limit))
+		gauge(mMemUsed, float64(st.Used))
+		gauge(mMemPaged, float64(st.PagedOut))
+		gauge(mMemSpilled, float64(st.Spilled))
+		gauge(mMemPage, st.PageLevel)
+		gauge(mMemThrottle, st.Throttle)
+	}
+	if l := c.s.b.Store(); l != nil {
+		st := l.Stats()
+		ch <- syncHistogram(&st)
+		gauge(mStoreSegs, float64(st.Segments))
+		gauge(mStoreDisk, float64(st.DiskBytes))
+		gauge(mStoreLive, float64(st.LiveRecords))
+		gauge(mStoreLiveB, float64(st.LiveBytes))
+		gauge(mStoreRuns, float64(st.Runs))
+		counter(mStoreRecs, float64(st.Records))
+		counter(mStoreApp, float64(st.AppendedBytes))
+		counter(mStoreWrit, float64(st.WrittenBytes))
+		counter(mStoreCkpt, float64(st.Checkpoints))
+		if st.DiskFree >= 0 {
+			gauge(mStoreFree, float64(st.DiskFree))
+		}
+	}
 }
 
 // objectCollector collects one series per exchange and queue.
@@ -96,7 +189,7 @@ type objectCollector struct{ s *Server }
 
 func (c objectCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mExRequests, mExPublishes, mExMembers, mExSubscribers,
-		mQReady, mQUnacked, mQConsumers, mQMemory, mQPublish, mQDeliver, mQAck} {
+		mQReady, mQUnacked, mQConsumers, mQMemory, mQPublish, mQDeliver, mQAck, mExLatency} {
 		ch <- d
 	}
 }
@@ -111,12 +204,17 @@ func (c objectCollector) Collect(ch chan<- prometheus.Metric) {
 		metric(mExPublishes, prometheus.CounterValue, float64(ex.Publishes()), n)
 		metric(mExMembers, prometheus.GaugeValue, float64(ex.MemberCount()), n)
 		metric(mExSubscribers, prometheus.GaugeValue, float64(ex.Subscribers()), n)
+		if h := ex.Latency(); h != nil {
+			var snap broker.LatencySnapshot
+			h.AddTo(&snap)
+			ch <- latencyHistogram(mExLatency, &snap, n)
+		}
 		return true
 	})
 	if c.s.cfg.Queues == nil {
 		return
 	}
-	for _, q := range c.s.cfg.Queues.AppendQueues(nil) {
+	c.s.smp.rangeQueues(func(q *QueueInfo) {
 		metric(mQReady, prometheus.GaugeValue, float64(q.MessagesReady), q.Name)
 		metric(mQUnacked, prometheus.GaugeValue, float64(q.MessagesUnacked), q.Name)
 		metric(mQConsumers, prometheus.GaugeValue, float64(q.Consumers), q.Name)
@@ -124,7 +222,7 @@ func (c objectCollector) Collect(ch chan<- prometheus.Metric) {
 		metric(mQPublish, prometheus.CounterValue, float64(q.Publish), q.Name)
 		metric(mQDeliver, prometheus.CounterValue, float64(q.Deliver), q.Name)
 		metric(mQAck, prometheus.CounterValue, float64(q.Ack), q.Name)
-	}
+	})
 }
 
 // metricsHandlers returns the handlers of /metrics and

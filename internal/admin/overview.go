@@ -60,11 +60,13 @@ type overview struct {
 	uptime                               time.Duration
 	conns, exchanges, queues, atts       int
 	ready, unacked                       uint64
+	queued                               [2]uint64 // by qPublished, qDelivered
 	totals                               [nTotals]uint64
 	rates                                [nTotals]float64
 	history                              []tick // newest first, when asked
 	listeners                            []Listener
 	components                           []Component
+	alarms                               []Alarm
 	memUsed, heapLive, goroutines, procs uint64
 }
 
@@ -127,7 +129,8 @@ func overviewSchema(samples bool) *schema[overview] {
 		}
 	}
 	f = append(f, rawField("listeners", func(b []byte, o *overview) []byte { return appendListeners(b, o.listeners) }, nil),
-		rawField("components", func(b []byte, o *overview) []byte { return appendComponents(b, o.components) }, nil))
+		rawField("components", func(b []byte, o *overview) []byte { return appendComponents(b, o.components) }, nil),
+		rawField("alarms", func(b []byte, o *overview) []byte { return appendAlarms(b, o.alarms) }, nil))
 	return newSchema("node", f...)
 }
 
@@ -143,8 +146,9 @@ func (s *Server) readOverview() *overview {
 	if s.cfg.Components != nil {
 		o.components = s.cfg.Components()
 	}
+	o.alarms = s.alarms(o.components)
 	c := s.smp.count(nil, nil)
-	o.totals, o.exchanges, o.queues, o.ready, o.unacked = c.totals, c.exchanges, c.queues, c.ready, c.unacked
+	o.totals, o.exchanges, o.queues, o.ready, o.unacked, o.queued = c.totals, c.exchanges, c.queues, c.ready, c.unacked, c.queued
 	o.rates = s.smp.lastTick().rates
 	o.conns = s.b.SessionCount()
 	o.atts = s.b.AttachmentCount()
@@ -187,6 +191,9 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 // nodeInfo is one node of GET /api/nodes.
 type nodeInfo struct {
 	o *overview
+	// The memory budget's limit and use (0 without one), and the free
+	// space of the store's disk (-1 when unknown).
+	memLimit, memBudget, diskFree int64
 }
 
 var runtimeMetrics = []string{
@@ -231,14 +238,37 @@ var nodeSchema = newSchema("name",
 	intField("exchanges", func(n *nodeInfo) int64 { return int64(n.o.exchanges) }),
 	intField("queues", func(n *nodeInfo) int64 { return int64(n.o.queues) }),
 	intField("attachments", func(n *nodeInfo) int64 { return int64(n.o.atts) }),
+	intField("mem_budget_limit", func(n *nodeInfo) int64 { return n.memLimit }),
+	intField("mem_budget_used", func(n *nodeInfo) int64 { return n.memBudget }),
+	boolField("mem_alarm", func(n *nodeInfo) bool { return n.o.has(AlarmMemory) }),
+	intField("disk_free", func(n *nodeInfo) int64 { return n.diskFree }),
+	boolField("disk_free_alarm", func(n *nodeInfo) bool { return n.o.has(AlarmDisk) }),
 	rawField("listeners", func(b []byte, n *nodeInfo) []byte { return appendListeners(b, n.o.listeners) }, nil),
 	rawField("components", func(b []byte, n *nodeInfo) []byte { return appendComponents(b, n.o.components) }, nil),
+	rawField("alarms", func(b []byte, n *nodeInfo) []byte { return appendAlarms(b, n.o.alarms) }, nil),
 )
+
+// has reports whether an alarm of kind is on.
+func (o *overview) has(kind string) bool {
+	for _, a := range o.alarms {
+		if a.Kind == kind {
+			return true
+		}
+	}
+	return false
+}
 
 func (s *Server) readNode() *nodeInfo {
 	o := s.readOverview()
 	o.readRuntime()
-	return &nodeInfo{o: o}
+	n := &nodeInfo{o: o, diskFree: -1}
+	if m := s.b.Memory(); m != nil {
+		n.memLimit, n.memBudget = m.Limit(), m.Used()
+	}
+	if l := s.b.Store(); l != nil {
+		n.diskFree = l.DiskFree()
+	}
+	return n
 }
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {

@@ -183,6 +183,14 @@ type sampler struct {
 	// reported is the highest total returned so far: a total read while an
 	// object is between "gone" and "retired" is held at it.
 	reported [nTotals]atomic.Uint64
+	// retiredQ and reportedQ do the same for the queues' publish and
+	// deliver counters (qPublished, qDelivered).
+	retiredQ, reportedQ [2]atomic.Uint64
+
+	latMu sync.Mutex // guards retiredLat, reportedLat
+	// retiredLat holds the request latencies of deleted exchanges;
+	// reportedLat the highest histogram returned, as for reported.
+	retiredLat, reportedLat broker.LatencySnapshot
 
 	mu   sync.Mutex // guards hist, next, n
 	hist []tick     // ring of the last len(hist) samples
@@ -489,6 +497,11 @@ func (s *sampler) sampleExchanges(dt float64, first bool) census {
 			// The exchange is unreachable but its counters are final.
 			s.retired[totRequest].Add(e.key.Requests())
 			s.retired[totPublish].Add(e.key.Publishes())
+			if h := e.key.Latency(); h != nil {
+				s.latMu.Lock()
+				h.AddTo(&s.retiredLat)
+				s.latMu.Unlock()
+			}
 		}
 		for _, e := range eo.list { // prev holds what this sample read
 			c.totals[totRequest] += e.prev[exRequests]
@@ -511,22 +524,27 @@ func (s *sampler) sampleExchanges(dt float64, first bool) census {
 // last sample's order while no exchange came or went, else by a walk.
 func (s *sampler) exchangeSums() census {
 	var c census
-	add := func(ex *broker.Exchange) {
+	s.rangeExchangesFast(func(ex *broker.Exchange) {
 		c.totals[totRequest] += ex.Requests()
 		c.totals[totPublish] += ex.Publishes()
 		c.exchanges++
-	}
-	if o := s.exchanges.Load(); o.version != 0 && o.version == s.b.ExchangeVersion() {
-		for _, e := range o.list {
-			add(e.key)
-		}
-		return c
-	}
-	s.b.RangeExchanges(func(ex *broker.Exchange) bool {
-		add(ex)
-		return true
 	})
 	return c
+}
+
+// rangeExchangesFast calls fn with every exchange: through the last
+// sample's order while no exchange came or went, else by a walk.
+func (s *sampler) rangeExchangesFast(fn func(*broker.Exchange)) {
+	if o := s.exchanges.Load(); o.version != 0 && o.version == s.b.ExchangeVersion() {
+		for _, e := range o.list {
+			fn(e.key)
+		}
+		return
+	}
+	s.b.RangeExchanges(func(ex *broker.Exchange) bool {
+		fn(ex)
+		return true
+	})
 }
 
 // sampleQueues updates the queues' rates and returns their part of the
@@ -563,6 +581,8 @@ func (s *sampler) sampleQueues(dt float64, first bool) census {
 	for _, e := range gone {
 		// A deleted queue's last counters are those of the last sample.
 		s.retired[totAck].Add(e.prev[qAck])
+		s.retiredQ[qPublished].Add(e.prev[qPublish])
+		s.retiredQ[qDelivered].Add(e.prev[qDeliver])
 	}
 	return c
 }
@@ -573,7 +593,16 @@ type census struct {
 	exchanges      int
 	queues         int
 	ready, unacked uint64
+	// queued counts what the queues published and delivered, by
+	// qPublished and qDelivered.
+	queued [2]uint64
 }
+
+// Slots of census.queued.
+const (
+	qPublished = 0
+	qDelivered = 1
+)
 
 // addQueue counts a queue in the census.
 func (c *census) addQueue(q *QueueInfo) {
@@ -581,6 +610,8 @@ func (c *census) addQueue(q *QueueInfo) {
 	c.queues++
 	c.ready += q.MessagesReady
 	c.unacked += q.MessagesUnacked
+	c.queued[qPublished] += q.Publish
+	c.queued[qDelivered] += q.Deliver
 }
 
 // count returns the node's message totals now, retired objects plus the
@@ -614,20 +645,49 @@ func (s *sampler) count(ex, qs *census) census {
 		}
 		t[totAck] += qs.totals[totAck]
 		c.queues, c.ready, c.unacked = qs.queues, qs.ready, qs.unacked
-	}
-	for i := range t {
-		for {
-			r := s.reported[i].Load()
-			if t[i] <= r {
-				t[i] = r
-				break
-			}
-			if s.reported[i].CompareAndSwap(r, t[i]) {
-				break
-			}
+		for i := range c.queued {
+			c.queued[i] = s.retiredQ[i].Load() + qs.queued[i]
+			holdHigh(&s.reportedQ[i], &c.queued[i])
 		}
 	}
+	for i := range t {
+		holdHigh(&s.reported[i], &t[i])
+	}
 	return c
+}
+
+// holdHigh raises *high to *v, or *v to *high: a total never comes out
+// lower than one returned before.
+func holdHigh(high *atomic.Uint64, v *uint64) {
+	for {
+		r := high.Load()
+		if *v <= r {
+			*v = r
+			return
+		}
+		if high.CompareAndSwap(r, *v) {
+			return
+		}
+	}
+}
+
+// requestLatency returns the node's request latency histogram: the
+// deleted exchanges' and every request-response exchange's now. Its
+// counts never come out lower than before.
+func (s *sampler) requestLatency() broker.LatencySnapshot {
+	s.latMu.Lock()
+	defer s.latMu.Unlock()
+	h := s.retiredLat
+	s.rangeExchangesFast(func(ex *broker.Exchange) {
+		if l := ex.Latency(); l != nil {
+			l.AddTo(&h)
+		}
+	})
+	for i, c := range h.Counts {
+		s.reportedLat.Counts[i] = max(s.reportedLat.Counts[i], c)
+	}
+	s.reportedLat.Sum = max(s.reportedLat.Sum, h.Sum)
+	return s.reportedLat
 }
 
 // lastTick returns the latest sample; zero before the first.

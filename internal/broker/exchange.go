@@ -49,6 +49,9 @@ type Exchange struct {
 
 	requests  atomic.Uint64
 	publishes atomic.Uint64
+	// latency is a request-response exchange's request times; nil for
+	// the other patterns.
+	latency *Latency
 
 	tq *taskQueue // a task exchange's queue
 }
@@ -81,6 +84,7 @@ func newExchange(b *Broker, name string, spec Spec) (*Exchange, error) {
 		if err := ex.compileStrategy(); err != nil {
 			return nil, err
 		}
+		ex.latency = &Latency{}
 	case wire.PatternPubSub:
 		if cfg.Strategy != "" {
 			return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: pubsub exchanges take no strategy (got %q)", name, cfg.Strategy)

@@ -37,6 +37,7 @@ func deadlineOf(f *wire.Frame) int64 {
 type inflight struct {
 	requester *Session
 	reqID     uint64
+	start     int64 // monoNow at the request's arrival
 	remaining int
 	targets   []target
 	// deliver serializes responses to the requester from the moment one
@@ -61,6 +62,7 @@ type slot struct {
 	inf   *inflight // broadcast only
 	idx   int
 	gen   uint32
+	start int64 // unicast: monoNow at the request's arrival
 }
 
 const shards = 8 // power of two
@@ -226,6 +228,7 @@ const maxRedirects = 8
 
 // request routes a REQUEST from this session to handlers.
 func (s *Session) request(f *wire.Frame) {
+	start := monoNow()
 	s.stats.Requests.Add(1)
 	if !s.allowed(auth.Write, f.Name) {
 		s.failRequest(f, s.deny("request", auth.Write, f.Name))
@@ -249,7 +252,7 @@ func (s *Session) request(f *wire.Frame) {
 		}
 		ex.requests.Add(1)
 		var redirect string
-		redirect, err = s.dispatch(ex, f)
+		redirect, err = s.dispatch(ex, f, start)
 		if err != nil || redirect == "" {
 			break
 		}
@@ -272,8 +275,9 @@ func (s *Session) failRequest(f *wire.Frame, err error) {
 }
 
 // dispatch picks the handlers of ex for f and sends it to them. It returns
-// the name of another exchange when a routing function redirects.
-func (s *Session) dispatch(ex *Exchange, f *wire.Frame) (string, error) {
+// the name of another exchange when a routing function redirects. start
+// is when the request arrived (monoNow), for the exchange's latency.
+func (s *Session) dispatch(ex *Exchange, f *wire.Frame, start int64) (string, error) {
 	v := ex.view.Load()
 	g := v.all
 	if f.Tag != "" {
@@ -288,7 +292,7 @@ func (s *Session) dispatch(ex *Exchange, f *wire.Frame) (string, error) {
 	var one *Attachment
 	switch ex.cfg.Strategy {
 	case Broadcast:
-		return "", s.send(f, g.members)
+		return "", s.send(f, g.members, start)
 	case RoundRobin, LeaderRoundRobin:
 		one = g.members[(g.next.Add(1)-1)%uint64(len(g.members))]
 	case Leader:
@@ -300,9 +304,9 @@ func (s *Session) dispatch(ex *Exchange, f *wire.Frame) (string, error) {
 	case LeastBusy:
 		one = leastBusy(g)
 	case Fun:
-		return s.routeFun(ex, g, f)
+		return s.routeFun(ex, g, f, start)
 	}
-	return "", s.sendOne(f, one)
+	return "", s.sendOne(f, one, start)
 }
 
 func leastBusy(g *group) *Attachment {
@@ -319,7 +323,7 @@ func leastBusy(g *group) *Attachment {
 	return best
 }
 
-func (s *Session) routeFun(ex *Exchange, g *group, f *wire.Frame) (string, error) {
+func (s *Session) routeFun(ex *Exchange, g *group, f *wire.Frame, start int64) (string, error) {
 	r, err := ex.route(routeInput(f, g))
 	if err != nil {
 		return "", wire.Errorf(wire.CodeRejected, "routing function of %q failed: %v", ex.name, err)
@@ -339,7 +343,7 @@ func (s *Session) routeFun(ex *Exchange, g *group, f *wire.Frame) (string, error
 	case r.Member != "":
 		for _, m := range g.members {
 			if m.member == r.Member {
-				return "", s.sendOne(f, m)
+				return "", s.sendOne(f, m, start)
 			}
 		}
 		return "", wire.Errorf(wire.CodeNoHandler, "routing function of %q picked %q, which is not a handler", ex.name, r.Member)
@@ -350,7 +354,7 @@ func (s *Session) routeFun(ex *Exchange, g *group, f *wire.Frame) (string, error
 		}
 		g = tg
 	}
-	return "", s.sendOne(f, g.members[(g.next.Add(1)-1)%uint64(len(g.members))])
+	return "", s.sendOne(f, g.members[(g.next.Add(1)-1)%uint64(len(g.members))], start)
 }
 
 // register records a pending request; it fails on a closed session, a
@@ -395,10 +399,10 @@ func (s *Session) take(reqID uint64, match func(pending) bool) (pending, bool) {
 }
 
 // sendOne sends f to one handler, reusing f as the delivered frame.
-func (s *Session) sendOne(f *wire.Frame, a *Attachment) error {
+func (s *Session) sendOne(f *wire.Frame, a *Attachment, start int64) error {
 	h := a.s
 	epoch := h.handling.epoch.Load()
-	id, ok := h.handling.put(slot{r: s, reqID: f.Ref, a: a}, f.Ref)
+	id, ok := h.handling.put(slot{r: s, reqID: f.Ref, a: a, start: start}, f.Ref)
 	if !ok {
 		return wire.Errorf(wire.CodeHandlerGone, "the handler's connection closed")
 	}
@@ -426,11 +430,11 @@ func (s *Session) sendOne(f *wire.Frame, a *Attachment) error {
 }
 
 // send delivers f to every member of list (broadcast).
-func (s *Session) send(f *wire.Frame, list []*Attachment) error {
+func (s *Session) send(f *wire.Frame, list []*Attachment, start int64) error {
 	if len(list) == 1 {
-		return s.sendOne(f, list[0])
+		return s.sendOne(f, list[0], start)
 	}
-	inf := &inflight{requester: s, reqID: f.Ref, remaining: len(list), targets: make([]target, len(list))}
+	inf := &inflight{requester: s, reqID: f.Ref, start: start, remaining: len(list), targets: make([]target, len(list))}
 	if err := s.register(f.Ref, pending{inf: inf, deadline: deadlineOf(f)}); err != nil {
 		return err
 	}
@@ -593,6 +597,13 @@ func (s *Session) respond(f *wire.Frame) {
 	f.Flags &^= wire.FlagLast
 	if last {
 		f.Flags |= wire.FlagLast
+		if h := sl.a.ex.latency; h != nil {
+			start := sl.start
+			if sl.inf != nil {
+				start = sl.inf.start
+			}
+			h.observe(monoNow() - start)
+		}
 	}
 	r.sink.Deliver(f)
 }

@@ -64,6 +64,12 @@ func (b *Broker) AttachmentCount() int {
 // (a redirected request counts at every exchange it passes).
 func (ex *Exchange) Requests() uint64 { return ex.requests.Load() }
 
+// Latency returns the histogram of the requests answered through a
+// request-response exchange, from their arrival to their last response;
+// nil for other patterns. A redirected request counts at the exchange
+// whose handler answered it.
+func (ex *Exchange) Latency() *Latency { return ex.latency }
+
 // Publishes returns how many messages were published to the exchange.
 func (ex *Exchange) Publishes() uint64 { return ex.publishes.Load() }
 
