@@ -48,7 +48,7 @@ func counters(q *queue.Queue) admin.QueueInfo {
 	st := q.Stats()
 	return admin.QueueInfo{
 		MessagesReady: uint64(st.Ready + st.Delayed), MessagesUnacked: uint64(st.Unacked),
-		Consumers: int(st.Consumers), Memory: uint64(st.Bytes),
+		Consumers: int(st.Consumers), Memory: uint64(q.Resident()),
 		Publish: st.Published, Deliver: st.Delivered, Ack: st.Acked,
 	}
 }

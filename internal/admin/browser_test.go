@@ -224,11 +224,51 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	shot("connections.png")
 
-	// Queues: none yet.
+	// Queues: none yet, then two with messages waiting.
 	run("open queues", chromedp.Navigate(n.HTTPURL()+"/#queues"), chromedp.WaitVisible(chromedp.CSS(`#queues-table td.empty`)))
 	if s := text("#queues-table td.empty"); !strings.Contains(s, "No queues") {
 		t.Errorf("queues empty state %q", s)
 	}
+	qc := n.Connect()
+	defer qc.Close()
+	for name, depth := range map[string]int{"jobs": 5, "mail": 2} {
+		tasks, err := qc.Tasks(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range depth {
+			if _, err := tasks.Submit(ctx, courier.Task{Body: []byte("work")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Columns: name, messages, ready, unacked, consumers, memory...
+	waitText(`#queues-table tr[data-name="jobs"] td:nth-child(3)`, "jobs ready", func(s string) bool { return s == "5" })
+	waitText(`#queues-table tr[data-name="mail"] td:nth-child(3)`, "mail ready", func(s string) bool { return s == "2" })
+	if s := text(`#queues-table tr[data-name="jobs"] td:nth-child(2)`); s != "5" {
+		t.Errorf("jobs messages %q, want 5", s)
+	}
+	waitText("#nav-queues", "queue count", func(s string) bool { return s == "2" })
+	shot("queues.png")
+
+	// An alarm shows as a banner on every page while it is on: the queues
+	// fill a memory budget cut to one byte.
+	mem := n.Broker().Memory()
+	limit := mem.Limit()
+	mem.SetLimit(1)
+	banner := waitText("#alarms", "memory alarm banner", func(s string) bool { return strings.Contains(s, "memory") })
+	if !strings.Contains(banner, "memory budget") {
+		t.Errorf("alarm banner %q", banner)
+	}
+	if v := eval("banner shown", `document.getElementById("alarms").hidden ? 0 : 1`); v != 1 {
+		t.Errorf("the alarm banner is hidden")
+	}
+	shot("alarm.png")
+	mem.SetLimit(limit)
+	testutil.WaitForf(t, 10*time.Second, func() bool {
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.getElementById("alarms").hidden`))
+		return err == nil && v
+	}, "the alarm banner goes when the alarm clears")
 
 	// The page says so when the API goes away.
 	stopLoad()

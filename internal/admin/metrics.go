@@ -67,7 +67,7 @@ var (
 	mQReady        = desc("courier_queue_messages_ready", "Messages ready for delivery.", "queue")
 	mQUnacked      = desc("courier_queue_messages_unacked", "Messages delivered and not yet acknowledged.", "queue")
 	mQConsumers    = desc("courier_queue_consumers", "Consumers of the queue.", "queue")
-	mQMemory       = desc("courier_queue_memory_bytes", "Bytes the queue holds in memory.", "queue")
+	mQMemory       = desc("courier_queue_memory_bytes", "Bytes the queue keeps in RAM (index entries, bodies not paged out), as the memory budget accounts them.", "queue")
 	mQPublish      = desc("courier_queue_publishes_total", "Messages published to the queue.", "queue")
 	mQDeliver      = desc("courier_queue_deliveries_total", "Messages delivered from the queue.", "queue")
 	mQAck          = desc("courier_queue_acks_total", "Messages acknowledged on the queue.", "queue")

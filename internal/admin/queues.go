@@ -21,7 +21,9 @@ type QueueInfo struct {
 	MessagesUnacked uint64
 	// Consumers is the number of consumers attached.
 	Consumers int
-	// Memory is the bytes the queue holds in memory.
+	// Memory is the bytes the queue keeps in RAM, as its node's memory
+	// budget accounts them: the index entries of its messages and the
+	// bodies and headers not paged out to disk.
 	Memory uint64
 	// Publish, Deliver and Ack count the messages published to, delivered
 	// from and acknowledged on the queue since it was created. The

@@ -97,6 +97,24 @@ function showError(err) {
   }
 }
 
+// showAlarms shows the node's alarms (memory, disk, store, component) in
+// a banner at the top of every page while any is on.
+function showAlarms(alarms) {
+  const b = $("#alarms");
+  if (!alarms || !alarms.length) {
+    b.hidden = true;
+    b.replaceChildren();
+    b.dataset.kinds = "";
+    return;
+  }
+  b.dataset.kinds = alarms.map((a) => a.kind).join(",");
+  b.replaceChildren(
+    el("span", { class: "alarm-title" }, alarms.length === 1 ? "Alarm:" : alarms.length + " alarms:"),
+    el("ul", {}, ...alarms.map((a) => el("li", { "data-kind": a.kind },
+      el("span", { class: "kind" }, a.kind + (a.resource ? " " + a.resource : "")), a.message))));
+  b.hidden = false;
+}
+
 // ---- charts (canvas, drawn by hand) ----
 
 function niceStep(max, ticks) {
@@ -236,6 +254,7 @@ async function refreshOverview(full) {
   $("#nav-exchanges").textContent = fmtInt(t.exchanges);
   $("#nav-queues").textContent = fmtInt(t.queues);
   $("#nav-connections").textContent = fmtInt(t.connections);
+  showAlarms(o.alarms);
   if (!full) return;
 
   $("#total-connections").textContent = fmtInt(t.connections);
@@ -276,6 +295,8 @@ async function refreshOverview(full) {
     ["Version", n.courier_version + " (" + n.go_version + ")"],
     ["Uptime", fmtDuration(n.uptime)],
     ["Memory used", fmtBytes(n.mem_used)],
+    ["Queue memory budget", n.mem_budget_limit ? fmtBytes(n.mem_budget_used) + " of " + fmtBytes(n.mem_budget_limit) + (n.mem_alarm ? " (alarm)" : "") : "none"],
+    ["Disk free", n.disk_free >= 0 ? fmtBytes(n.disk_free) + (n.disk_free_alarm ? " (alarm)" : "") : "unknown"],
     ["Goroutines", fmtInt(n.goroutines)],
     ["Processors", fmtInt(n.processors)],
     ["Process id", n.os_pid],
