@@ -210,6 +210,7 @@ func overviewCmd() *cobra.Command {
 				} `json:"queue_totals"`
 				MessageStats map[string]json.RawMessage `json:"message_stats"`
 				Listeners    []struct{ Protocol, Address string }
+				Alarms       []struct{ Kind, Resource, Message string }
 			}
 			if printed, err := af.getOrPrint(cmd, "/api/overview", &o); printed || err != nil {
 				return err
@@ -225,6 +226,16 @@ func overviewCmd() *cobra.Command {
 				ls = append(ls, l.Protocol+" "+l.Address)
 			}
 			fmt.Fprintf(tw, "listeners\t%s\n", strings.Join(ls, ", "))
+			if len(o.Alarms) == 0 {
+				fmt.Fprintf(tw, "alarms\tnone\n")
+			}
+			for _, a := range o.Alarms {
+				what := a.Kind
+				if a.Resource != "" {
+					what += " " + a.Resource
+				}
+				fmt.Fprintf(tw, "ALARM\t%s: %s\n", what, a.Message)
+			}
 			fmt.Fprintln(tw)
 			fmt.Fprintln(tw, "MESSAGES\tTOTAL\tRATE")
 			for _, k := range []string{"publish", "request", "deliver", "response", "ack"} {

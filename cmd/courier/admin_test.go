@@ -49,7 +49,7 @@ func TestCLIAdmin(t *testing.T) {
 	t.Run("Overview", func(t *testing.T) {
 		out := cliOK(t, a("overview")...)
 		for _, w := range []string{"node", "n1", "objects", "1 connections, 1 exchanges, 0 queues, 1 attachments",
-			"listeners", "courier 127.0.0.1:", "http 127.0.0.1:", "MESSAGES", "publish", "deliver"} {
+			"listeners", "courier 127.0.0.1:", "http 127.0.0.1:", "alarms", "none", "MESSAGES", "publish", "deliver"} {
 			if !strings.Contains(out, w) {
 				t.Errorf("overview lacks %q:\n%s", w, out)
 			}
