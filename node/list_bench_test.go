@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/internal/testutil"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -39,12 +40,12 @@ func BenchmarkListQueues(b *testing.B) {
 				var size int
 				cpu0 := cpu()
 				for b.Loop() {
-					w := &countWriter{header: http.Header{}}
-					h.ServeHTTP(w, req)
-					if w.code != http.StatusOK {
-						b.Fatalf("status %d", w.code)
+					var w testutil.ResponseCounter
+					h.ServeHTTP(&w, req)
+					if w.Code != http.StatusOK {
+						b.Fatalf("status %d", w.Code)
 					}
-					size = w.n
+					size = w.N
 				}
 				b.ReportMetric(float64(cpu()-cpu0)/1e6/float64(b.N), "cpu-ms/op")
 				b.ReportMetric(float64(size), "bytes/response")
@@ -52,23 +53,4 @@ func BenchmarkListQueues(b *testing.B) {
 		}
 		nd.Close()
 	}
-}
-
-// countWriter is a ResponseWriter that counts the body and drops it.
-type countWriter struct {
-	header http.Header
-	code   int
-	n      int
-}
-
-func (d *countWriter) Header() http.Header { return d.header }
-func (d *countWriter) WriteHeader(code int) {
-	if d.code == 0 {
-		d.code = code
-	}
-}
-func (d *countWriter) Write(p []byte) (int, error) {
-	d.WriteHeader(http.StatusOK)
-	d.n += len(p)
-	return len(p), nil
 }

@@ -85,6 +85,14 @@ func start(t *testing.T, edit ...func(*admin.Config)) *harness {
 	for _, e := range edit {
 		e(&cfg)
 	}
+	h := serve(t, cfg)
+	h.n, h.clk = n, clk
+	return h
+}
+
+// serve starts a management server of cfg on an httptest server.
+func serve(t *testing.T, cfg admin.Config) *harness {
+	t.Helper()
 	srv, err := admin.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +102,7 @@ func start(t *testing.T, edit ...func(*admin.Config)) *harness {
 		hs.Close()
 		srv.Shutdown(context.Background())
 	})
-	return &harness{t: t, n: n, srv: srv, hs: hs, clk: clk}
+	return &harness{t: t, srv: srv, hs: hs}
 }
 
 // tick moves the clock by d and samples.

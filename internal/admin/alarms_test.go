@@ -1,8 +1,6 @@
 package admin_test
 
 import (
-	"context"
-	"net/http/httptest"
 	"regexp"
 	"strings"
 	"sync"
@@ -33,20 +31,11 @@ func TestAlarms(t *testing.T) {
 	t.Cleanup(func() { b.Close() })
 	var mu sync.Mutex
 	comps := []admin.Component{{Name: "listener", State: "running", Critical: true}}
-	srv, err := admin.New(admin.Config{Broker: b, Log: quiet, SampleInterval: time.Hour, Components: func() []admin.Component {
+	h := serve(t, admin.Config{Broker: b, Log: quiet, SampleInterval: time.Hour, Components: func() []admin.Component {
 		mu.Lock()
 		defer mu.Unlock()
 		return append([]admin.Component(nil), comps...)
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(func() {
-		hs.Close()
-		srv.Shutdown(context.Background())
-	})
-	h := &harness{t: t, hs: hs}
 
 	// alarms returns the kinds in /api/overview, checking that /metrics
 	// and /api/nodes agree.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/courier-mq/courier/internal/admin"
 	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/internal/testutil"
 )
 
 // BenchmarkListExchanges lists 10,000 and 100,000 exchanges through the
@@ -44,43 +45,23 @@ func BenchmarkListExchanges(b *testing.B) {
 				h := srv.Handler()
 				req := httptest.NewRequest("GET", "/api/exchanges?"+q, nil)
 				b.ReportAllocs()
-				var w discard
+				var w testutil.ResponseCounter
 				cpu0 := cpuTime()
 				for b.Loop() {
-					w = discard{header: http.Header{}}
+					w = testutil.ResponseCounter{}
 					h.ServeHTTP(&w, req)
-					if w.code != http.StatusOK {
-						b.Fatalf("status %d", w.code)
+					if w.Code != http.StatusOK {
+						b.Fatalf("status %d", w.Code)
 					}
 				}
 				b.ReportMetric(float64(b.Elapsed().Microseconds())/1e3/float64(b.N), "ms/op")
 				b.ReportMetric(float64(cpuTime()-cpu0)/1e6/float64(b.N), "cpu-ms/op")
-				b.ReportMetric(float64(w.n), "bytes/response")
+				b.ReportMetric(float64(w.N), "bytes/response")
 			})
 		}
 		srv.Shutdown(context.Background())
 		br.Close()
 	}
-}
-
-// discard is a ResponseWriter that counts the body and drops it, so that
-// the benchmark measures the server's work and not a recorder's copying.
-type discard struct {
-	header http.Header
-	code   int
-	n      int
-}
-
-func (d *discard) Header() http.Header { return d.header }
-func (d *discard) WriteHeader(code int) {
-	if d.code == 0 {
-		d.code = code
-	}
-}
-func (d *discard) Write(p []byte) (int, error) {
-	d.WriteHeader(http.StatusOK)
-	d.n += len(p)
-	return len(p), nil
 }
 
 // cpuTime is the CPU time of the process (every goroutine, GC included):

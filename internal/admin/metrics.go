@@ -86,25 +86,30 @@ var latencyBounds = func() []float64 {
 
 // latencyHistogram turns a latency snapshot into a Prometheus histogram.
 func latencyHistogram(d *prometheus.Desc, h *broker.LatencySnapshot, labels ...string) prometheus.Metric {
-	buckets := make(map[float64]uint64, len(latencyBounds))
-	var cum uint64
-	for i, le := range latencyBounds {
-		cum += h.Counts[i]
-		buckets[le] = cum
-	}
-	return prometheus.MustNewConstHistogram(d, cum+h.Counts[len(latencyBounds)], h.Sum.Seconds(), buckets, labels...)
+	return constHistogram(d, latencyBounds, h.Counts[:], h.Sum.Seconds(), labels...)
 }
 
-// syncHistogram turns the store's fsync latency counts into a Prometheus
-// histogram.
-func syncHistogram(st *store.Stats) prometheus.Metric {
-	buckets := make(map[float64]uint64, len(store.SyncBuckets))
-	var cum uint64
-	for i, le := range store.SyncBuckets {
-		cum += st.SyncHist[i]
-		buckets[le.Seconds()] = cum
+// syncBounds are the upper bounds of the store's fsync buckets, in
+// seconds.
+var syncBounds = func() []float64 {
+	b := make([]float64, len(store.SyncBuckets))
+	for i, d := range store.SyncBuckets {
+		b[i] = d.Seconds()
 	}
-	return prometheus.MustNewConstHistogram(mStoreSync, cum+st.SyncHist[len(store.SyncBuckets)], st.SyncTime.Seconds(), buckets)
+	return b
+}()
+
+// constHistogram makes a Prometheus histogram of per-bucket counts:
+// counts[i] for the bucket up to bounds[i], one more for what is above
+// every bound.
+func constHistogram(d *prometheus.Desc, bounds []float64, counts []uint64, sum float64, labels ...string) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(bounds))
+	var cum uint64
+	for i, le := range bounds {
+		cum += counts[i]
+		buckets[le] = cum
+	}
+	return prometheus.MustNewConstHistogram(d, cum+counts[len(bounds)], sum, buckets, labels...)
 }
 
 // nodeCollector collects the node-wide metrics.
@@ -168,7 +173,7 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if l := c.s.b.Store(); l != nil {
 		st := l.Stats()
-		ch <- syncHistogram(&st)
+		ch <- constHistogram(mStoreSync, syncBounds, st.SyncHist[:], st.SyncTime.Seconds())
 		gauge(mStoreSegs, float64(st.Segments))
 		gauge(mStoreDisk, float64(st.DiskBytes))
 		gauge(mStoreLive, float64(st.LiveRecords))

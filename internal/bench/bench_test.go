@@ -162,8 +162,16 @@ func TestPubSubEmbedded(t *testing.T) {
 // port, in this process.
 func startServer(t testing.TB) bench.Target {
 	t.Helper()
+	_, target := startNode(t, "")
+	return target
+}
+
+// startNode runs a node that serves the network on a free loopback port,
+// and the management API on http unless it is "", in this process.
+func startNode(t testing.TB, http string) (*node.Node, bench.Target) {
+	t.Helper()
 	quiet := slog.New(slog.DiscardHandler)
-	n, err := node.Start(node.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Log: quiet})
+	n, err := node.Start(node.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: http, Log: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +180,7 @@ func startServer(t testing.TB) bench.Target {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return target
+	return n, target
 }
 
 func TestReqRespServer(t *testing.T) {

@@ -2,14 +2,12 @@ package bench_test
 
 import (
 	"bytes"
-	"log/slog"
 	"regexp"
 	"testing"
 	"time"
 
 	"github.com/courier-mq/courier/internal/bench"
 	"github.com/courier-mq/courier/internal/queue"
-	"github.com/courier-mq/courier/node"
 )
 
 var (
@@ -32,12 +30,7 @@ func checkMgmt(t *testing.T, cfg bench.Config) *bench.MgmtResult {
 	if err != nil {
 		t.Fatalf("RunMgmt: %v", err)
 	}
-	var out bytes.Buffer
-	if err := res.WriteText(&out); err != nil {
-		t.Fatal(err)
-	}
-	text := out.String()
-	t.Logf("output:\n%s", text)
+	text := textOf(t, res)
 	if res.Confirmed == 0 || res.Delivered == 0 || res.TrickleConfirmed == 0 {
 		t.Errorf("no load: %d confirmed, %d delivered, %d trickled", res.Confirmed, res.Delivered, res.TrickleConfirmed)
 	}
@@ -70,21 +63,24 @@ func checkMgmt(t *testing.T, cfg bench.Config) *bench.MgmtResult {
 	return res
 }
 
+// textOf returns a result's text, and logs it.
+func textOf(t *testing.T, res bench.Result) string {
+	t.Helper()
+	var out bytes.Buffer
+	if err := res.WriteText(&out); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("output:\n%s", out.String())
+	return out.String()
+}
+
 func TestMgmtEmbedded(t *testing.T) {
 	checkMgmt(t, tinyMgmt(bench.Target{Kind: bench.KindEmbedded}))
 }
 
 // The scenario against a server: its queues are deleted at the end.
 func TestMgmtServer(t *testing.T) {
-	n, err := node.Start(node.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Log: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
-	target, err := bench.ParseTarget(n.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, target := startNode(t, "127.0.0.1:0")
 	cfg := tinyMgmt(target)
 	cfg.Mgmt.HTTP = n.HTTPURL()
 	checkMgmt(t, cfg)
