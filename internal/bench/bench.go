@@ -17,6 +17,10 @@
 //   - Many users ([RunUsers]), in the manner of Amoc: users ramped up,
 //     each on its own connection, requesting and publishing at a rate;
 //     one line per interval, and where the server fell behind.
+//   - The management API under load ([RunMgmt], Courier only): N durable
+//     queues, hot ones loaded, the rest trickled to, while
+//     GET /api/queues?columns=name,messages_ready is polled, timed and
+//     checked for exact depths.
 //
 // Every scenario samples its run every interval ([Sample]): rates,
 // latency percentiles (HDR histogram), the server's CPU and resident
