@@ -163,11 +163,9 @@ func (b *Broker) OpenStore(cfg StoreConfig) (*store.Recovery, error) {
 		log.Close()
 		return nil, err
 	}
-	// A checkpoint right away makes the next restart start here, and lets
-	// the definition records replayed now be released.
-	if err := d.checkpoint(); err != nil {
-		b.log.Warn("store: first checkpoint failed", "err", err)
-	}
+	// The first checkpoint is the loop's, in the background, once
+	// something is written: with a deep queue in RAM it writes megabytes,
+	// and the node need not wait for it to serve.
 	go d.loop()
 	return rec, nil
 }

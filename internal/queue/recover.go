@@ -239,6 +239,7 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 	if (r.LazyBodies || r.fromSnapshot) && q.reader == nil {
 		return nil, fmt.Errorf("rebuild %q: %w: paged messages need a Journal that is a Reader", name, ErrBadConfig)
 	}
+	q.index = make(map[uint64]*message, len(r.msgs)) // sized once, not grown a million times
 	if len(r.runs) > 0 && q.spiller == nil {
 		return nil, fmt.Errorf("rebuild %q: %w: the snapshot names runs and the Journal is not a Spiller", name, ErrBadConfig)
 	}

@@ -3,6 +3,7 @@ package queue
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 )
 
 // A snapshot is a queue's index for a checkpoint (store.Log.Checkpoint
@@ -209,8 +210,17 @@ func (r *Rebuilder) LoadSnapshot(b []byte) error {
 	for id, a := range sec.attempts {
 		r.attemptRefs[a.aref] = id
 	}
+	// LoadSnapshot comes first: the maps are empty, and a deep queue's
+	// would otherwise grow, rehashing, a million entries at a time.
+	if len(r.msgs) == 0 {
+		r.msgs = msgs
+	} else {
+		maps.Copy(r.msgs, msgs)
+	}
+	if len(r.refs) == 0 {
+		r.refs = make(map[Ref]uint64, len(msgs))
+	}
 	for id, x := range msgs {
-		r.msgs[id] = x
 		r.refs[x.m.ref] = id
 		if !x.m.aref.IsZero() {
 			r.refs[x.m.aref] = id
