@@ -272,10 +272,9 @@ func (d *durability) build() error {
 	}
 	slices.Sort(ids)
 	b := d.b
-	tasks := 0
+	var tasks int64
 	for _, id := range ids {
 		def := r.defs[id]
-		tasks += r.rbs[id].Len()
 		spec := Spec{ExchangeConfig: def.Config}
 		var rq *recoveredQueue
 		if def.Sub == "" {
@@ -297,6 +296,12 @@ func (d *durability) build() error {
 		}
 	}
 	if len(ids) > 0 {
+		b.queues.Range(func(_, v any) bool {
+			if tq := v.(*taskQueue); tq.durable {
+				tasks += tq.q.Stats().Messages()
+			}
+			return true
+		})
 		b.log.Info("store: durable queues recovered", "queues", len(ids), "messages", tasks)
 	}
 	for id, refs := range r.orphans {
