@@ -34,9 +34,8 @@ const (
 	UsesWarmup
 )
 
-// Scenario is one kind of load. New scenarios (the durable task queues'
-// "tasks" and "backlog" are next) are added to [Scenarios] with the
-// settings they use; what they need from a broker beyond [driver]
+// Scenario is one kind of load. New scenarios are added to [Scenarios]
+// with the settings they use; what they need from a broker beyond [driver]
 // becomes an optional interface that the drivers able to map it
 // implement, found by type assertion, and a target without it is
 // refused with [ErrNoMapping].
@@ -96,6 +95,24 @@ func Scenarios() []Scenario {
 				return nilIfNil(RunUsers(ctx, cfg))
 			},
 		},
+		{
+			Name:    "tasks",
+			Short:   "Durable tasks: one producer with pipelined confirms, workers with a prefetch acking each",
+			Uses:    UsesSize | UsesCount | UsesDuration | UsesWorkers | UsesRate | UsesWarmup,
+			Targets: allKinds,
+			Run: func(ctx context.Context, cfg Config) (Result, error) {
+				return nilIfNil(RunTasks(ctx, cfg))
+			},
+		},
+		{
+			Name:    "backlog",
+			Short:   "Persister stress test: publish two, receive and ack one, until the queue is --depth deep; memory every --sample-every",
+			Uses:    UsesSize | UsesDuration,
+			Targets: allKinds,
+			Run: func(ctx context.Context, cfg Config) (Result, error) {
+				return nilIfNil(RunBacklog(ctx, cfg))
+			},
+		},
 	}
 }
 
@@ -143,6 +160,13 @@ type Metric struct {
 type Timeline struct {
 	Title   string
 	Samples []Sample
+	// ByDepth plots the samples over their queue depth (Sample.Depth)
+	// instead of their time.
+	ByDepth bool
+	// SentName, ReceivedName, LatencyName and DeliveryName, if set,
+	// name the series of Sample.Sent, Received, Latency and Delivery in
+	// the charts' legends.
+	SentName, ReceivedName, LatencyName, DeliveryName string
 }
 
 // Report holds what every scenario reports besides its own figures.
