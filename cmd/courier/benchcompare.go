@@ -62,7 +62,7 @@ the scenarios' own defaults, so that a comparison takes minutes.`,
 				Targets: targets, Cases: cases,
 				Config: bench.Config{Size: size, Count: count, Duration: duration, Interval: g.interval,
 					Queue: bench.QueueConfig{Depth: depth}},
-				Log:    func(line string) { fmt.Fprintln(os.Stderr, line) },
+				Log: func(line string) { fmt.Fprintln(os.Stderr, line) },
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 			defer cancel()
