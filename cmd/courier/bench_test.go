@@ -76,7 +76,7 @@ func TestBenchBadFlags(t *testing.T) {
 		{"users", "--target", "amqp://127.0.0.1:5672/"}, // no mapping
 		{"reqresp", "--plot", "out.pdf"},
 		{"pubsub", "--publishers", "-1"},
-		{"users", "--count", "5"}, // users has no --count
+		{"users", "--count", "5"},   // users has no --count
 		{"backlog", "--count", "5"}, // backlog has --depth
 		{"tasks", "--prefetch", "-1"},
 		{"backlog", "--window", "-3"},

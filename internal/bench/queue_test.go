@@ -86,9 +86,11 @@ func checkTasks(t *testing.T, cfg bench.Config) {
 	}
 }
 
-func TestTasksEmbedded(t *testing.T) { checkTasks(t, tinyTasks(bench.Target{Kind: bench.KindEmbedded})) }
-func TestTasksServer(t *testing.T)   { checkTasks(t, tinyTasks(startServer(t))) }
-func TestTasksEcho(t *testing.T)     { checkTasks(t, tinyTasks(bench.Target{Kind: bench.KindEcho})) }
+func TestTasksEmbedded(t *testing.T) {
+	checkTasks(t, tinyTasks(bench.Target{Kind: bench.KindEmbedded}))
+}
+func TestTasksServer(t *testing.T) { checkTasks(t, tinyTasks(startServer(t))) }
+func TestTasksEcho(t *testing.T)   { checkTasks(t, tinyTasks(bench.Target{Kind: bench.KindEcho})) }
 
 // A run bounded by time alone ends, at the offered rate.
 func TestTasksDurationRate(t *testing.T) {
@@ -161,9 +163,11 @@ func checkBacklog(t *testing.T, cfg bench.Config) *bench.BacklogResult {
 	return res
 }
 
-func TestBacklogEmbedded(t *testing.T) { checkBacklog(t, tinyBacklog(bench.Target{Kind: bench.KindEmbedded})) }
-func TestBacklogServer(t *testing.T)   { checkBacklog(t, tinyBacklog(startServer(t))) }
-func TestBacklogEcho(t *testing.T)     { checkBacklog(t, tinyBacklog(bench.Target{Kind: bench.KindEcho})) }
+func TestBacklogEmbedded(t *testing.T) {
+	checkBacklog(t, tinyBacklog(bench.Target{Kind: bench.KindEmbedded}))
+}
+func TestBacklogServer(t *testing.T) { checkBacklog(t, tinyBacklog(startServer(t))) }
+func TestBacklogEcho(t *testing.T)   { checkBacklog(t, tinyBacklog(bench.Target{Kind: bench.KindEcho})) }
 
 // A backlog bounded by time stops before its depth, and says so; the
 // queue is still as deep as the iterations.
