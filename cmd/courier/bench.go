@@ -51,6 +51,7 @@ type benchFlags struct {
 	drain    time.Duration // pubsub, tasks
 	users    bench.UsersConfig
 	queue    bench.QueueConfig // tasks, backlog
+	maxRSSMB int64             // backlog
 }
 
 func benchCmd() *cobra.Command {
@@ -191,6 +192,7 @@ func addScenarioFlags(fs *pflag.FlagSet, f *benchFlags, sc bench.Scenario) {
 		fs.IntVar(&q.SampleEvery, "sample-every", 50000, "iterations between two samples of the server's memory")
 		fs.IntVar(&q.Prefetch, "prefetch", 10, "the consumer's prefetch: messages it may hold unacked")
 		fs.IntVar(&q.Window, "window", 1000, "publishes that may await their confirm at a time (pipelining)")
+		fs.Int64Var(&f.maxRSSMB, "max-rss-mb", 0, "stop once the server's resident memory passes this many MB (0: no limit; guards a shared machine)")
 	}
 }
 
@@ -237,6 +239,7 @@ func (f *benchFlags) config(cmd *cobra.Command, g *benchGlobal, sc bench.Scenari
 		Workers: f.workers, Rate: f.rate, Warmup: warmup, Interval: g.interval, ServerPID: g.serverPID,
 		Parallel: f.parallel, Drain: f.drain, Users: f.users, Queue: f.queue,
 	}
+	cfg.Queue.MaxRSS = f.maxRSSMB * 1e6
 	switch sc.Name {
 	case "reqresp":
 		if f.duration == 0 || changed("count") {

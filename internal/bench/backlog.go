@@ -39,6 +39,10 @@ type BacklogResult struct {
 	// RSSBefore is the server's resident memory before the first
 	// iteration, in bytes; 0 if unknown.
 	RSSBefore int64 `json:"server_rss_before_bytes,omitempty"`
+	// MaxRSS is the server memory at which the run was to stop, in
+	// bytes (0: none); OverRSS says the run stopped there.
+	MaxRSS  int64 `json:"max_rss_bytes,omitempty"`
+	OverRSS bool  `json:"stopped_over_max_rss,omitempty"`
 	// Curve holds a point every SampleEvery iterations, and one at the
 	// end.
 	Curve []BacklogPoint `json:"curve"`
@@ -85,7 +89,7 @@ func RunBacklog(ctx context.Context, cfg Config) (*BacklogResult, error) {
 	q := cfg.Queue
 	res := &BacklogResult{
 		Report: newReport("backlog", &cfg), Prefetch: q.Prefetch, Window: q.Window, Depth: q.Depth,
-		SampleEvery: q.SampleEvery, Duration: cfg.Duration.Seconds(), QueueDepth: -1,
+		SampleEvery: q.SampleEvery, Duration: cfg.Duration.Seconds(), QueueDepth: -1, MaxRSS: q.MaxRSS,
 	}
 	err := runBacklog(ctx, &cfg, res)
 	if err != nil {
@@ -190,6 +194,10 @@ func runBacklog(ctx context.Context, cfg *Config, res *BacklogResult) error {
 		if n%int64(cfg.Queue.SampleEvery) == 0 {
 			res.Curve = append(res.Curve, curve.take(n))
 		}
+		if cfg.Queue.MaxRSS > 0 && n%rssCheckEvery == 0 && meter.rss() > cfg.Queue.MaxRSS {
+			res.OverRSS = true
+			break
+		}
 	}
 	if loopErr == nil {
 		loopErr = c.wait(ctx)
@@ -221,6 +229,10 @@ func runBacklog(ctx context.Context, cfg *Config, res *BacklogResult) error {
 	}
 	return loopErr
 }
+
+// rssCheckEvery is how many backlog iterations go between two checks
+// of the server's memory against Config.Queue.MaxRSS.
+const rssCheckEvery = 5000
 
 // expectedDepth is the queue's depth once every confirm and ack came:
 // the confirmed publishes less the acked messages, one per iteration
@@ -298,9 +310,13 @@ func (res *BacklogResult) WriteText(w io.Writer) error {
 	}
 	tw.Flush()
 	r := func(x float64) int64 { return int64(math.Round(x)) }
-	if res.Iterations >= int64(res.Depth) {
+	switch {
+	case res.Iterations >= int64(res.Depth):
 		fmt.Fprintf(&b, "Reached depth %d in ~%d seconds (%d iterations/s)\n", res.Iterations, r(res.Seconds), r(res.Rate))
-	} else {
+	case res.OverRSS:
+		fmt.Fprintf(&b, "Stopped at depth %d of %d after ~%d seconds (%d iterations/s): the server's RSS passed %s\n",
+			res.Iterations, res.Depth, r(res.Seconds), r(res.Rate), mb(res.MaxRSS))
+	default:
 		fmt.Fprintf(&b, "Stopped at depth %d of %d after ~%d seconds (%d iterations/s)\n", res.Iterations, res.Depth, r(res.Seconds), r(res.Rate))
 	}
 	if res.QueueDepth >= 0 {

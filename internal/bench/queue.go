@@ -23,6 +23,10 @@ type QueueConfig struct {
 	// SampleEvery is how many backlog iterations go between two samples
 	// of the server's memory. Default: 50000.
 	SampleEvery int
+	// MaxRSS, if above 0, stops backlog once the server's resident
+	// memory passes it, in bytes: a guard for a shared machine when the
+	// broker keeps the queue in memory. Default: no limit.
+	MaxRSS int64
 }
 
 func (q QueueConfig) withDefaults(scenario string) QueueConfig {
@@ -48,7 +52,7 @@ func (q QueueConfig) validate() error {
 	for _, f := range []struct {
 		name  string
 		value int
-	}{{"window", q.Window}, {"prefetch", q.Prefetch}, {"depth", q.Depth}, {"sample-every", q.SampleEvery}} {
+	}{{"window", q.Window}, {"prefetch", q.Prefetch}, {"depth", q.Depth}, {"sample-every", q.SampleEvery}, {"max-rss", int(q.MaxRSS)}} {
 		if f.value < 0 {
 			return fmt.Errorf("bench: %s must be positive, got %d", f.name, f.value)
 		}

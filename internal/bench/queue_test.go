@@ -254,3 +254,18 @@ func TestQueuePeers(t *testing.T) {
 		})
 	}
 }
+
+// MaxRSS stops a backlog once the server's memory passes it.
+func TestBacklogMaxRSS(t *testing.T) {
+	cfg := bench.Config{Target: bench.Target{Kind: bench.KindEcho},
+		Queue: bench.QueueConfig{Depth: 1 << 30, SampleEvery: 1 << 20, MaxRSS: 1}}
+	res, err := bench.RunBacklog(ctxFor(t), cfg)
+	if err != nil {
+		t.Fatalf("RunBacklog: %v", err)
+	}
+	var out bytes.Buffer
+	res.WriteText(&out)
+	if !res.OverRSS || res.Iterations == 0 || res.QueueDepth != res.Iterations || !strings.Contains(out.String(), "the server's RSS passed") {
+		t.Errorf("over %v, iterations %d, depth %d:\n%s", res.OverRSS, res.Iterations, res.QueueDepth, out.String())
+	}
+}
