@@ -326,18 +326,9 @@ func (res *BacklogResult) WriteText(w io.Writer) error {
 		}
 		fmt.Fprintf(&b, "Queue depth at the end, as the broker counts it: %d (%s)\n", res.QueueDepth, verdict)
 	}
-	fmt.Fprintf(&b, "Published %d messages (confirmed), %d failed; received and acked %d\n", res.Published, res.Failed, res.Acked)
-	if res.ConfirmLatency.Count > 0 {
-		b.WriteString(latencyLine("Confirm", res.ConfirmLatency, "confirms") + "\n")
-	}
-	if res.Iterations > 0 {
-		for _, l := range res.Process.describe(res.CPU, "iteration") {
-			b.WriteString(l + "\n")
-		}
-	}
-	res.footer(&b)
-	_, err := io.WriteString(w, b.String())
-	return err
+	writeLines(&b, []string{fmt.Sprintf("Published %d messages (confirmed), %d failed; received and acked %d", res.Published, res.Failed, res.Acked)},
+		namedLatency{"Confirm", res.ConfirmLatency, "confirms"})
+	return res.writeTail(w, &b, res.CPU, res.Iterations, "iteration")
 }
 
 // WriteJSON prints the result as one JSON object.

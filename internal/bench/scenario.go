@@ -198,6 +198,40 @@ func (r *Report) finish(s *sampler, meter *cpuMeter) {
 	r.Process = meter.process()
 }
 
+// writeTail ends a result's text: the CPU per unit of work (with n of
+// them), the usage lines, the notes and the error; then it writes the
+// whole text to w.
+func (r *Report) writeTail(w io.Writer, b *strings.Builder, cpu CPU, n int64, unit string) error {
+	if n > 0 {
+		for _, l := range r.Process.describe(cpu, unit) {
+			b.WriteString(l + "\n")
+		}
+	}
+	r.footer(b)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// writeLines writes lines, then a latency line for each latency that
+// counted something.
+func writeLines(b *strings.Builder, lines []string, lats ...namedLatency) {
+	for _, l := range lines {
+		b.WriteString(l + "\n")
+	}
+	for _, l := range lats {
+		if l.l.Count > 0 {
+			b.WriteString(latencyLine(l.what, l.l, l.unit) + "\n")
+		}
+	}
+}
+
+// namedLatency is a latency line's content: "<what> latency ... (N <unit>)".
+type namedLatency struct {
+	what string
+	l    Latency
+	unit string
+}
+
 // footer writes the usage lines, the notes and the error.
 func (r *Report) footer(b *strings.Builder) {
 	if r.Usage.Seconds > 0 {

@@ -255,23 +255,9 @@ func (res *TasksResult) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, ", offered %.0f tasks/s", res.Rate)
 	}
 	b.WriteString("\n")
-	for _, l := range res.Lines() {
-		b.WriteString(l + "\n")
-	}
-	if res.ConfirmLatency.Count > 0 {
-		b.WriteString(latencyLine("Confirm", res.ConfirmLatency, "confirms") + "\n")
-	}
-	if res.Latency.Count > 0 {
-		b.WriteString(latencyLine("End-to-end (submit to handling)", res.Latency, "tasks") + "\n")
-	}
-	if res.Consumed > 0 {
-		for _, l := range res.Process.describe(res.CPU, "task") {
-			b.WriteString(l + "\n")
-		}
-	}
-	res.footer(&b)
-	_, err := io.WriteString(w, b.String())
-	return err
+	writeLines(&b, res.Lines(), namedLatency{"Confirm", res.ConfirmLatency, "confirms"},
+		namedLatency{"End-to-end (submit to handling)", res.Latency, "tasks"})
+	return res.writeTail(w, &b, res.CPU, res.Consumed, "task")
 }
 
 // WriteJSON prints the result as one JSON object.
