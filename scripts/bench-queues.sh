@@ -14,8 +14,9 @@
 # one after. Knobs: ROUNDS (default 2), TASKS (tasks per tasks run,
 # default 200000), DEPTH (backlog depth, default 1000000), SAMPLE_EVERY
 # (default 50000), COURIER_PORT (default 7400), MAX_RSS_MB (backlog's
-# --max-rss-mb, default 0: none), LAZY=1 (also a RabbitMQ run with the
-# queue in lazy mode, set by policy).
+# --max-rss-mb, default 0: none), MEMORY_BUDGET (such as 64MiB: also a
+# Courier server with --memory-budget set so, besides the default budget),
+# LAZY=1 (also a RabbitMQ run with the queue in lazy mode, set by policy).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,10 +56,11 @@ stop_server() {
 	fi
 	if [ -n "$data" ]; then rm -rf "$data"; data=; fi
 }
-start_server() { # a fresh Courier server with an empty data directory
+start_server() { # [server flags...]: a fresh Courier server with an empty data directory
 	stop_server
 	data=$(mktemp -d "${TMPDIR:-/tmp}/courier-bench-queues-data.XXXXXX")
-	"$bin" server --listen "127.0.0.1:$COURIER_PORT" --http off --data "$data" --log-level warn \
+	echo "courier server $* (data $data)" >>"$out/courier-server.log"
+	"$bin" server --listen "127.0.0.1:$COURIER_PORT" --http off --data "$data" --log-level warn "$@" \
 		>>"$out/courier-server.log" 2>&1 </dev/null &
 	server_pid=$!
 	for _ in $(seq 1 50); do (exec 3<>"/dev/tcp/127.0.0.1/$COURIER_PORT") 2>/dev/null && break; sleep 0.1; done
@@ -92,6 +94,7 @@ rabbitmqctl() { HOME="${PEERS_DIR:-${TMPDIR:-/tmp}/courier-peers}/rabbitmq" /usr
 	dd if=/dev/zero of="$out/dd.test" bs=1M count=256 oflag=direct 2>&1 | tail -n1 | sed 's/^/dd 1 MiB oflag=direct x256: /'
 	rm -f "$out/dd.test"
 	echo "go: $(go version | awk '{print $3}')"
+	echo "courier server: default --memory-budget (40% of the machine)${MEMORY_BUDGET:+, and --memory-budget $MEMORY_BUDGET}"
 	echo "$(nats-server --version) (JetStream: -js -sd, default sync_interval)"
 	echo "rabbitmq-server: $(dpkg-query -W -f='${Version}' rabbitmq-server), erlang $(dpkg-query -W -f='${Version}' erlang-base)"
 } | tee "$out/machine.txt"
@@ -113,10 +116,19 @@ exec > >(tee "$out/all.txt") 2>&1
 for r in $(seq 1 "$ROUNDS"); do
 	start_server
 	run "tasks-courier-$r" tasks --url "$COURIER" --count "$TASKS"
+	if [ -n "${MEMORY_BUDGET:-}" ]; then
+		start_server --memory-budget "$MEMORY_BUDGET"
+		run "tasks-courier-budget-$r" tasks --url "$COURIER" --count "$TASKS"
+	fi
 	run "tasks-nats-$r" tasks --target "$NATS" --count "$TASKS"
 	run "tasks-rabbitmq-$r" tasks --target "$AMQP" --count "$TASKS"
 	start_server
 	run "backlog-courier-$r" backlog --url "$COURIER" "${backlog_args[@]}" --plot "$out/backlog-courier-$r.svg"
+	if [ -n "${MEMORY_BUDGET:-}" ]; then
+		start_server --memory-budget "$MEMORY_BUDGET"
+		run "backlog-courier-budget-$r" backlog --url "$COURIER" "${backlog_args[@]}" --plot "$out/backlog-courier-budget-$r.svg"
+	fi
+	stop_server
 	run "backlog-nats-$r" backlog --target "$NATS" "${backlog_args[@]}" --plot "$out/backlog-nats-$r.svg"
 	run "backlog-rabbitmq-$r" backlog --target "$AMQP" "${backlog_args[@]}" --plot "$out/backlog-rabbitmq-$r.svg"
 	if [ "${LAZY:-0}" = 1 ]; then
