@@ -48,29 +48,32 @@ type benchFlags struct {
 
 	parallel []int         // reqresp
 	mode     string        // pubsub
-	drain    time.Duration // pubsub
+	drain    time.Duration // pubsub, tasks
 	users    bench.UsersConfig
 	mgmt     bench.MgmtConfig
+	queue    bench.QueueConfig // tasks, backlog
+	maxRSSMB int64             // backlog
 }
 
 func benchCmd() *cobra.Command {
 	g := &benchGlobal{}
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Load generator: request-response, pub-sub and many-users scenarios against Courier, NATS or RabbitMQ",
+		Short: "Load generator: request-response, pub-sub, many-users, durable tasks and backlog scenarios against Courier, NATS or RabbitMQ",
 		Long: `bench runs a scenario against a broker and prints rates, latency
 percentiles (HDR histogram: p50, p90, p99, p99.9, max), the server's CPU
 seconds and peak memory over the run, and this process's own CPU.
 
 Targets: an embedded Courier node (the default), a Courier server
-(--url courier://127.0.0.1:7400), NATS (--target nats://127.0.0.1:4222) or
+(--url courier://127.0.0.1:7400), NATS (--target nats://127.0.0.1:4222;
+JetStream for tasks and backlog) or
 RabbitMQ (--target amqp://guest:guest@127.0.0.1:5672/); --harness runs
 against an in-process echo with no broker, to show what the load generator
 itself sustains (courier bench echo does that for request-response). The
 server's CPU and memory are read from /proc for the process listening on
 the target's port (or --server-pid); with an embedded node they are the
 whole process's. Every run is bounded by its count or --duration, and by
---timeout.`,
+--timeout (default 5m; 30m for backlog).`,
 	}
 	p := cmd.PersistentFlags()
 	p.BoolVar(&g.embedded, "embedded", false, "run against a Courier node embedded in this process (the default without --url or --target)")
@@ -119,13 +122,17 @@ func scenarioCmd(g *benchGlobal, sc bench.Scenario, use, short string, echo bool
 // own.
 func addScenarioFlags(fs *pflag.FlagSet, f *benchFlags, sc bench.Scenario) {
 	if sc.Has(bench.UsesSize) {
-		fs.IntVar(&f.size, "size", 0, "body size in bytes (default: 4 for reqresp, 128 for pubsub, 64 for users, 256 for mgmt)")
+		fs.IntVar(&f.size, "size", 0, "body size in bytes (default: 4 for reqresp, 128 for pubsub, 64 for users, 256 for mgmt, 1024 for tasks and backlog)")
 	}
 	if sc.Has(bench.UsesCount) {
 		if sc.Name == "reqresp" {
 			fs.IntSliceVar(&f.counts, "count", []int{10000, 20000, 100000}, "cycles of each sequential run; parallel runs use the largest")
 		} else {
-			fs.IntVar(&f.count, "count", 1000000, "messages to publish, shared by the publishers (unlimited with --duration unless given)")
+			what := "messages to publish, shared by the publishers"
+			if sc.Name == "tasks" {
+				what = "tasks to submit"
+			}
+			fs.IntVar(&f.count, "count", 1000000, what+" (unlimited with --duration unless given)")
 		}
 	}
 	if sc.Has(bench.UsesDuration) {
@@ -135,6 +142,8 @@ func addScenarioFlags(fs *pflag.FlagSet, f *benchFlags, sc bench.Scenario) {
 			help = "length of the whole run, ramp-up included (default: users/ramp + 10s)"
 		case "mgmt":
 			help = "length of the load, after the queues are created (default: 30s)"
+		case "backlog":
+			help = "bound the loop by time too: it stops at --depth or after this long"
 		}
 		fs.DurationVar(&f.duration, "duration", 0, help)
 	}
@@ -155,6 +164,8 @@ func addScenarioFlags(fs *pflag.FlagSet, f *benchFlags, sc bench.Scenario) {
 			def = 2
 		case "mgmt":
 			def, help = 2, "workers acking the hot queues' tasks, each on its own connection"
+		case "tasks":
+			help = "workers, each on its own connection, sharing the tasks"
 		}
 		fs.IntVar(&f.workers, "workers", def, help)
 	}
@@ -190,6 +201,17 @@ func addScenarioFlags(fs *pflag.FlagSet, f *benchFlags, sc bench.Scenario) {
 		fs.StringVar(&m.HTTP, "http", "", "the server's management API, such as http://127.0.0.1:7480 (default with --url: that one; an embedded node serves its own)")
 		fs.IntVar(&m.Window, "window", 1000, "each producer's submits awaiting their confirm")
 		fs.IntVar(&m.Prefetch, "prefetch", 100, "each worker's prefetch on each hot queue")
+	case "tasks":
+		fs.IntVar(&f.queue.Prefetch, "prefetch", 100, "each worker's prefetch: tasks it may hold unacked")
+		fs.IntVar(&f.queue.Window, "window", 1000, "submits that may await their confirm at a time (pipelining)")
+		fs.DurationVar(&f.drain, "drain", 3*time.Second, "how long to wait for tasks that stopped coming before counting them missing")
+	case "backlog":
+		q := &f.queue
+		fs.IntVar(&q.Depth, "depth", 1000000, "queue depth (iterations) at which the run stops")
+		fs.IntVar(&q.SampleEvery, "sample-every", 50000, "iterations between two samples of the server's memory")
+		fs.IntVar(&q.Prefetch, "prefetch", 10, "the consumer's prefetch: messages it may hold unacked")
+		fs.IntVar(&q.Window, "window", 1000, "publishes that may await their confirm at a time (pipelining)")
+		fs.Int64Var(&f.maxRSSMB, "max-rss-mb", 0, "stop once the server's resident memory passes this many MB (0: no limit; guards a shared machine)")
 	}
 }
 
@@ -234,12 +256,17 @@ func (f *benchFlags) config(cmd *cobra.Command, g *benchGlobal, sc bench.Scenari
 	cfg := bench.Config{
 		Target: t, Size: f.size, Duration: f.duration, Publishers: f.publishers, Subscribers: f.subscribers,
 		Workers: f.workers, Rate: f.rate, Warmup: warmup, Interval: g.interval, ServerPID: g.serverPID,
-		Parallel: f.parallel, Drain: f.drain, Users: f.users, Mgmt: f.mgmt,
+		Parallel: f.parallel, Drain: f.drain, Users: f.users, Mgmt: f.mgmt, Queue: f.queue,
 	}
+	cfg.Queue.MaxRSS = f.maxRSSMB * 1e6
 	switch sc.Name {
 	case "reqresp":
 		if f.duration == 0 || changed("count") {
 			cfg.Counts = f.counts
+		}
+	case "tasks":
+		if f.duration == 0 || changed("count") {
+			cfg.Count = f.count
 		}
 	case "pubsub":
 		if f.duration == 0 || changed("count") || changed("messages") {
@@ -276,6 +303,11 @@ func (f *benchFlags) config(cmd *cobra.Command, g *benchGlobal, sc bench.Scenari
 			cfg.Users.PublishRate = -1
 		}
 	}
+	// A deep backlog takes long: RabbitMQ does a few thousand
+	// iterations a second.
+	if sc.Name == "backlog" && !g.timeoutChanged(cmd) {
+		g.timeout = max(g.timeout, backlogTimeout)
+	}
 	// A run bounded by time gets the time it needs.
 	if f.duration > 0 && !g.timeoutChanged(cmd) {
 		runs := 1
@@ -286,6 +318,10 @@ func (f *benchFlags) config(cmd *cobra.Command, g *benchGlobal, sc bench.Scenari
 	}
 	return cfg, nil
 }
+
+// backlogTimeout is the backlog scenario's default bound on the whole
+// run, instead of --timeout's 5 minutes.
+const backlogTimeout = 30 * time.Minute
 
 func (g *benchGlobal) timeoutChanged(cmd *cobra.Command) bool {
 	fl := cmd.Flag("timeout")

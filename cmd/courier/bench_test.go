@@ -48,6 +48,12 @@ func TestBenchFlags(t *testing.T) {
 			[]string{"in-process echo (no broker)", "Sequential 50 cycles in ~", "Parallel 4 50 cycles"}},
 		{"harness", []string{"pubsub", "--harness", "--count", "50", "--subscribers", "2"},
 			[]string{"in-process echo (no broker)", "Lost 0 of 100 deliveries"}},
+		{"tasks", []string{"tasks", "--count", "200", "--workers", "2", "--prefetch", "5", "--window", "20", "--size", "64", "--warmup", "10"},
+			[]string{"1 producer (confirms, window 20), 2 worker(s) (prefetch 5, ack each), 200 tasks of 64 bytes", "Produced 200 tasks in ~",
+				"Consumed 200 tasks in ~", "Missing 0 of 200 confirmed tasks, 0 duplicates"}},
+		{"backlog", []string{"backlog", "--depth", "300", "--sample-every", "100", "--prefetch", "5", "--window", "30"},
+			[]string{"1 consumer (prefetch 5)", "(confirms pipelined, window 30)", "to depth 300", "Reached depth 300 in ~",
+				"Queue depth at the end, as the broker counts it: 300 (as expected)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := runBench(t, tc.args...)
@@ -76,6 +82,10 @@ func TestBenchBadFlags(t *testing.T) {
 		{"mgmt", "--target", "nats://127.0.0.1:4222"},
 		{"mgmt", "--queues", "4", "--hot", "5"},
 		{"mgmt", "--http", "127.0.0.1:7480", "--url", "courier://127.0.0.1:1"},
+		{"users", "--count", "5"},   // users has no --count
+		{"backlog", "--count", "5"}, // backlog has --depth
+		{"tasks", "--prefetch", "-1"},
+		{"backlog", "--window", "-3"},
 	} {
 		if out, err := runBench(t, args...); err == nil {
 			t.Errorf("courier bench %s: no error\n%s", strings.Join(args, " "), out)
@@ -126,4 +136,33 @@ func TestBenchCompare(t *testing.T) {
 		t.Errorf("output:\n%s", out)
 	}
 	t.Logf("compare took %s:\n%s", time.Since(start), out)
+}
+
+func TestBenchBacklogJSONAndPlot(t *testing.T) {
+	plot := filepath.Join(t.TempDir(), "backlog.png")
+	out, err := runBench(t, "backlog", "--depth", "200", "--sample-every", "50", "--json", "--plot", plot)
+	if err != nil {
+		t.Fatalf("courier bench backlog --json: %v\n%s", err, out)
+	}
+	var res struct {
+		Scenario   string `json:"scenario"`
+		Iterations int64  `json:"iterations"`
+		QueueDepth int64  `json:"queue_depth"`
+		Curve      []struct {
+			Iterations int64 `json:"iterations"`
+		} `json:"curve"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("JSON: %v\n%s", err, out)
+	}
+	if res.Scenario != "backlog" || res.Iterations != 200 || res.QueueDepth != 200 || len(res.Curve) != 4 {
+		t.Errorf("JSON: %+v", res)
+	}
+	b, err := os.ReadFile(plot)
+	if err != nil {
+		t.Fatalf("plot: %v", err)
+	}
+	if !bytes.HasPrefix(b, []byte("\x89PNG")) {
+		t.Errorf("plot file is not PNG")
+	}
 }

@@ -17,7 +17,7 @@ func compareCmd(g *benchGlobal) *cobra.Command {
 	var (
 		courierURL, natsURL, amqpURL string
 		cases                        []string
-		size, count                  int
+		size, count, depth           int
 		duration                     time.Duration
 	)
 	cmd := &cobra.Command{
@@ -32,8 +32,10 @@ about it).
 
 Cases: reqresp (sequential and parallel request-response), fanout (one
 publisher, 10 subscribers), fanin (10 publishers, one subscriber), users
-(100 users for 10s). Their counts are smaller than the scenarios' own
-defaults, so that a comparison takes minutes.`,
+(100 users for 10s), tasks (100000 durable 1 KB tasks with confirms, one
+worker with prefetch 100; NATS: JetStream) and backlog (publish two,
+receive and ack one, to a depth of 200000). Their counts are smaller than
+the scenarios' own defaults, so that a comparison takes minutes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if g.url != "" || g.target != "" || g.harness {
@@ -58,8 +60,9 @@ defaults, so that a comparison takes minutes.`,
 			}
 			cc := bench.CompareConfig{
 				Targets: targets, Cases: cases,
-				Config: bench.Config{Size: size, Count: count, Duration: duration, Interval: g.interval},
-				Log:    func(line string) { fmt.Fprintln(os.Stderr, line) },
+				Config: bench.Config{Size: size, Count: count, Duration: duration, Interval: g.interval,
+					Queue: bench.QueueConfig{Depth: depth}},
+				Log: func(line string) { fmt.Fprintln(os.Stderr, line) },
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 			defer cancel()
@@ -81,9 +84,10 @@ defaults, so that a comparison takes minutes.`,
 	fs.StringVar(&courierURL, "courier", "courier://127.0.0.1:7400", "Courier server URL (empty to leave out)")
 	fs.StringVar(&natsURL, "nats", "nats://127.0.0.1:4222", "NATS URL (empty to leave out)")
 	fs.StringVar(&amqpURL, "amqp", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL (empty to leave out)")
-	fs.StringSliceVar(&cases, "cases", []string{"reqresp", "fanout", "fanin"}, "cases to run: reqresp, fanout, fanin, users")
+	fs.StringSliceVar(&cases, "cases", []string{"reqresp", "fanout", "fanin"}, "cases to run: reqresp, fanout, fanin, users, tasks, backlog")
 	fs.IntVar(&size, "size", 0, "body size in bytes (default: each scenario's)")
-	fs.IntVar(&count, "count", 0, "cycles or messages of each run (default: 20000 sequential and 50000 parallel cycles, 100000 messages)")
+	fs.IntVar(&count, "count", 0, "cycles, messages or tasks of each run (default: 20000 sequential and 50000 parallel cycles, 100000 messages or tasks)")
+	fs.IntVar(&depth, "depth", 0, "queue depth of the backlog case (default 200000)")
 	fs.DurationVar(&duration, "duration", 0, "bound each run by time (users: its length, default 10s)")
 	return cmd
 }

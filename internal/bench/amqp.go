@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -15,16 +16,21 @@ import (
 // amqpDriver runs scenarios on RabbitMQ: RPC over a queue the handler
 // consumes, with replies through direct reply-to
 // (amq.rabbitmq.reply-to) matched by correlation id; pub-sub through a
-// fanout exchange with one exclusive, auto-ack queue per subscriber.
+// fanout exchange with one exclusive, auto-ack queue per subscriber;
+// the durable-queue scenarios on a durable queue with confirms (below).
 type amqpDriver struct {
 	cfg *Config
 
 	eventCounts // errors and disconnects seen, by text
 
-	mu      sync.Mutex // guards conns, reqConn, pong
+	mu      sync.Mutex // guards conns, reqConn, pong, admin
 	conns   []*amqp.Connection
 	reqConn *amqp.Connection
 	pong    []byte
+	admin   *amqp.Channel // declares, inspects and deletes queues
+
+	// delivered and acked count the queue consumers' messages.
+	delivered, acked atomic.Int64
 }
 
 var _ driver = (*amqpDriver)(nil)
@@ -226,4 +232,181 @@ func (d *amqpDriver) close() error {
 		c.Close()
 	}
 	return nil
+}
+
+// The tasks and backlog scenarios map onto a durable RabbitMQ queue:
+// producers publish persistent messages (delivery mode 2) on a channel
+// in confirm mode, and count a message confirmed on its basic.ack;
+// consumers set basic.qos to their prefetch and ack each delivery
+// manually.
+
+var _ queueDriver = (*amqpDriver)(nil)
+
+// adminChannel returns the channel that declares, inspects and deletes
+// the queues, on a connection of its own.
+func (d *amqpDriver) adminChannel() (*amqp.Channel, error) {
+	d.mu.Lock()
+	ch := d.admin
+	d.mu.Unlock()
+	if ch != nil && !ch.IsClosed() {
+		return ch, nil
+	}
+	conn, err := d.connect("bench-admin")
+	if err != nil {
+		return nil, err
+	}
+	if ch, err = conn.Channel(); err != nil {
+		return nil, fmt.Errorf("bench: admin channel: %w", err)
+	}
+	d.mu.Lock()
+	d.admin = ch
+	d.mu.Unlock()
+	return ch, nil
+}
+
+func (d *amqpDriver) declareQueue(ctx context.Context, name string) error {
+	ch, err := d.adminChannel()
+	if err != nil {
+		return err
+	}
+	if _, err := ch.QueueDelete(name, false, false, false); err != nil {
+		return fmt.Errorf("bench: delete queue: %w", err)
+	}
+	_, err = ch.QueueDeclare(name, true, false, false, false, nil)
+	return err
+}
+
+// amqpProducer publishes on a channel in confirm mode; a goroutine hands
+// each confirm to its submit's done func, found by delivery tag.
+type amqpProducer struct {
+	conn  *amqp.Connection
+	ch    *amqp.Channel
+	queue string
+
+	mu      sync.Mutex // guards pending
+	pending map[uint64]func(error)
+}
+
+func (d *amqpDriver) producer(ctx context.Context, name string) (producer, error) {
+	conn, err := d.connect("bench-producer")
+	if err != nil {
+		return nil, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("bench: producer channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return nil, fmt.Errorf("bench: confirm mode: %w", err)
+	}
+	p := &amqpProducer{conn: conn, ch: ch, queue: name, pending: map[uint64]func(error){}}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1024))
+	go func() {
+		for c := range confirms {
+			var err error
+			if !c.Ack {
+				err = errors.New("bench: basic.nack from the broker")
+			}
+			p.settle(c.DeliveryTag, err)
+		}
+		// The channel closed: what was not confirmed never will be.
+		p.mu.Lock()
+		pending := p.pending
+		p.pending = map[uint64]func(error){}
+		p.mu.Unlock()
+		for _, done := range pending {
+			done(amqp.ErrClosed)
+		}
+	}()
+	return p, nil
+}
+
+func (p *amqpProducer) settle(tag uint64, err error) {
+	p.mu.Lock()
+	done := p.pending[tag]
+	delete(p.pending, tag)
+	p.mu.Unlock()
+	if done != nil {
+		done(err)
+	}
+}
+
+func (p *amqpProducer) submit(ctx context.Context, body []byte, done func(error)) error {
+	tag := p.ch.GetNextPublishSeqNo()
+	p.mu.Lock()
+	p.pending[tag] = done
+	p.mu.Unlock()
+	err := p.ch.PublishWithContext(ctx, "", p.queue, false, false,
+		amqp.Publishing{DeliveryMode: amqp.Persistent, Body: body})
+	if err != nil {
+		p.mu.Lock()
+		delete(p.pending, tag)
+		p.mu.Unlock()
+		return fmt.Errorf("bench: publish: %w", err)
+	}
+	return nil
+}
+
+func (p *amqpProducer) close() error { return p.conn.Close() }
+
+// amqpDelivery is a delivery to a consumer; its ack is counted, so that
+// depth can add the unacked messages the broker leaves out.
+type amqpDelivery struct {
+	d     amqp.Delivery
+	acked *atomic.Int64
+}
+
+func (m *amqpDelivery) body() []byte { return m.d.Body }
+
+func (m *amqpDelivery) ack() error {
+	m.acked.Add(1)
+	return m.d.Ack(false)
+}
+
+func (d *amqpDriver) consume(ctx context.Context, name string, prefetch int, fn func(delivery)) error {
+	conn, err := d.connect("bench-worker")
+	if err != nil {
+		return err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("bench: consumer channel: %w", err)
+	}
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		return fmt.Errorf("bench: basic.qos: %w", err)
+	}
+	msgs, err := ch.Consume(name, "", false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("bench: consume: %w", err)
+	}
+	go func() {
+		for m := range msgs {
+			d.delivered.Add(1)
+			fn(&amqpDelivery{d: m, acked: &d.acked})
+		}
+	}()
+	return nil
+}
+
+// depth is the queue's ready messages (what queue.declare-ok counts)
+// plus those delivered to this driver's consumers and not yet acked.
+func (d *amqpDriver) depth(ctx context.Context, name string) (int64, error) {
+	ch, err := d.adminChannel()
+	if err != nil {
+		return 0, err
+	}
+	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	if err != nil {
+		return 0, err
+	}
+	return int64(q.Messages) + d.delivered.Load() - d.acked.Load(), nil
+}
+
+func (d *amqpDriver) deleteQueue(ctx context.Context, name string) error {
+	ch, err := d.adminChannel()
+	if err != nil {
+		return err
+	}
+	_, err = ch.QueueDelete(name, false, false, false)
+	return err
 }

@@ -21,6 +21,12 @@
 //     queues, hot ones loaded, the rest trickled to, while
 //     GET /api/queues?columns=name,messages_ready is polled, timed and
 //     checked for exact depths.
+//   - Durable tasks ([RunTasks]): one producer of persistent messages
+//     with pipelined publisher confirms, workers with a prefetch that ack
+//     each; produce and consume rates, confirm and end-to-end latency.
+//   - Backlog ([RunBacklog]), the classic persister stress test: publish
+//     two, receive and ack one, so that the queue grows by one message
+//     per iteration; the server's memory every so many iterations.
 //
 // Every scenario samples its run every interval ([Sample]): rates,
 // latency percentiles (HDR histogram), the server's CPU and resident
@@ -31,7 +37,8 @@
 //
 //	(none)                          Courier node embedded in this process
 //	courier://127.0.0.1:7400        Courier server (client.Dial)
-//	nats://127.0.0.1:4222           NATS core (nats.go)
+//	nats://127.0.0.1:4222           NATS core (nats.go); JetStream for
+//	                                tasks and backlog
 //	amqp://guest:guest@127.0.0.1:5672/  RabbitMQ (amqp091-go)
 //	echo://                         no broker: an in-process echo that
 //	                                shows what the harness sustains
@@ -173,11 +180,13 @@ type Config struct {
 	Target Target
 
 	// Size is the body size in bytes: the request's (and the response's)
-	// in request-response, the message's in pub-sub and users. Default: 4
-	// ("ping") for request-response, 128 for pub-sub, 64 for users.
+	// in request-response, the message's in pub-sub, users, tasks and
+	// backlog. Default: 4 ("ping") for request-response, 128 for pub-sub,
+	// 64 for users, 1024 for tasks and backlog.
 	Size int
 	// Count is the number of messages published in pub-sub (shared by
-	// the publishers). Default: 1000000, or no limit with a Duration.
+	// the publishers), of tasks submitted in tasks. Default: 1000000, or
+	// no limit with a Duration.
 	Count int
 	// Duration, if set, bounds each run by time: a run ends when its
 	// count is done or its time is over, whichever comes first. In
@@ -191,8 +200,9 @@ type Config struct {
 	// connection. Default: 10 with one publisher, else 1 (fan-in).
 	Subscribers int
 	// Workers is the number of request handlers, each on its own
-	// connection, sharing the requests round-robin. Default: 1 for
-	// request-response, 2 for users.
+	// connection, sharing the requests round-robin; in tasks, of workers
+	// sharing the tasks. Default: 1 for request-response and tasks, 2
+	// for users.
 	Workers int
 	// Rate, if above 0, is the offered rate in requests or messages per
 	// second, shared by the requesters or publishers; each keeps to its
@@ -215,15 +225,17 @@ type Config struct {
 	// ParallelCount is the cycle count each parallel run shares among its
 	// goroutines. Default: the largest of Counts.
 	ParallelCount int
-	// Drain is how long the pub-sub scenario waits, once everything is
-	// published, for deliveries that have stopped coming before it counts
-	// the rest as lost. Default: 3s.
+	// Drain is how long the pub-sub and tasks scenarios wait, once
+	// everything is published, for deliveries that have stopped coming
+	// before they count the rest as lost. Default: 3s.
 	Drain time.Duration
 
 	// Users configures the users scenario.
 	Users UsersConfig
 	// Mgmt configures the mgmt scenario.
 	Mgmt MgmtConfig
+	// Queue configures the tasks and backlog scenarios.
+	Queue QueueConfig
 
 	// ServerPID, if not 0, is the broker's process for CPU and memory
 	// figures, instead of the one found listening on the target's port.
@@ -272,6 +284,8 @@ func (c Config) withDefaults(scenario string) Config {
 			c.Size = 64
 		case "mgmt":
 			c.Size = 256
+		case "tasks", "backlog":
+			c.Size = 1024
 		default:
 			c.Size = 4
 		}
@@ -307,6 +321,7 @@ func (c Config) withDefaults(scenario string) Config {
 	if scenario == "mgmt" {
 		c.Mgmt = c.Mgmt.withDefaults(c.Target.Kind)
 	}
+	c.Queue = c.Queue.withDefaults(scenario)
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
@@ -352,6 +367,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("bench: at most %d publishers, subscribers or workers", maxConns)
 	}
 	if err := c.Mgmt.validate(); err != nil {
+		return err
+	}
+	if err := c.Queue.validate(); err != nil {
 		return err
 	}
 	return c.Users.validate()

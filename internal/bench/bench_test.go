@@ -399,6 +399,7 @@ func TestJSON(t *testing.T) {
 			cfg := tinyUsers(bench.Target{Kind: bench.KindEmbedded})
 			cfg.Counts, cfg.Parallel, cfg.ParallelCount, cfg.Warmup = []int{20}, []int{2}, 40, 5
 			cfg.Count, cfg.Subscribers = 50, 2
+			cfg.Queue = bench.QueueConfig{Depth: 60, SampleEvery: 20, Window: 10}
 			if sc.Name != "users" {
 				cfg.Duration = 0
 			}

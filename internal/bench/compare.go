@@ -14,8 +14,9 @@ import (
 )
 
 // CompareCases are the cases courier bench compare knows, in order:
-// request-response, pub-sub fan-out, pub-sub fan-in, many users.
-var CompareCases = []string{"reqresp", "fanout", "fanin", "users"}
+// request-response, pub-sub fan-out, pub-sub fan-in, many users, durable
+// tasks, backlog.
+var CompareCases = []string{"reqresp", "fanout", "fanin", "users", "tasks", "backlog"}
 
 // CompareConfig configures [Compare].
 type CompareConfig struct {
@@ -27,9 +28,10 @@ type CompareConfig struct {
 	// fanin.
 	Cases []string
 	// Config holds the settings shared by every run: Size, Count,
-	// Duration, Rate, ServerPID is ignored. Zero fields take the case's
-	// compare default, smaller than the scenarios' own so that a
-	// comparison takes minutes, not hours.
+	// Duration, Rate, Queue (Depth for backlog); ServerPID is ignored.
+	// Zero fields take the case's compare default, smaller than the
+	// scenarios' own so that a comparison takes minutes, not hours:
+	// 100000 tasks, a backlog 200000 deep.
 	Config Config
 	// Log, if set, receives a line as each run starts or a target is
 	// skipped.
@@ -75,6 +77,19 @@ func caseConfig(name string, base Config) (Scenario, Config, error) {
 		}
 		if cfg.Duration == 0 {
 			cfg.Duration = 10 * time.Second
+		}
+	case "tasks":
+		scenario = "tasks"
+		if cfg.Count == 0 && cfg.Duration == 0 {
+			cfg.Count = 100000
+		}
+	case "backlog":
+		scenario = "backlog"
+		if cfg.Queue.Depth == 0 {
+			cfg.Queue.Depth = 200000
+		}
+		if cfg.Queue.SampleEvery == 0 {
+			cfg.Queue.SampleEvery = cfg.Queue.Depth / 4
 		}
 	default:
 		return Scenario{}, cfg, fmt.Errorf("bench: compare: unknown case %q (known: %s)", name, strings.Join(CompareCases, ", "))

@@ -239,6 +239,112 @@ func (u *courierUser) publish(ctx context.Context, to int, body []byte) error {
 
 func (u *courierUser) close() error { return u.c.Close() }
 
+var _ queueDriver = (*courierDriver)(nil)
+
+// declareQueue declares a durable task exchange: its queue is the
+// queue.
+func (d *courierDriver) declareQueue(ctx context.Context, name string) error {
+	c, err := d.admin(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = c.Tasks(ctx, name)
+	return err
+}
+
+// admin returns the connection that declares, inspects and deletes the
+// queues: the first one opened.
+func (d *courierDriver) admin(ctx context.Context) (*courier.Conn, error) {
+	d.mu.Lock()
+	var c *courier.Conn
+	if len(d.conns) > 0 {
+		c = d.conns[0]
+	}
+	d.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	return d.connect(ctx, "bench-admin")
+}
+
+// courierProducer submits with Tasks.SubmitAsync: the confirm comes once
+// the task is durable (group commit).
+type courierProducer struct {
+	c *courier.Conn
+	t *courier.Tasks
+}
+
+func (d *courierDriver) producer(ctx context.Context, name string) (producer, error) {
+	c, err := d.connect(ctx, "bench-producer")
+	if err != nil {
+		return nil, err
+	}
+	t, err := c.Tasks(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("bench: open %s: %w", name, err)
+	}
+	return courierProducer{c, t}, nil
+}
+
+func (p courierProducer) close() error { return p.c.Close() }
+
+func (p courierProducer) submit(ctx context.Context, body []byte, done func(error)) error {
+	return p.t.SubmitAsync(ctx, courier.Task{Body: body}, func(_ courier.TaskID, err error) { done(err) })
+}
+
+// courierJob is a task handed to the scenario, deferred: it is acked when
+// the scenario says so.
+type courierJob struct{ j *courier.Job }
+
+func (j courierJob) body() []byte { return j.j.Body }
+func (j courierJob) ack() error   { return j.j.Ack() }
+
+func (d *courierDriver) consume(ctx context.Context, name string, prefetch int, fn func(delivery)) error {
+	c, err := d.connect(ctx, "bench-worker")
+	if err != nil {
+		return err
+	}
+	t, err := c.Tasks(ctx, name)
+	if err != nil {
+		return fmt.Errorf("bench: open %s: %w", name, err)
+	}
+	_, err = t.Work(ctx, func(j *courier.Job) error {
+		j.Defer()
+		fn(courierJob{j})
+		return nil
+	}, courier.Prefetch(prefetch))
+	if err != nil {
+		return fmt.Errorf("bench: attach worker: %w", err)
+	}
+	return nil
+}
+
+// depth is the task queue's messages: ready, unacked and delayed.
+func (d *courierDriver) depth(ctx context.Context, name string) (int64, error) {
+	c, err := d.admin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	list, err := c.Exchanges(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range list {
+		if e.Name == name && e.Queue != nil {
+			return e.Queue.Messages, nil
+		}
+	}
+	return 0, fmt.Errorf("bench: no queue %s", name)
+}
+
+func (d *courierDriver) deleteQueue(ctx context.Context, name string) error {
+	c, err := d.admin(ctx)
+	if err != nil {
+		return err
+	}
+	return c.DeleteQueue(ctx, name)
+}
+
 func (d *courierDriver) notes() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -10,8 +10,9 @@ import (
 
 // echoDriver is no broker: requests go to handler goroutines over a
 // channel and back (the fewest steps a request and its response between
-// goroutines take), and each published message is handed to its
-// subscribers' callbacks in the publisher's goroutine. A run against it
+// goroutines take), each published message is handed to its
+// subscribers' callbacks in the publisher's goroutine, and a queue is a
+// slice in memory whose submits are confirmed at once. A run against it
 // shows how many cycles or messages per second the load generator itself
 // sustains on this machine: a broker measured near that figure is
 // measured by the harness, not the other way round.
@@ -22,11 +23,12 @@ type echoDriver struct {
 
 	reqs chan echoRequest // to the handlers
 
-	mu    sync.Mutex // guards pong, subs, users, done
-	pong  []byte
-	subs  []*echoSub       // by subscriber
-	users map[int]*echoSub // by user
-	done  bool
+	mu     sync.Mutex // guards pong, subs, users, queues, done
+	pong   []byte
+	subs   []*echoSub       // by subscriber
+	users  map[int]*echoSub // by user
+	queues map[string]*echoQueue
+	done   bool
 }
 
 // echoSub is a subscriber's callback; its lock keeps the callback to one
@@ -189,10 +191,155 @@ func (d *echoDriver) close() error {
 	d.mu.Lock()
 	done := d.done
 	d.done = true
+	queues := d.queues
+	d.queues = nil
 	d.mu.Unlock()
 	if !done {
 		close(d.quit)
+		for _, q := range queues {
+			q.close()
+		}
 		d.wg.Wait()
 	}
 	return nil
+}
+
+// echoQueue is the echo's durable queue, in memory: submits are
+// confirmed at once, and each consumer takes messages while it holds
+// fewer than its prefetch.
+type echoQueue struct {
+	mu      sync.Mutex // guards msgs, unacked, closed
+	ready   sync.Cond  // on mu: a message came, or the queue closed
+	msgs    [][]byte   // FIFO from head
+	head    int
+	unacked int64
+	closed  bool
+}
+
+var _ queueDriver = (*echoDriver)(nil)
+
+func (d *echoDriver) queue(name string) (*echoQueue, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.done {
+		return nil, errEchoClosed
+	}
+	if d.queues == nil {
+		d.queues = map[string]*echoQueue{}
+	}
+	q := d.queues[name]
+	if q == nil {
+		q = &echoQueue{}
+		q.ready.L = &q.mu
+		d.queues[name] = q
+	}
+	return q, nil
+}
+
+func (d *echoDriver) declareQueue(ctx context.Context, name string) error {
+	_, err := d.queue(name)
+	return err
+}
+
+type echoProducer struct{ q *echoQueue }
+
+func (d *echoDriver) producer(ctx context.Context, name string) (producer, error) {
+	q, err := d.queue(name)
+	return echoProducer{q}, err
+}
+
+func (p echoProducer) submit(ctx context.Context, body []byte, done func(error)) error {
+	p.q.mu.Lock()
+	if p.q.closed {
+		p.q.mu.Unlock()
+		return errEchoClosed
+	}
+	p.q.msgs = append(p.q.msgs, body)
+	p.q.mu.Unlock()
+	p.q.ready.Signal()
+	done(nil)
+	return nil
+}
+
+func (p echoProducer) close() error { return nil }
+
+// echoDelivery gives its consumer's credit back when acked.
+type echoDelivery struct {
+	q      *echoQueue
+	b      []byte
+	credit chan struct{}
+}
+
+func (m echoDelivery) body() []byte { return m.b }
+
+func (m echoDelivery) ack() error {
+	m.q.mu.Lock()
+	m.q.unacked--
+	m.q.mu.Unlock()
+	<-m.credit
+	return nil
+}
+
+func (d *echoDriver) consume(ctx context.Context, name string, prefetch int, fn func(delivery)) error {
+	q, err := d.queue(name)
+	if err != nil {
+		return err
+	}
+	credit := make(chan struct{}, prefetch)
+	d.wg.Go(func() {
+		for {
+			select {
+			case credit <- struct{}{}:
+			case <-d.quit:
+				return
+			}
+			q.mu.Lock()
+			for q.head == len(q.msgs) && !q.closed {
+				q.ready.Wait()
+			}
+			if q.closed {
+				q.mu.Unlock()
+				return
+			}
+			b := q.msgs[q.head]
+			q.msgs[q.head] = nil
+			q.head++
+			if q.head > 4096 && q.head*2 > len(q.msgs) {
+				q.msgs, q.head = append([][]byte(nil), q.msgs[q.head:]...), 0
+			}
+			q.unacked++
+			q.mu.Unlock()
+			fn(echoDelivery{q: q, b: b, credit: credit})
+		}
+	})
+	return nil
+}
+
+func (d *echoDriver) depth(ctx context.Context, name string) (int64, error) {
+	q, err := d.queue(name)
+	if err != nil {
+		return 0, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return int64(len(q.msgs)-q.head) + q.unacked, nil
+}
+
+func (d *echoDriver) deleteQueue(ctx context.Context, name string) error {
+	d.mu.Lock()
+	q := d.queues[name]
+	delete(d.queues, name)
+	d.mu.Unlock()
+	if q != nil {
+		q.close()
+	}
+	return nil
+}
+
+func (q *echoQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.msgs = nil
+	q.mu.Unlock()
+	q.ready.Broadcast()
 }

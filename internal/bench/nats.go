@@ -9,21 +9,25 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // natsDriver runs scenarios on NATS core: request-reply with
 // Subscribe + Msg.Respond and Conn.Request, pub-sub on a plain subject.
 // Core NATS is at-most-once: a subscriber that falls behind loses
 // messages (client pending limits, or the server cutting a slow consumer).
+// The durable-queue scenarios run on JetStream (jetstream.go).
 type natsDriver struct {
 	cfg *Config
 
 	eventCounts // errors and disconnects seen, by text
 
-	mu      sync.Mutex // guards conns, reqConn, pong
-	conns   []*nats.Conn
-	reqConn *nats.Conn
-	pong    []byte
+	mu         sync.Mutex // guards conns, reqConn, pong, js, ackPending
+	conns      []*nats.Conn
+	reqConn    *nats.Conn
+	pong       []byte
+	js         jetstream.JetStream // declares, inspects and deletes streams
+	ackPending int                 // the durable consumer's MaxAckPending
 }
 
 var _ driver = (*natsDriver)(nil)

@@ -68,6 +68,8 @@ func panels(tl Timeline) []*plot.Plot {
 	if users {
 		rates[0].name, rates[1].name = "requests", "deliveries"
 	}
+	rates[0].name = or(tl.SentName, rates[0].name)
+	rates[1].name = or(tl.ReceivedName, rates[1].name)
 	if published {
 		rates = append(rates,
 			series{"published", green, always(func(s Sample) float64 { return s.Published })},
@@ -80,6 +82,8 @@ func panels(tl Timeline) []*plot.Plot {
 	if users {
 		latName = "request"
 	}
+	latName = or(tl.LatencyName, latName)
+	delName := or(tl.DeliveryName, "delivery")
 	lats := []series{
 		{latName + " p50", blue, ms(func(l Latency) float64 { return l.P50 }, lat)},
 		{latName + " p99", orange, ms(func(l Latency) float64 { return l.P99 }, lat)},
@@ -87,8 +91,8 @@ func panels(tl Timeline) []*plot.Plot {
 	}
 	if delivery {
 		lats = append(lats,
-			series{"delivery p50", green, ms(func(l Latency) float64 { return l.P50 }, del)},
-			series{"delivery p99", purple, ms(func(l Latency) float64 { return l.P99 }, del)})
+			series{delName + " p50", green, ms(func(l Latency) float64 { return l.P50 }, del)},
+			series{delName + " p99", purple, ms(func(l Latency) float64 { return l.P99 }, del)})
 	}
 	ps := []*plot.Plot{
 		chart(tl, tl.Title, "per second", rates),
@@ -110,7 +114,26 @@ func panels(tl Timeline) []*plot.Plot {
 		}))
 	}
 	ps[len(ps)-1].X.Label.Text = "seconds"
+	if tl.ByDepth {
+		ps[len(ps)-1].X.Label.Text = "queue depth (messages)"
+	}
 	return ps
+}
+
+// or returns s, or def if s is empty.
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// x returns a sample's place on the charts' horizontal axis.
+func (tl Timeline) x(s Sample) float64 {
+	if tl.ByDepth {
+		return float64(s.Depth)
+	}
+	return s.T
 }
 
 func chart(tl Timeline, title, ylabel string, ss []series) *plot.Plot {
@@ -125,7 +148,7 @@ func chart(tl Timeline, title, ylabel string, ss []series) *plot.Plot {
 		var xys plotter.XYs
 		for _, smp := range tl.Samples {
 			if v, ok := s.value(smp); ok {
-				xys = append(xys, plotter.XY{X: smp.T, Y: v})
+				xys = append(xys, plotter.XY{X: tl.x(smp), Y: v})
 			}
 		}
 		if len(xys) == 0 {

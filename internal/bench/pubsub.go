@@ -334,20 +334,8 @@ func (res *PubSubResult) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, ", offered %.0f msgs/s", res.Rate)
 	}
 	b.WriteString("\n")
-	for _, l := range res.Lines() {
-		b.WriteString(l + "\n")
-	}
-	if res.Latency.Count > 0 {
-		b.WriteString(latencyLine("Delivery", res.Latency, "deliveries") + "\n")
-	}
-	if res.Delivered > 0 {
-		for _, l := range res.Process.describe(res.CPU, "delivery") {
-			b.WriteString(l + "\n")
-		}
-	}
-	res.footer(&b)
-	_, err := io.WriteString(w, b.String())
-	return err
+	writeLines(&b, res.Lines(), namedLatency{"Delivery", res.Latency, "deliveries"})
+	return res.writeTail(w, &b, res.CPU, res.Delivered, "delivery")
 }
 
 // WriteJSON prints the result as one JSON object.

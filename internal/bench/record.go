@@ -93,6 +93,8 @@ type Sample struct {
 	Stage string `json:"stage,omitempty"`
 	// Users is the number of connected simulated users (users scenario).
 	Users int64 `json:"users,omitempty"`
+	// Depth is the queue's depth (backlog scenario).
+	Depth int64 `json:"queue_depth,omitempty"`
 	// Sent is the rate of requests or publishes, Received of responses
 	// or deliveries, per second over the interval.
 	Sent     float64 `json:"sent_per_s"`

@@ -34,9 +34,8 @@ const (
 	UsesWarmup
 )
 
-// Scenario is one kind of load. New scenarios (the durable task queues'
-// "tasks" and "backlog" are next) are added to [Scenarios] with the
-// settings they use; what they need from a broker beyond [driver]
+// Scenario is one kind of load. New scenarios are added to [Scenarios]
+// with the settings they use; what they need from a broker beyond [driver]
 // becomes an optional interface that the drivers able to map it
 // implement, found by type assertion, and a target without it is
 // refused with [ErrNoMapping].
@@ -105,6 +104,24 @@ func Scenarios() []Scenario {
 				return nilIfNil(RunMgmt(ctx, cfg))
 			},
 		},
+		{
+			Name:    "tasks",
+			Short:   "Durable tasks: one producer with pipelined confirms, workers with a prefetch acking each",
+			Uses:    UsesSize | UsesCount | UsesDuration | UsesWorkers | UsesRate | UsesWarmup,
+			Targets: allKinds,
+			Run: func(ctx context.Context, cfg Config) (Result, error) {
+				return nilIfNil(RunTasks(ctx, cfg))
+			},
+		},
+		{
+			Name:    "backlog",
+			Short:   "Persister stress test: publish two, receive and ack one, until the queue is --depth deep; memory every --sample-every",
+			Uses:    UsesSize | UsesDuration,
+			Targets: allKinds,
+			Run: func(ctx context.Context, cfg Config) (Result, error) {
+				return nilIfNil(RunBacklog(ctx, cfg))
+			},
+		},
 	}
 }
 
@@ -152,6 +169,13 @@ type Metric struct {
 type Timeline struct {
 	Title   string
 	Samples []Sample
+	// ByDepth plots the samples over their queue depth (Sample.Depth)
+	// instead of their time.
+	ByDepth bool
+	// SentName, ReceivedName, LatencyName and DeliveryName, if set,
+	// name the series of Sample.Sent, Received, Latency and Delivery in
+	// the charts' legends.
+	SentName, ReceivedName, LatencyName, DeliveryName string
 }
 
 // Report holds what every scenario reports besides its own figures.
@@ -181,6 +205,40 @@ func (r *Report) finish(s *sampler, meter *cpuMeter) {
 	r.Usage = s.stop()
 	r.Samples = s.series()
 	r.Process = meter.process()
+}
+
+// writeTail ends a result's text: the CPU per unit of work (with n of
+// them), the usage lines, the notes and the error; then it writes the
+// whole text to w.
+func (r *Report) writeTail(w io.Writer, b *strings.Builder, cpu CPU, n int64, unit string) error {
+	if n > 0 {
+		for _, l := range r.Process.describe(cpu, unit) {
+			b.WriteString(l + "\n")
+		}
+	}
+	r.footer(b)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// writeLines writes lines, then a latency line for each latency that
+// counted something.
+func writeLines(b *strings.Builder, lines []string, lats ...namedLatency) {
+	for _, l := range lines {
+		b.WriteString(l + "\n")
+	}
+	for _, l := range lats {
+		if l.l.Count > 0 {
+			b.WriteString(latencyLine(l.what, l.l, l.unit) + "\n")
+		}
+	}
+}
+
+// namedLatency is a latency line's content: "<what> latency ... (N <unit>)".
+type namedLatency struct {
+	what string
+	l    Latency
+	unit string
 }
 
 // footer writes the usage lines, the notes and the error.
