@@ -348,6 +348,33 @@ func TestCLI(t *testing.T) {
 		}
 	})
 
+	t.Run("Tasks", func(t *testing.T) {
+		out := cliOK(t, u("exchanges", "create", "cli.jobs", "--pattern", "tasks", "--max-attempts", "3")...)
+		if !strings.Contains(out, "exchange cli.jobs: tasks competing") {
+			t.Errorf("create printed %q", out)
+		}
+		if out := cliOK(t, u("task", "submit", "cli.jobs", "resize me", "--count", "2", "--key", "k")...); out != "task 1 submitted to cli.jobs\ntask 2 submitted to cli.jobs\n" {
+			t.Errorf("submit printed %q", out)
+		}
+		if out := cliOK(t, u("task", "work", "cli.jobs", "--count", "2")...); out != "[#1] task 1 (key k): resize me\n[#2] task 2 (key k): resize me\n" {
+			t.Errorf("work printed %q", out)
+		}
+		// A watched task: submitted, handled by a worker, completed.
+		w := cliStart(t, "", nil, u("task", "work", "cli.jobs", "--count", "1")...)
+		w.waitStderr(t, "working on cli.jobs as ")
+		out = cliOK(t, u("task", "submit", "cli.jobs", "watched", "--watch")...)
+		if !strings.Contains(out, "task 3 submitted to cli.jobs\n") || !strings.Contains(out, "task 3: completed by ") {
+			t.Errorf("submit --watch printed %q", out)
+		}
+		if code := w.wait(t); code != 0 {
+			t.Fatalf("work --count 1 exited %d\nstderr:\n%s", code, w.stderr.String())
+		}
+		if exs := cliExchanges(t, url); exs["cli.jobs"].Queue == nil || exs["cli.jobs"].Queue.Messages != 0 {
+			t.Errorf("cli.jobs after the work: %+v", exs["cli.jobs"].Queue)
+		}
+		cliFails(t, u("task", "submit", "cli.nojobs", "x"), "not found", `"cli.nojobs"`)
+	})
+
 	t.Run("SubExchangeDeleted", func(t *testing.T) {
 		cliOK(t, u("exchanges", "create", "cli.gone", "--pattern", "pubsub")...)
 		sub := cliStart(t, "", nil, u("sub", "cli.gone", "#")...)
