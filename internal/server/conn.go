@@ -40,9 +40,9 @@ type conn struct {
 	// there by backpressure is not a silent client.
 	handling atomic.Bool
 
-	// user is the user name of the HELLO, counted against
-	// Config.MaxConnsPerUser; "" for none.
-	// TODO(users): the authenticated name, once the server has users.
+	// user is counted against Config.MaxConnsPerUser: the authenticated
+	// user, or on a server without users the name the HELLO gave; "" for
+	// none.
 	user string
 	// wentAway is set once the client was sent CLOSE by [conn.goAway].
 	wentAway atomic.Bool
