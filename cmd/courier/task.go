@@ -47,11 +47,7 @@ func taskSubmitCmd() *cobra.Command {
 				return err
 			}
 			defer conn.Close()
-			var opts []courier.ExchangeOption
-			if !create {
-				opts = append(opts, courier.Passive())
-			}
-			ex, err := conn.Tasks(ctx, args[0], opts...)
+			ex, err := conn.Tasks(ctx, args[0], openOpts(create)...)
 			if err != nil {
 				return err
 			}

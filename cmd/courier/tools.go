@@ -169,11 +169,7 @@ func subCmd() *cobra.Command {
 				return err
 			}
 			defer conn.Close()
-			var opts []courier.ExchangeOption
-			if !create {
-				opts = append(opts, courier.Passive())
-			}
-			ps, err := conn.PubSub(ctx, args[0], opts...)
+			ps, err := conn.PubSub(ctx, args[0], openOpts(create)...)
 			if err != nil {
 				return err
 			}
@@ -422,4 +418,13 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// openOpts are the options a tool opens an exchange with: passive (it
+// must exist) unless --create was given.
+func openOpts(create bool) []courier.ExchangeOption {
+	if create {
+		return nil
+	}
+	return []courier.ExchangeOption{courier.Passive()}
 }
