@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/courier-mq/courier/wire"
 )
@@ -114,6 +115,9 @@ type Attachment struct {
 	job     JobFunc
 
 	in inbox
+	// serving is the request whose handler function runs now on the
+	// attachment's goroutine (see reqServing).
+	serving atomic.Pointer[Request]
 	// batch defers the writes of responses made while the goroutine works
 	// through a batch of requests; it is flushed at the end of each batch.
 	batch wire.Batch
@@ -123,7 +127,7 @@ type Attachment struct {
 	leaving  bool // Detach was called: no longer a leader, whatever events say
 	members  []Member
 	patterns []string
-	active   map[uint64]*Request
+	active   map[uint64]*Request // requests parked unanswered (see reqParked)
 	err      error
 	done     chan struct{}
 }
@@ -288,6 +292,9 @@ func (a *Attachment) stop(err error) {
 	for _, r := range active {
 		r.cancelCtx()
 	}
+	if r := a.serving.Load(); r != nil {
+		r.cancelCtx()
+	}
 	// Requests still queued get an answer, so no requester waits for a
 	// handler that is gone.
 	for _, f := range a.in.close() {
@@ -385,9 +392,12 @@ func (a *Attachment) event(f *wire.Frame) {
 // inline handles frames that must not wait behind the attachment's
 // queue: a CANCEL for, or an ANSWER to, a request being served.
 func (a *Attachment) inline(f *wire.Frame) {
-	a.mu.Lock()
-	r := a.active[f.Ref]
-	a.mu.Unlock()
+	r := a.serving.Load()
+	if r == nil || r.id != f.Ref {
+		a.mu.Lock()
+		r = a.active[f.Ref]
+		a.mu.Unlock()
+	}
 	if r == nil {
 		f.Release()
 		return

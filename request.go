@@ -324,7 +324,7 @@ type Request struct {
 	from      string
 	timeout   uint64 // ms, 0 for none
 	arrived   time.Time
-	finished  atomic.Bool
+	state     atomic.Int32 // reqServing, reqParked or reqFinished
 	cancelled atomic.Bool
 	hasCtx    atomic.Bool // Context was called
 	asked     atomic.Bool // Ask was called
@@ -407,15 +407,12 @@ var ErrResponded = errors.New("courier: request already answered")
 func (r *Request) respond(flags wire.Flags, code wire.Code, msg string, body []byte) error {
 	final := flags&wire.FlagChunk == 0
 	if final {
-		if r.finished.Swap(true) {
+		if !r.finish() {
 			return ErrResponded
 		}
-		r.a.mu.Lock()
-		delete(r.a.active, r.id)
-		r.a.mu.Unlock()
 		r.cancelCtx2()
 		r.endAsks() // answers can no longer find the request
-	} else if r.finished.Load() {
+	} else if r.state.Load() == reqFinished {
 		return ErrResponded
 	}
 	f := wire.NewFrame(wire.TypeResponse)
@@ -430,6 +427,40 @@ func (r *Request) respond(flags wire.Flags, code wire.Code, msg string, body []b
 		b.Flush()
 	}
 	return err
+}
+
+// A request's state: while the handler function runs on the attachment's
+// goroutine the request is the attachment's serving one; if the function
+// returns without a final answer it is parked in the attachment's active
+// map, where a CANCEL or an ANSWER finds it, until it is answered. So a
+// handler that answers before it returns, the common case, costs no lock
+// and no map.
+const (
+	reqServing int32 = iota
+	reqParked
+	reqFinished
+)
+
+// finish moves the request to reqFinished; it reports false if it was
+// already.
+func (r *Request) finish() bool {
+	for {
+		switch r.state.Load() {
+		case reqFinished:
+			return false
+		case reqServing:
+			if r.state.CompareAndSwap(reqServing, reqFinished) {
+				return true
+			}
+		case reqParked:
+			if r.state.CompareAndSwap(reqParked, reqFinished) {
+				r.a.mu.Lock()
+				delete(r.a.active, r.id)
+				r.a.mu.Unlock()
+				return true
+			}
+		}
+	}
 }
 
 // endAsks ends the questions still waiting for an answer.
@@ -486,7 +517,7 @@ func (r *Request) Ask(ctx context.Context, question []byte) ([]byte, error) {
 		r.mu.Unlock()
 		return nil, ErrCancelled
 	}
-	if r.finished.Load() {
+	if r.state.Load() == reqFinished {
 		// Answered already: no answer could find its way back.
 		r.mu.Unlock()
 		return nil, ErrResponded
@@ -544,16 +575,34 @@ func (a *Attachment) serve(f *wire.Frame) {
 		r.arrived = time.Now()
 	}
 	f.Release()
-	a.mu.Lock()
-	a.active[r.id] = r
-	a.mu.Unlock()
+	a.serving.Store(r)
 	defer func() {
 		if p := recover(); p != nil {
 			a.c.log.Error("courier: handler panicked", "attachment", a.member, "panic", p)
 			r.Fail(&wire.Error{Code: wire.CodeApplication, Msg: fmt.Sprintf("the handler panicked: %v", p)})
 		}
 		r.batch.Store(nil)
+		if r.state.Load() == reqServing {
+			a.park(r)
+		}
+		a.serving.Store(nil) // after park: inline looks here first, then in active
 	}()
 	r.batch.Store(&a.batch)
 	a.handler(r)
+}
+
+// park keeps a request its handler returned from unanswered, for a later
+// answer, a CANCEL or an ANSWER; a stopped attachment cancels it at once.
+func (a *Attachment) park(r *Request) {
+	a.mu.Lock()
+	if !r.state.CompareAndSwap(reqServing, reqParked) {
+		a.mu.Unlock()
+		return // answered meanwhile
+	}
+	stopped := a.err != nil
+	a.active[r.id] = r
+	a.mu.Unlock()
+	if stopped {
+		r.cancelCtx()
+	}
 }

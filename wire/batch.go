@@ -1,6 +1,9 @@
 package wire
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // Batch defers the writes of frames put while one goroutine works through
 // a batch of input, such as a read loop through the frames of one read:
@@ -13,6 +16,9 @@ import "sync"
 type Batch struct {
 	mu   sync.Mutex // guards outs
 	outs []*Outbox
+	// n is len(outs), so that a batch with nothing deferred (the common
+	// case of an embedded connection) is flushed without the lock.
+	n atomic.Int32
 }
 
 // add notes o as holding deferred frames; o.mu is held.
@@ -23,6 +29,7 @@ func (b *Batch) add(o *Outbox) {
 	o.batch = b
 	b.mu.Lock()
 	b.outs = append(b.outs, o)
+	b.n.Store(int32(len(b.outs)))
 	b.mu.Unlock()
 }
 
@@ -31,6 +38,9 @@ func (b *Batch) add(o *Outbox) {
 // request on its way to its handler); a batch that touched many hands
 // them to their write loops, which then write in parallel (a fan-out).
 func (b *Batch) Flush() {
+	if b.n.Load() == 0 {
+		return
+	}
 	b.mu.Lock()
 	outs := b.outs
 	if len(outs) == 0 {
@@ -38,6 +48,7 @@ func (b *Batch) Flush() {
 		return
 	}
 	b.outs = nil
+	b.n.Store(0)
 	b.mu.Unlock()
 	switch len(outs) {
 	case 1:
@@ -56,8 +67,4 @@ func (b *Batch) Flush() {
 }
 
 // Pending reports whether writes are deferred.
-func (b *Batch) Pending() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.outs) > 0
-}
+func (b *Batch) Pending() bool { return b.n.Load() > 0 }

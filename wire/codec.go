@@ -344,6 +344,9 @@ func (f *Frame) Check() error {
 	case len(f.Header) > MaxHeaders:
 		return fmt.Errorf("%w: %s: %d headers, limit %d", ErrMalformed, f.Type, len(f.Header), MaxHeaders)
 	}
+	if len(f.Header) == 0 {
+		return nil
+	}
 	for k, v := range f.Header {
 		if !utf8.ValidString(k) || !utf8.ValidString(v) {
 			return fmt.Errorf("%w: %s: header %q is not UTF-8", ErrMalformed, f.Type, k)

@@ -287,6 +287,39 @@ func (s *suite) testDeadlines(t *testing.T) {
 			t.Fatal("the handler's context ended but Cancelled() is false")
 		}
 	})
+	t.Run("CancelWhileServing", func(t *testing.T) {
+		// The handler waits inside its function, on the attachment's
+		// goroutine (a request not yet parked): the CANCEL still reaches
+		// it, and the attachment serves the next request afterwards.
+		e := s.env(t)
+		ex := e.reqresp(courier.RoundRobin)
+		started, ended := make(chan struct{}, 1), make(chan bool, 1)
+		e.handle(ex.Name(), func(r *courier.Request) {
+			if string(r.Body()) == "again" {
+				r.Reply([]byte("pong"))
+				return
+			}
+			started <- struct{}{}
+			<-r.Context().Done()
+			ended <- r.Cancelled()
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := ex.Request(ctx, courier.Message{Body: []byte("wait")})
+			errc <- err
+		}()
+		testutil.Recv(t, started, wait)
+		cancel()
+		mustErr(t, testutil.Recv(t, errc, wait), context.Canceled, "cancelled request")
+		if !testutil.Recv(t, ended, wait) {
+			t.Fatal("the handler's context ended but Cancelled() is false")
+		}
+		resp, err := ex.Request(e.ctx, courier.Message{Body: []byte("again")})
+		if err != nil || string(resp.Body) != "pong" {
+			t.Fatalf("next request: %v %v", resp, err)
+		}
+	})
 	t.Run("RequesterGone", func(t *testing.T) {
 		e := s.env(t)
 		ex := e.reqresp(courier.RoundRobin)

@@ -10,8 +10,9 @@ import (
 // from a request's arrival at the broker to its last response leaving
 // it. The cost on the request path is two reads of the monotonic clock
 // (at the arrival and at the last response) and two atomic adds (the
-// bucket and the sum); nothing is allocated. Buckets are powers of two
-// of a microsecond, so that finding one is a bit count.
+// bucket and the sum, in the stripe of the handler that answered);
+// nothing is allocated. Buckets are powers of two of a microsecond, so
+// that finding one is a bit count.
 
 // LatencyBuckets is the number of bounded buckets of a [Latency]: their
 // upper bounds are 1µs, 2µs, 4µs ... 2^(LatencyBuckets-1) µs (about 8.4
@@ -21,14 +22,25 @@ const LatencyBuckets = 24
 // LatencyBound returns the upper bound of bucket i.
 func LatencyBound(i int) time.Duration { return time.Microsecond << i }
 
-// Latency is a histogram of request times, safe for concurrent use.
+// Latency is a histogram of request times, safe for concurrent use. It
+// is striped: each handler records into the stripe of its attachment, so
+// handlers on different cores do not take turns at one cache line, and
+// a reading adds the stripes up.
 type Latency struct {
-	counts [LatencyBuckets + 1]atomic.Uint64
-	sum    atomic.Uint64 // nanoseconds
+	stripes [latencyStripes]latencyStripe
 }
 
-// observe records a request that took d nanoseconds.
-func (h *Latency) observe(d int64) {
+// latencyStripes is the number of stripes of a [Latency] (a power of two).
+const latencyStripes = 4
+
+type latencyStripe struct {
+	counts [LatencyBuckets + 1]atomic.Uint64
+	sum    atomic.Uint64 // nanoseconds
+	_      [48]byte      // 208+48: stripes on separate cache lines
+}
+
+// observe records, in stripe, a request that took d nanoseconds.
+func (h *Latency) observe(stripe uint32, d int64) {
 	i := 0
 	if d > 1000 {
 		// (d-1)/1000 in [2^(i-1), 2^i) for d in (2^(i-1) µs, 2^i µs].
@@ -36,8 +48,9 @@ func (h *Latency) observe(d int64) {
 	} else if d < 0 {
 		d = 0
 	}
-	h.counts[i].Add(1)
-	h.sum.Add(uint64(d))
+	st := &h.stripes[stripe&(latencyStripes-1)]
+	st.counts[i].Add(1)
+	st.sum.Add(uint64(d))
 }
 
 // LatencySnapshot is a reading of a [Latency]: Counts[i] requests took
@@ -60,10 +73,13 @@ func (s *LatencySnapshot) Count() uint64 {
 // AddTo adds the histogram's counts to s. It reads atomics: a request
 // recorded meanwhile may be in the buckets and not yet in the sum.
 func (h *Latency) AddTo(s *LatencySnapshot) {
-	for i := range h.counts {
-		s.Counts[i] += h.counts[i].Load()
+	for k := range h.stripes {
+		st := &h.stripes[k]
+		for i := range st.counts {
+			s.Counts[i] += st.counts[i].Load()
+		}
+		s.Sum += time.Duration(st.sum.Load())
 	}
-	s.Sum += time.Duration(h.sum.Load())
 }
 
 // Add adds o to s.

@@ -21,7 +21,7 @@ func TestLatencyBuckets(t *testing.T) {
 	} {
 		var before, after LatencySnapshot
 		h.AddTo(&before)
-		h.observe(int64(tc.d))
+		h.observe(uint32(tc.bucket), int64(tc.d)) // stripes add up
 		h.AddTo(&after)
 		for i := range after.Counts {
 			want := before.Counts[i]

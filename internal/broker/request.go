@@ -309,6 +309,14 @@ func (s *Session) dispatch(ex *Exchange, f *wire.Frame, start int64) (string, er
 	return "", s.sendOne(f, one, start)
 }
 
+// addBusy counts a request the handler takes (d = 1) or finishes (-1), on
+// a least-busy exchange.
+func (a *Attachment) addBusy(d int64) {
+	if a.countBusy {
+		a.busy.Add(d)
+	}
+}
+
 func leastBusy(g *group) *Attachment {
 	start := int(g.next.Add(1) - 1)
 	n := len(g.members)
@@ -406,10 +414,10 @@ func (s *Session) sendOne(f *wire.Frame, a *Attachment, start int64) error {
 	if !ok {
 		return wire.Errorf(wire.CodeHandlerGone, "the handler's connection closed")
 	}
-	a.busy.Add(1)
+	a.addBusy(1)
 	if err := s.register(f.Ref, pending{a: a, id: id, deadline: deadlineOf(f)}); err != nil {
 		if _, ok := h.handling.get(id, true); ok {
-			a.busy.Add(-1)
+			a.addBusy(-1)
 		}
 		return err
 	}
@@ -458,7 +466,7 @@ func (s *Session) send(f *wire.Frame, list []*Attachment, start int64) error {
 		}
 		g := f.Clone()
 		g.Ref, g.Attach, g.Name = id, a.id, s.id
-		a.busy.Add(1)
+		a.addBusy(1)
 		a.s.stats.Delivered.Add(1)
 		a.s.sink.Deliver(g)
 	}
@@ -510,7 +518,7 @@ func (s *Session) sendFailure(reqID uint64, from string, last bool, code wire.Co
 
 // handlerGone fails a request whose handler went away.
 func (sl slot) handlerGone(msg string) {
-	sl.a.busy.Add(-1)
+	sl.a.addBusy(-1)
 	r := sl.r
 	if sl.inf != nil {
 		r.finish(sl.inf, sl.idx, wire.CodeHandlerGone, msg)
@@ -549,7 +557,7 @@ func cancelAt(a *Attachment, id uint64) {
 	if _, ok := a.s.handling.get(id, true); !ok {
 		return
 	}
-	a.busy.Add(-1)
+	a.addBusy(-1)
 	c := wire.NewFrame(wire.TypeCancel)
 	c.Ref, c.Attach = id, a.id
 	a.s.sink.Deliver(c)
@@ -577,7 +585,7 @@ func (s *Session) respond(f *wire.Frame) {
 	}
 	last := false
 	if final {
-		sl.a.busy.Add(-1)
+		sl.a.addBusy(-1)
 		if sl.inf != nil {
 			var live bool
 			if live, last = r.finishTarget(sl.inf, sl.idx); !live {
@@ -602,7 +610,7 @@ func (s *Session) respond(f *wire.Frame) {
 			if sl.inf != nil {
 				start = sl.inf.start
 			}
-			h.observe(monoNow() - start)
+			h.observe(sl.a.stripe, monoNow()-start)
 		}
 	}
 	r.sink.Deliver(f)

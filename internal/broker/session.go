@@ -79,8 +79,14 @@ type Attachment struct {
 	connTag    string
 	options    map[string]string
 	patterns   []string // subscriber patterns, guarded by ex.subMu
-	busy       atomic.Int64
 	gone       atomic.Bool
+	// busy counts the requests the handler is serving, for the least-busy
+	// strategy only (countBusy): other exchanges spare the shared write.
+	busy      atomic.Int64
+	countBusy bool
+	// stripe is the stripe of the exchange's latency histogram that the
+	// handler's answers are recorded in.
+	stripe uint32
 
 	// A worker's, or a durable subscriber's, queue and consumer. tmu is
 	// held while the consumer is being added, so that a settle racing
@@ -279,6 +285,8 @@ func (s *Session) attach(f *wire.Frame) {
 	a := &Attachment{
 		s: s, id: f.Attach, member: fmt.Sprintf("%s.%d", s.id, f.Attach), ex: ex, role: f.Aux,
 		serviceTag: f.Tag, connTag: spec.ConnTag, options: spec.Options,
+		stripe:    uint32(s.n) + f.Attach,
+		countBusy: ex.cfg.Strategy == LeastBusy,
 	}
 	switch {
 	case ex.cfg.Pattern == wire.PatternReqResp && a.role != wire.RoleHandler:
