@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -461,6 +462,7 @@ func (b *inbox) push(f *wire.Frame, data bool) bool {
 // take waits for frames and returns them all, appended to buf; nil once
 // the inbox is closed and empty.
 func (b *inbox) take(buf []*wire.Frame) []*wire.Frame {
+	yields := 0
 	for {
 		b.mu.Lock()
 		if len(b.q) > 0 {
@@ -479,9 +481,24 @@ func (b *inbox) take(buf []*wire.Frame) []*wire.Frame {
 			return nil
 		}
 		b.mu.Unlock()
+		if yields < waitYields {
+			yields++
+			runtime.Gosched()
+			continue
+		}
+		yields = 0
 		<-b.wake
 	}
 }
+
+// waitYields is how often a goroutine about to wait for frames (an
+// attachment's for its inbox, a caller's for its call) first yields its
+// thread. In-process, the goroutine that will send the frames is often
+// runnable on the same thread: letting it run first turns a park and a
+// wake-up into a yield, and lets a handler take requests in batches.
+// Measured with the node package's request benchmarks: 2 did best of 0,
+// 1, 2, 4, 8, 16 and 32.
+const waitYields = 2
 
 // close ends the inbox and returns the frames still queued.
 func (b *inbox) close() []*wire.Frame {

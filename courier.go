@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -392,6 +393,7 @@ func (c *Conn) unregister(cl *call) bool {
 // next waits for the call's next frame. It returns nil and an error when
 // ctx ends or the Conn closes.
 func (c *Conn) next(ctx context.Context, cl *call) (*wire.Frame, error) {
+	yields := 0
 	for {
 		cl.mu.Lock()
 		if cl.head < len(cl.q) {
@@ -409,6 +411,12 @@ func (c *Conn) next(ctx context.Context, cl *call) (*wire.Frame, error) {
 		if closed {
 			return nil, c.Err()
 		}
+		if yields < waitYields {
+			yields++
+			runtime.Gosched()
+			continue
+		}
+		yields = 0
 		done := ctx.Done()
 		if done == nil {
 			<-cl.ready
