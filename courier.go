@@ -59,7 +59,6 @@ type Conn struct {
 	id  string
 	log *slog.Logger
 
-	nextRef    atomic.Uint64
 	nextAttach atomic.Uint32
 
 	calls callTable
@@ -346,8 +345,36 @@ var callPool = sync.Pool{New: func() any { return &call{ready: make(chan struct{
 
 func (c *Conn) newCall() *call {
 	cl := callPool.Get().(*call)
-	cl.ref = c.nextRef.Add(1)
+	cl.ref = newRef()
 	return cl
+}
+
+// Call refs are unique in the process, not only in their Conn, and are
+// handed out from blocks that each thread (P) takes in turn from a pool,
+// so that goroutines on different cores do not take turns at one
+// counter. A block's refs all end in the same three bits, which pick the
+// shard of the call table here and of the broker's request tables: the
+// calls a core makes stay in shards of that core's.
+//
+//	ref = block<<13 | i<<3 | block&7, i in [0, refsPerBlock)
+const refsPerBlock = 1 << 10
+
+type refBlock struct{ block, i uint64 }
+
+var (
+	refBlocks    atomic.Uint64 // the last block taken
+	refBlockPool = sync.Pool{New: func() any { return &refBlock{i: refsPerBlock} }}
+)
+
+func newRef() uint64 {
+	b := refBlockPool.Get().(*refBlock)
+	if b.i == refsPerBlock {
+		b.block, b.i = refBlocks.Add(1), 0
+	}
+	ref := b.block<<13 | b.i<<3 | b.block&7
+	b.i++
+	refBlockPool.Put(b)
+	return ref
 }
 
 func (cl *call) push(f *wire.Frame) {

@@ -166,7 +166,7 @@ func (b *Broker) Sweep(ctx context.Context) error {
 			b.mu.RLock()
 			list = list[:0]
 			for _, s := range b.sessions {
-				if s.inflight.Load() > 0 {
+				if s.Inflight() > 0 {
 					list = append(list, s)
 				}
 			}
@@ -195,7 +195,7 @@ func (b *Broker) Busy() int64 {
 	// first pass is seen by the second.
 	var n int64
 	for _, s := range b.sessions {
-		n += s.inflight.Load()
+		n += s.Inflight()
 	}
 	for _, s := range b.sessions {
 		n += s.answering.Load()

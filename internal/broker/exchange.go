@@ -47,7 +47,7 @@ type Exchange struct {
 	// pending holds subscription requests waiting for a controller.
 	pending map[uint64]*subRequest
 
-	requests  atomic.Uint64
+	requests  *Counter // request-response exchanges only, by request id
 	publishes atomic.Uint64
 	// latency is a request-response exchange's request times; nil for
 	// the other patterns.
@@ -84,7 +84,7 @@ func newExchange(b *Broker, name string, spec Spec) (*Exchange, error) {
 		if err := ex.compileStrategy(); err != nil {
 			return nil, err
 		}
-		ex.latency = &Latency{}
+		ex.latency, ex.requests = &Latency{}, &Counter{}
 	case wire.PatternPubSub:
 		if cfg.Strategy != "" {
 			return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: pubsub exchanges take no strategy (got %q)", name, cfg.Strategy)
@@ -198,7 +198,7 @@ func (ex *Exchange) Info() wire.ExchangeInfo {
 	info := wire.ExchangeInfo{
 		Name: ex.name, Pattern: ex.cfg.Pattern, Strategy: ex.cfg.Strategy,
 		KeyExpr: ex.cfg.KeyExpr, RouteExpr: ex.cfg.RouteExpr, Controlled: ex.cfg.Controlled,
-		Members: members, Requests: ex.requests.Load(), Publishes: ex.publishes.Load(),
+		Members: members, Requests: ex.Requests(), Publishes: ex.publishes.Load(),
 	}
 	if v.leader != nil {
 		info.Leader = v.leader.member

@@ -52,7 +52,7 @@ func (ex *Exchange) fanout(f *wire.Frame) {
 			g = f.Clone()
 		}
 		g.Type, g.Flags, g.Ref, g.Attach, g.Aux, g.Name, g.Tag = wire.TypeMessage, 0, 0, a.id, 0, "", ""
-		a.s.stats.Delivered.Add(1)
+		a.s.stats.Delivered.Add(0, 1)
 		a.s.sink.Deliver(g)
 	}
 	if last < 0 {

@@ -74,10 +74,11 @@ type requestTable struct {
 }
 
 type reqShard struct {
-	mu     sync.Mutex // guards m, closed
+	mu     sync.Mutex // guards m, closed; held to change n
 	m      map[uint64]pending
 	closed bool
-	_      [40]byte // keep shards on separate cache lines
+	n      atomic.Int64 // len(m): the session's in flight is the sum
+	_      [32]byte     // keep shards on separate cache lines
 }
 
 // lock locks and returns the shard of reqID.
@@ -98,6 +99,7 @@ func (t *requestTable) drain() map[uint64]pending {
 			out[id] = p
 		}
 		sh.m = nil
+		sh.n.Store(0)
 		sh.mu.Unlock()
 	}
 	return out
@@ -229,7 +231,7 @@ const maxRedirects = 8
 // request routes a REQUEST from this session to handlers.
 func (s *Session) request(f *wire.Frame) {
 	start := monoNow()
-	s.stats.Requests.Add(1)
+	s.stats.Requests.Add(f.Ref, 1)
 	if !s.allowed(auth.Write, f.Name) {
 		s.failRequest(f, s.deny("request", auth.Write, f.Name))
 		return
@@ -250,7 +252,7 @@ func (s *Session) request(f *wire.Frame) {
 			err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is %s, not request-response", ex.name, ex.cfg.Pattern)
 			break
 		}
-		ex.requests.Add(1)
+		ex.requests.Add(f.Ref, 1)
 		var redirect string
 		redirect, err = s.dispatch(ex, f, start)
 		if err != nil || redirect == "" {
@@ -373,20 +375,19 @@ func (s *Session) register(reqID uint64, p pending) error {
 	switch {
 	case sh.closed:
 		return wire.Errorf(wire.CodeCancelled, "the requester's connection closed")
-	case s.inflight.Add(1) > int64(s.b.cfg.MaxInflight):
-		s.inflight.Add(-1)
+	case s.overLimit(sh):
 		return wire.Errorf(wire.CodeTooManyInflight, "%d requests in flight on this connection, the limit", s.b.cfg.MaxInflight)
 	case s.b.draining.Load():
 		// Checked after the count went up, so that Busy, reading the
 		// counts after Drain, sees every request that got past here.
-		s.inflight.Add(-1)
+		sh.n.Add(-1)
 		return wire.Errorf(wire.CodeShutdown, "the server is shutting down: it takes no new requests")
 	}
 	if sh.m == nil {
 		sh.m = make(map[uint64]pending)
 	}
 	if _, dup := sh.m[reqID]; dup {
-		s.inflight.Add(-1)
+		sh.n.Add(-1)
 		return wire.Errorf(wire.CodeProtocol, "request id %d is already in flight", reqID)
 	}
 	sh.m[reqID] = p
@@ -402,8 +403,23 @@ func (s *Session) take(reqID uint64, match func(pending) bool) (pending, bool) {
 		return pending{}, false
 	}
 	delete(sh.m, reqID)
-	s.inflight.Add(-1)
+	sh.n.Add(-1)
 	return p, true
+}
+
+// overLimit counts a new request in shard sh (locked) and reports, having
+// taken it back out, whether it would make too many in flight. The sum
+// of the shards is read only once sh holds more than its share of the
+// limit, so a request costs no read of the other shards' lines; the
+// limit can be overshot, by requests racing in other shards, by at most
+// the limit again.
+func (s *Session) overLimit(sh *reqShard) bool {
+	max := int64(s.b.cfg.MaxInflight)
+	if n := sh.n.Add(1); n*shards > max && s.Inflight() > max {
+		sh.n.Add(-1)
+		return true
+	}
+	return false
 }
 
 // sendOne sends f to one handler, reusing f as the delivered frame.
@@ -431,7 +447,7 @@ func (s *Session) sendOne(f *wire.Frame, a *Attachment, start int64) error {
 		f.Release()
 		return nil
 	}
-	h.stats.Delivered.Add(1)
+	h.stats.Delivered.Add(f.Ref, 1)
 	f.Ref, f.Attach, f.Name = id, a.id, s.id
 	h.sink.Deliver(f)
 	return nil
@@ -467,7 +483,7 @@ func (s *Session) send(f *wire.Frame, list []*Attachment, start int64) error {
 		g := f.Clone()
 		g.Ref, g.Attach, g.Name = id, a.id, s.id
 		a.addBusy(1)
-		a.s.stats.Delivered.Add(1)
+		a.s.stats.Delivered.Add(f.Ref, 1)
 		a.s.sink.Deliver(g)
 	}
 	f.Release()
@@ -488,7 +504,7 @@ func (s *Session) finishTarget(inf *inflight, idx int) (live, last bool) {
 	if inf.remaining == 0 {
 		if p, ok := sh.m[inf.reqID]; ok && p.inf == inf {
 			delete(sh.m, inf.reqID)
-			s.inflight.Add(-1)
+			sh.n.Add(-1)
 		}
 		return true, true
 	}
@@ -680,7 +696,7 @@ func (s *Session) expire(now int64) {
 		for id, p := range sh.m {
 			if p.deadline != 0 && p.deadline < now {
 				delete(sh.m, id)
-				s.inflight.Add(-1)
+				sh.n.Add(-1)
 				late = append(late, due{id, p})
 			}
 		}

@@ -35,7 +35,6 @@ type Session struct {
 
 	requests requestTable // requests this session made, by its ids
 	handling slotTable    // requests delivered to this session's handlers
-	inflight atomic.Int64 // len(requests)
 	// answering counts final responses of this session's handlers taken
 	// from their requester's table and not yet delivered (see
 	// [Broker.Busy]).
@@ -44,12 +43,14 @@ type Session struct {
 	stats SessionStats
 }
 
-// SessionStats are live counters of a session.
+// SessionStats are live counters of a session. Requests and Delivered
+// are striped by request id: an embedded session's requesters and its
+// handlers' requesters add to them from many cores at once.
 type SessionStats struct {
-	Requests  atomic.Uint64 // requests made
+	Requests  Counter       // requests made
 	Responses atomic.Uint64 // responses sent as a handler
 	Publishes atomic.Uint64
-	Delivered atomic.Uint64 // messages and requests delivered to it
+	Delivered Counter // messages and requests delivered to it
 }
 
 // ID returns the session id, such as "c7".

@@ -62,7 +62,12 @@ func (b *Broker) AttachmentCount() int {
 
 // Requests returns how many requests were routed through the exchange
 // (a redirected request counts at every exchange it passes).
-func (ex *Exchange) Requests() uint64 { return ex.requests.Load() }
+func (ex *Exchange) Requests() uint64 {
+	if ex.requests == nil {
+		return 0
+	}
+	return ex.requests.Load()
+}
 
 // Latency returns the histogram of the requests answered through a
 // request-response exchange, from their arrival to their last response;
@@ -119,4 +124,10 @@ func (s *Session) Sink() Sink { return s.sink }
 
 // Inflight returns the number of requests the session has in flight as a
 // requester.
-func (s *Session) Inflight() int64 { return s.inflight.Load() }
+func (s *Session) Inflight() int64 {
+	var n int64
+	for i := range s.requests.shard {
+		n += s.requests.shard[i].n.Load()
+	}
+	return n
+}

@@ -641,7 +641,7 @@ func (a *Attachment) deliverTask(d queue.Delivery) {
 	f := wire.NewFrame(wire.TypeTask)
 	f.Attach, f.Ref, f.Aux = a.id, d.ID, uint64(d.Attempts)
 	f.Key, f.Header, f.Body = d.Key, d.Headers, d.Body
-	a.s.stats.Delivered.Add(1)
+	a.s.stats.Delivered.Add(d.ID, 1)
 	a.s.sink.Deliver(f)
 }
 
