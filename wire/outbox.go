@@ -37,8 +37,12 @@ const (
 // small writes would cost more than the handoff.
 const busyGap = 50 * time.Microsecond
 
-// maxSpare is the largest write buffer an outbox keeps for reuse.
-const maxSpare = 1 << 20
+// maxSpare is the largest write buffer an outbox keeps for reuse once
+// idleWrites writes in a row no longer filled it to a quarter.
+const (
+	maxSpare   = 1 << 20
+	idleWrites = 8
+)
 
 // Outbox buffers encoded frames between many producers and a connection.
 // The write loop takes everything buffered in one write ([Outbox.Flush]);
@@ -56,6 +60,7 @@ type Outbox struct {
 	mu      sync.Mutex // guards buf, spare, writing, closed, err, waiters, room
 	buf     []byte
 	spare   []byte
+	idle    int  // writes in a row that filled less than a quarter of their buffer
 	writing bool // someone is in w.Write
 	closed  bool
 	err     error
@@ -208,7 +213,14 @@ func (o *Outbox) kick() {
 // on return. What others add meanwhile is left to the write loop.
 func (o *Outbox) writeLocked(inline bool) {
 	p := o.buf
-	o.buf, o.spare = o.spare[:0], nil
+	next := o.spare[:0]
+	if cap(next) < len(p) {
+		// The producers outpace the writes: give them room for as much
+		// as this write at once, rather than grow a buffer by copying
+		// it over and over while the write goes on.
+		next = make([]byte, 0, len(p)+len(p)/2)
+	}
+	o.buf, o.spare = next, nil
 	o.writing = true
 	if o.waiters > 0 {
 		close(o.room)
@@ -237,15 +249,25 @@ func (o *Outbox) writeLocked(inline bool) {
 	o.writing = false
 	if n < len(p) && err == nil {
 		// Cut short: what was not written goes first, before what others
-		// added meanwhile.
-		rest := make([]byte, 0, len(p)-n+len(o.buf))
-		rest = append(append(rest, p[n:]...), o.buf...)
-		o.buf = rest
-		p = nil
+		// added meanwhile. It moves to the front of p, which keeps its
+		// capacity, so that the appends that follow do not grow a new
+		// buffer; the other one becomes the spare.
+		rest := append(p[:copy(p, p[n:])], o.buf...)
+		o.buf, p = rest, o.buf
 	}
 	o.spare = p[:0]
 	if cap(p) > maxSpare {
-		o.spare = nil // a burst is over: let its buffer go
+		if len(p) < cap(p)/4 {
+			o.idle++
+		} else {
+			o.idle = 0
+		}
+		if o.idle >= idleWrites {
+			// A burst is over: let its buffer go. While it lasts, both
+			// buffers are kept, so that a connection writing a megabyte
+			// at a time does not grow a new one for every write.
+			o.spare, o.idle = nil, 0
+		}
 	}
 	if err != nil && o.err == nil {
 		o.err = err

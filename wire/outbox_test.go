@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -155,6 +156,74 @@ func TestInlineWriteGivesUp(t *testing.T) {
 		var f Frame
 		if err := r.Next(&f); err != nil || f.Ref != want {
 			t.Fatalf("frame %d: got %+v, %v", want, f, err)
+		}
+	}
+}
+
+// trickleWriter takes at most 100 bytes of a write made under a
+// deadline and says the deadline passed, as a socket with a full buffer
+// does; other writes it takes whole.
+type trickleWriter struct {
+	mu       sync.Mutex
+	buf      bytes.Buffer
+	deadline bool
+	put      func() // called during each cut-short write, as other producers would
+}
+
+func (w *trickleWriter) SetWriteDeadline(t time.Time) error {
+	w.mu.Lock()
+	w.deadline = !t.IsZero()
+	w.mu.Unlock()
+	return nil
+}
+
+func (w *trickleWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	short := w.deadline && len(p) > 100
+	put := w.put
+	if short {
+		p = p[:100]
+	}
+	w.buf.Write(p)
+	w.mu.Unlock()
+	if short {
+		if put != nil {
+			put()
+		}
+		return len(p), os.ErrDeadlineExceeded
+	}
+	return len(p), nil
+}
+
+// TestCutShortWritesKeepOrder: what an inline write could not write goes
+// out first, before the frames put meanwhile, write after write.
+func TestCutShortWritesKeepOrder(t *testing.T) {
+	w := &trickleWriter{}
+	o := NewOutbox(w, DefaultMaxFrame, 1<<20)
+	ref := uint64(0)
+	put := func(mode Mode) {
+		ref++
+		if err := o.Put(&Frame{Type: TypeResponse, Ref: ref, Body: bytes.Repeat([]byte{byte(ref)}, 300)}, mode, 0); err != nil {
+			t.Error(err)
+		}
+	}
+	w.put = func() { put(Data); put(Data) } // frames added while a write goes on
+	for i := 0; i < 50; i++ {
+		o.lastWrite.Store(0) // idle: the next urgent frame is written inline
+		put(Urgent)
+		for {
+			if wrote, err := o.Flush(); err != nil {
+				t.Fatal(err)
+			} else if !wrote {
+				break
+			}
+		}
+	}
+	r := NewReader(bytes.NewReader(w.buf.Bytes()), DefaultMaxFrame)
+	for want := uint64(1); want <= ref; want++ {
+		var f Frame
+		if err := r.Next(&f); err != nil || f.Ref != want || len(f.Body) != 300 || f.Body[299] != byte(want) {
+			t.Fatalf("frame %d: got ref %d, %d bytes, %v", want, f.Ref, len(f.Body), err)
 		}
 	}
 }
