@@ -115,7 +115,11 @@ type Attachment struct {
 	control ControlFunc
 	job     JobFunc
 
+	// in is written by every goroutine that delivers to the attachment:
+	// it has cache lines of its own.
+	_  [64]byte
 	in inbox
+	_  [64]byte
 	// serving is the request whose handler function runs now on the
 	// attachment's goroutine (see reqServing).
 	serving atomic.Pointer[Request]

@@ -328,15 +328,11 @@ type Request struct {
 	cancelled atomic.Bool
 	hasCtx    atomic.Bool // Context was called
 	asked     atomic.Bool // Ask was called
-	// batch is the attachment's write batch while the handler runs on the
-	// attachment's goroutine; answers made meanwhile join it.
-	batch atomic.Pointer[wire.Batch]
-
-	mu     sync.Mutex // guards ctx, cancel, asks, nextAsk
-	ctx    context.Context
-	cancel context.CancelFunc
-	asks   map[uint64]chan *wire.Frame
-	next   uint64
+	mu        sync.Mutex  // guards ctx, cancel, asks, nextAsk
+	ctx       context.Context
+	cancel    context.CancelFunc
+	asks      map[uint64]chan *wire.Frame
+	next      uint64
 }
 
 // Body returns the request's payload.
@@ -417,10 +413,15 @@ func (r *Request) respond(flags wire.Flags, code wire.Code, msg string, body []b
 	}
 	f := wire.NewFrame(wire.TypeResponse)
 	f.Ref, f.Flags, f.Aux, f.Tag, f.Body = r.id, flags, uint64(code), msg, body
-	b := r.batch.Load()
+	// While the handler function runs on the attachment's goroutine,
+	// answers join the attachment's write batch.
+	var b *wire.Batch
+	if r.a.serving.Load() == r {
+		b = &r.a.batch
+	}
 	f.Batch = b
 	err := r.a.c.send(f)
-	if b != nil && r.batch.Load() == nil {
+	if b != nil && r.a.serving.Load() != r {
 		// Sent from another goroutine while serve was returning: the
 		// attachment's goroutine may have flushed its batch before this
 		// frame joined it, and it flushes only after its next input.
@@ -581,13 +582,11 @@ func (a *Attachment) serve(f *wire.Frame) {
 			a.c.log.Error("courier: handler panicked", "attachment", a.member, "panic", p)
 			r.Fail(&wire.Error{Code: wire.CodeApplication, Msg: fmt.Sprintf("the handler panicked: %v", p)})
 		}
-		r.batch.Store(nil)
 		if r.state.Load() == reqServing {
 			a.park(r)
 		}
 		a.serving.Store(nil) // after park: inline looks here first, then in active
 	}()
-	r.batch.Store(&a.batch)
 	a.handler(r)
 }
 
