@@ -322,17 +322,32 @@ type Request struct {
 	body      []byte
 	tag       string
 	from      string
-	timeout   uint64 // ms, 0 for none
-	arrived   time.Time
+	deadline  int64        // unix ns, 0 for none
 	state     atomic.Int32 // reqServing, reqParked or reqFinished
 	cancelled atomic.Bool
-	hasCtx    atomic.Bool // Context was called
-	asked     atomic.Bool // Ask was called
-	mu        sync.Mutex  // guards ctx, cancel, asks, nextAsk
-	ctx       context.Context
-	cancel    context.CancelFunc
-	asks      map[uint64]chan *wire.Frame
-	next      uint64
+	ext       atomic.Pointer[reqExtra] // made by Context or Ask
+}
+
+// reqExtra is what a request needs only once its handler asks for its
+// context or asks the requester a question, kept apart so that the
+// common request is small.
+type reqExtra struct {
+	mu     sync.Mutex // guards ctx, cancel, asks, next
+	ctx    context.Context
+	cancel context.CancelFunc
+	asks   map[uint64]chan *wire.Frame
+	next   uint64
+}
+
+// extra returns the request's reqExtra, made on first use.
+func (r *Request) extra() *reqExtra {
+	if e := r.ext.Load(); e != nil {
+		return e
+	}
+	if e := new(reqExtra); r.ext.CompareAndSwap(nil, e) {
+		return e
+	}
+	return r.ext.Load()
 }
 
 // Body returns the request's payload.
@@ -355,29 +370,31 @@ func (r *Request) Attachment() *Attachment { return r.a }
 
 // Deadline returns the request's deadline, if it has one.
 func (r *Request) Deadline() (time.Time, bool) {
-	if r.timeout == 0 {
+	if r.deadline == 0 {
 		return time.Time{}, false
 	}
-	return r.arrived.Add(time.Duration(r.timeout) * time.Millisecond), true
+	return time.Unix(0, r.deadline), true
 }
 
 // Context returns a context that ends when the request's deadline passes
 // or the requester cancels or goes away.
 func (r *Request) Context() context.Context {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.ctx == nil {
-		r.hasCtx.Store(true)
+	e := r.extra()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ctx == nil {
 		if d, ok := r.Deadline(); ok {
-			r.ctx, r.cancel = context.WithDeadline(context.Background(), d)
+			e.ctx, e.cancel = context.WithDeadline(context.Background(), d)
 		} else {
-			r.ctx, r.cancel = context.WithCancel(context.Background())
+			e.ctx, e.cancel = context.WithCancel(context.Background())
 		}
+		// Read after ext was set: a cancelCtx that found no ext set
+		// cancelled before, and is seen here.
 		if r.cancelled.Load() {
-			r.cancel()
+			e.cancel()
 		}
 	}
-	return r.ctx
+	return e.ctx
 }
 
 // Cancelled reports whether the requester cancelled or went away.
@@ -385,13 +402,17 @@ func (r *Request) Cancelled() bool { return r.cancelled.Load() }
 
 func (r *Request) cancelCtx() {
 	r.cancelled.Store(true)
-	r.mu.Lock()
-	cancel := r.cancel
-	for _, ch := range r.asks {
+	e := r.ext.Load()
+	if e == nil {
+		return // no context or question yet: they see cancelled
+	}
+	e.mu.Lock()
+	cancel := e.cancel
+	for _, ch := range e.asks {
 		close(ch)
 	}
-	r.asks = nil
-	r.mu.Unlock()
+	e.asks = nil
+	e.mu.Unlock()
 	if cancel != nil {
 		cancel()
 	}
@@ -466,25 +487,27 @@ func (r *Request) finish() bool {
 
 // endAsks ends the questions still waiting for an answer.
 func (r *Request) endAsks() {
-	if !r.asked.Load() {
+	e := r.ext.Load()
+	if e == nil {
 		return
 	}
-	r.mu.Lock()
-	for _, ch := range r.asks {
+	e.mu.Lock()
+	for _, ch := range e.asks {
 		close(ch)
 	}
-	r.asks = nil
-	r.mu.Unlock()
+	e.asks = nil
+	e.mu.Unlock()
 }
 
 // cancelCtx2 releases the context's resources once the request is done.
 func (r *Request) cancelCtx2() {
-	if !r.hasCtx.Load() {
+	e := r.ext.Load()
+	if e == nil {
 		return
 	}
-	r.mu.Lock()
-	cancel := r.cancel
-	r.mu.Unlock()
+	e.mu.Lock()
+	cancel := e.cancel
+	e.mu.Unlock()
 	if cancel != nil {
 		cancel()
 	}
@@ -513,30 +536,32 @@ func (r *Request) Fail(err error) error {
 // handler that needs a confirmation or missing data before it responds.
 func (r *Request) Ask(ctx context.Context, question []byte) ([]byte, error) {
 	ch := make(chan *wire.Frame, 1)
-	r.mu.Lock()
+	e := r.extra()
+	e.mu.Lock()
+	// Both read after ext was set: a cancelCtx or an answer that found
+	// no ext set came before, and is seen here.
 	if r.cancelled.Load() {
-		r.mu.Unlock()
+		e.mu.Unlock()
 		return nil, ErrCancelled
 	}
 	if r.state.Load() == reqFinished {
 		// Answered already: no answer could find its way back.
-		r.mu.Unlock()
+		e.mu.Unlock()
 		return nil, ErrResponded
 	}
-	r.asked.Store(true)
-	r.next++
-	id := r.next
-	if r.asks == nil {
-		r.asks = make(map[uint64]chan *wire.Frame)
+	e.next++
+	id := e.next
+	if e.asks == nil {
+		e.asks = make(map[uint64]chan *wire.Frame)
 	}
-	r.asks[id] = ch
-	r.mu.Unlock()
+	e.asks[id] = ch
+	e.mu.Unlock()
 	f := wire.NewFrame(wire.TypeAsk)
 	f.Ref, f.Attach, f.Aux, f.Body = r.id, r.a.id, id, question
 	if err := r.a.c.sendCtx(ctx, f); err != nil {
-		r.mu.Lock()
-		delete(r.asks, id)
-		r.mu.Unlock()
+		e.mu.Lock()
+		delete(e.asks, id)
+		e.mu.Unlock()
 		return nil, err
 	}
 	select {
@@ -550,18 +575,23 @@ func (r *Request) Ask(ctx context.Context, question []byte) ([]byte, error) {
 		}
 		return a.Body, nil
 	case <-ctx.Done():
-		r.mu.Lock()
-		delete(r.asks, id)
-		r.mu.Unlock()
+		e.mu.Lock()
+		delete(e.asks, id)
+		e.mu.Unlock()
 		return nil, ctx.Err()
 	}
 }
 
 func (r *Request) answer(f *wire.Frame) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ch := r.asks[f.Aux]
-	delete(r.asks, f.Aux)
+	e := r.ext.Load()
+	if e == nil {
+		f.Release() // no question was asked
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ch := e.asks[f.Aux]
+	delete(e.asks, f.Aux)
 	if ch == nil {
 		f.Release()
 		return
@@ -571,9 +601,9 @@ func (r *Request) answer(f *wire.Frame) {
 
 // serve runs the handler for a delivered REQUEST.
 func (a *Attachment) serve(f *wire.Frame) {
-	r := &Request{a: a, id: f.Ref, key: f.Key, header: f.Header, body: f.Body, tag: f.Tag, from: f.Name, timeout: f.Aux}
-	if f.Aux != 0 {
-		r.arrived = time.Now()
+	r := &Request{a: a, id: f.Ref, key: f.Key, header: f.Header, body: f.Body, tag: f.Tag, from: f.Name}
+	if f.Aux != 0 { // its timeout in ms
+		r.deadline = time.Now().UnixNano() + int64(f.Aux)*int64(time.Millisecond)
 	}
 	f.Release()
 	a.serving.Store(r)
