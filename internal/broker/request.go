@@ -296,7 +296,11 @@ func (s *Session) dispatch(ex *Exchange, f *wire.Frame, start int64) (string, er
 	case Broadcast:
 		return "", s.send(f, g.members, start)
 	case RoundRobin, LeaderRoundRobin:
-		one = g.members[(g.next.Add(1)-1)%uint64(len(g.members))]
+		if len(g.members) == 1 {
+			one = g.members[0] // spare the shared counter its write
+		} else {
+			one = g.members[(g.next.Add(1)-1)%uint64(len(g.members))]
+		}
 	case Leader:
 		one = g.members[0] // the earliest member, which is the leader
 	case Sticky:
