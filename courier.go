@@ -328,6 +328,7 @@ func (t *callTable) close() {
 // call is one operation waiting for frames with its Ref.
 type call struct {
 	ref   uint64
+	refs  refBlock
 	mu    sync.Mutex // guards q, head, closed
 	q     []*wire.Frame
 	head  int // q[head:] are waiting
@@ -345,35 +346,32 @@ var callPool = sync.Pool{New: func() any { return &call{ready: make(chan struct{
 
 func (c *Conn) newCall() *call {
 	cl := callPool.Get().(*call)
-	cl.ref = newRef()
+	cl.ref = cl.refs.next()
 	return cl
 }
 
 // Call refs are unique in the process, not only in their Conn, and are
-// handed out from blocks that each thread (P) takes in turn from a pool,
-// so that goroutines on different cores do not take turns at one
-// counter. A block's refs all end in the same three bits, which pick the
-// shard of the call table here and of the broker's request tables: the
-// calls a core makes stay in shards of that core's.
+// handed out from blocks that each call takes in turn (calls are pooled,
+// so a thread reuses its own), so that goroutines on different cores do
+// not take turns at one counter. A block's refs all end in the same three
+// bits, which pick the shard of the call table here and of the broker's
+// request tables: the calls a core makes stay in shards of that core's.
 //
 //	ref = block<<13 | i<<3 | block&7, i in [0, refsPerBlock)
 const refsPerBlock = 1 << 10
 
+// refBlock is the block a call takes its refs from; the zero value
+// takes a new block on first use.
 type refBlock struct{ block, i uint64 }
 
-var (
-	refBlocks    atomic.Uint64 // the last block taken
-	refBlockPool = sync.Pool{New: func() any { return &refBlock{i: refsPerBlock} }}
-)
+var refBlocks atomic.Uint64 // the last block taken
 
-func newRef() uint64 {
-	b := refBlockPool.Get().(*refBlock)
-	if b.i == refsPerBlock {
+func (b *refBlock) next() uint64 {
+	if b.block == 0 || b.i == refsPerBlock {
 		b.block, b.i = refBlocks.Add(1), 0
 	}
 	ref := b.block<<13 | b.i<<3 | b.block&7
 	b.i++
-	refBlockPool.Put(b)
 	return ref
 }
 

@@ -180,7 +180,8 @@ func (t *Tasks) SubmitAsync(ctx context.Context, task Task, done func(TaskID, er
 	if err != nil {
 		return err
 	}
-	cl := &call{ref: newRef()}
+	cl := &call{}
+	cl.ref = cl.refs.next()
 	cl.fn = func(r *wire.Frame) {
 		switch {
 		case r == nil:
