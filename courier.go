@@ -364,7 +364,18 @@ const refsPerBlock = 1 << 10
 // takes a new block on first use.
 type refBlock struct{ block, i uint64 }
 
-var refBlocks atomic.Uint64 // the last block taken
+var (
+	refBlocks    atomic.Uint64 // the last block taken
+	refBlockPool = sync.Pool{New: func() any { return new(refBlock) }}
+)
+
+// newRef returns a ref for a call that is not pooled.
+func newRef() uint64 {
+	b := refBlockPool.Get().(*refBlock)
+	ref := b.next()
+	refBlockPool.Put(b)
+	return ref
+}
 
 func (b *refBlock) next() uint64 {
 	if b.block == 0 || b.i == refsPerBlock {

@@ -180,8 +180,7 @@ func (t *Tasks) SubmitAsync(ctx context.Context, task Task, done func(TaskID, er
 	if err != nil {
 		return err
 	}
-	cl := &call{}
-	cl.ref = cl.refs.next()
+	cl := &call{ref: newRef()}
 	cl.fn = func(r *wire.Frame) {
 		switch {
 		case r == nil:
