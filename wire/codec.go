@@ -92,7 +92,7 @@ func Decode(p []byte, f *Frame) error {
 	return decode(p, f, nil)
 }
 
-func decode(p []byte, f *Frame, intern map[string]string) error {
+func decode(p []byte, f *Frame, in *interner) error {
 	if len(p) < minFrame {
 		return fmt.Errorf("%w: %d bytes, need at least %d", ErrMalformed, len(p), minFrame)
 	}
@@ -119,13 +119,13 @@ func decode(p []byte, f *Frame, intern map[string]string) error {
 		f.Aux = d.uvarint("aux")
 	}
 	if fields&fName != 0 {
-		f.Name = d.str("name", intern)
+		f.Name = d.str("name", in.names())
 	}
 	if fields&fKey != 0 {
-		f.Key = d.str("key", nil)
+		f.Key = d.key(in)
 	}
 	if fields&fTag != 0 {
-		f.Tag = d.str("tag", intern)
+		f.Tag = d.str("tag", in.names())
 	}
 	if fields&fHeader != 0 {
 		n := d.uvarint("header count")
@@ -181,19 +181,42 @@ func (d *decoder) uvarint(what string) uint64 {
 	return v
 }
 
+// interner keeps the strings a Reader decoded, so that the ones that
+// repeat from frame to frame are not allocated again: exchange names and
+// tags (few), and the last routing key (a publisher's stream of messages
+// mostly has one).
+type interner struct {
+	m       map[string]string
+	lastKey string
+}
+
+// names returns the map of names and tags; nil for a nil interner.
+func (in *interner) names() map[string]string {
+	if in == nil {
+		return nil
+	}
+	return in.m
+}
+
+// key decodes a routing key, the same string as the last one if the
+// bytes are the same.
+func (d *decoder) key(in *interner) string {
+	b := d.bytes("key")
+	switch {
+	case d.err != nil:
+		return ""
+	case in == nil:
+		return string(b)
+	case string(b) == in.lastKey:
+		return in.lastKey
+	}
+	in.lastKey = string(b)
+	return in.lastKey
+}
+
 func (d *decoder) str(what string, intern map[string]string) string {
-	n := d.uvarint(what + " length")
+	b := d.bytes(what)
 	if d.err != nil {
-		return ""
-	}
-	if n > uint64(len(d.p)) {
-		d.fail(what + " runs past the frame")
-		return ""
-	}
-	b := d.p[:n]
-	d.p = d.p[n:]
-	if !utf8.Valid(b) {
-		d.fail(what + " is not UTF-8")
 		return ""
 	}
 	if intern != nil {
@@ -209,6 +232,30 @@ func (d *decoder) str(what string, intern map[string]string) string {
 	return string(b)
 }
 
+// bytes decodes a length-prefixed UTF-8 string's bytes, aliasing the frame.
+func (d *decoder) bytes(what string) []byte {
+	if d.err != nil {
+		return nil
+	}
+	n, k := binary.Uvarint(d.p)
+	if k <= 0 {
+		d.fail("bad varint in " + what + " length")
+		return nil
+	}
+	d.p = d.p[k:]
+	if n > uint64(len(d.p)) {
+		d.fail(what + " runs past the frame")
+		return nil
+	}
+	b := d.p[:n]
+	d.p = d.p[n:]
+	if !utf8.Valid(b) {
+		d.fail(what + " is not UTF-8")
+		return nil
+	}
+	return b
+}
+
 // Reader reads frames from a stream. It is not safe for concurrent use.
 type Reader struct {
 	r      io.Reader
@@ -217,12 +264,12 @@ type Reader struct {
 	end    int
 	max    int
 	arena  []byte
-	intern map[string]string
+	intern interner
 }
 
 // NewReader returns a Reader on r that refuses frames larger than max bytes.
 func NewReader(r io.Reader, max int) *Reader {
-	return &Reader{r: r, buf: make([]byte, 64<<10), max: max, intern: make(map[string]string)}
+	return &Reader{r: r, buf: make([]byte, 64<<10), max: max, intern: interner{m: make(map[string]string)}}
 }
 
 // SetMax changes the largest accepted frame, as after a handshake.
@@ -258,7 +305,7 @@ func (r *Reader) Next(f *Frame) error {
 	}
 	p := r.buf[r.start+4 : r.start+4+n]
 	r.start += 4 + n
-	if err := decode(p, f, r.intern); err != nil {
+	if err := decode(p, f, &r.intern); err != nil {
 		return err
 	}
 	if len(f.Body) > 0 {

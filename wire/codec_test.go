@@ -730,3 +730,26 @@ func TestReaderInternedStrings(t *testing.T) {
 		}
 	}
 }
+
+// TestReaderKeys: a Reader reuses the last routing key's string when the
+// next frame has the same, and decodes a different one as it is.
+func TestReaderKeys(t *testing.T) {
+	keys := []string{"eu.prices", "eu.prices", "us.prices", "", "eu.prices", "eu.prices"}
+	var buf []byte
+	for i, k := range keys {
+		var err error
+		if buf, err = AppendFrame(buf, &Frame{Type: TypeMessage, Ref: uint64(i + 1), Key: k, Body: []byte("x")}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := NewReader(bytes.NewReader(buf), DefaultMaxFrame)
+	for i, want := range keys {
+		var f Frame
+		if err := r.Next(&f); err != nil {
+			t.Fatal(err)
+		}
+		if f.Key != want || f.Ref != uint64(i+1) {
+			t.Fatalf("frame %d: key %q ref %d, want %q", i, f.Key, f.Ref, want)
+		}
+	}
+}
