@@ -19,20 +19,19 @@ var (
 )
 
 // queueRef reads a queue's counters for the management API, which keeps
-// one per queue between samples.
-type queueRef queue.Queue
+// one per queue between samples: it is the queue's block of counters, so
+// that a listing reads one cache line a queue and never the queue itself.
+type queueRef queue.Counters
 
-func (r *queueRef) Name() string { return (*queue.Queue)(r).Name() }
-
-// Counters reads the queue's counters, not its name: the management API
-// has it, and it lies on another cache line.
-func (r *queueRef) Counters() admin.QueueInfo { return counters((*queue.Queue)(r)) }
+// Counters reads the figures of a listing, not the name: the management
+// API has it.
+func (r *queueRef) Counters() admin.QueueInfo { return summaryInfo((*queue.Counters)(r).Summary()) }
 
 func (s queueSource) QueueVersion() uint64 { return s.b.QueueVersion() }
 
-func (s queueSource) AppendQueueRefs(dst []admin.QueueRef) []admin.QueueRef {
+func (s queueSource) AppendQueueRefs(dst []admin.NamedQueueRef) []admin.NamedQueueRef {
 	s.b.RangeQueues(func(q *queue.Queue, _ bool) bool {
-		dst = append(dst, (*queueRef)(q))
+		dst = append(dst, admin.NamedQueueRef{Name: q.Name(), Ref: (*queueRef)(q.Counters())})
 		return true
 	})
 	return dst
@@ -44,11 +43,12 @@ func queueInfo(q *queue.Queue) admin.QueueInfo {
 	return info
 }
 
-func counters(q *queue.Queue) admin.QueueInfo {
-	st := q.Stats()
+func counters(q *queue.Queue) admin.QueueInfo { return summaryInfo(q.Counters().Summary()) }
+
+func summaryInfo(st queue.Summary) admin.QueueInfo {
 	return admin.QueueInfo{
 		MessagesReady: uint64(st.Ready + st.Delayed), MessagesUnacked: uint64(st.Unacked),
-		Consumers: int(st.Consumers), Memory: uint64(q.Resident()),
+		Consumers: int(st.Consumers), Memory: uint64(st.Resident),
 		Publish: st.Published, Deliver: st.Delivered, Ack: st.Acked,
 	}
 }

@@ -58,14 +58,21 @@ type QueueSource interface {
 	PurgeQueue(name string) (purged uint64, err error)
 }
 
-// QueueRef reads one queue's live counters.
+// QueueRef reads one queue's live counters. The management API keeps
+// one a queue between samples and compares them: a ref must stay the
+// same value (comparable with ==) for the life of its queue, and a queue
+// created again under the name of a deleted one must have another.
 type QueueRef interface {
-	// Name returns the queue's name.
-	Name() string
 	// Counters returns the queue's figures now, as AppendQueues would,
 	// except for the name, which it may leave empty (the caller knows
 	// it). It must not block.
 	Counters() QueueInfo
+}
+
+// NamedQueueRef is a queue's name with its ref.
+type NamedQueueRef struct {
+	Name string
+	Ref  QueueRef
 }
 
 // QueueRefs is an optional interface of a [QueueSource] that lets the
@@ -78,9 +85,9 @@ type QueueRefs interface {
 	// created or deleted: refs appended after reading version v are
 	// every queue while QueueVersion returns v.
 	QueueVersion() uint64
-	// AppendQueueRefs appends a ref to every queue to dst, in any order,
-	// and returns it.
-	AppendQueueRefs(dst []QueueRef) []QueueRef
+	// AppendQueueRefs appends every queue's name and ref to dst, in any
+	// order, and returns it.
+	AppendQueueRefs(dst []NamedQueueRef) []NamedQueueRef
 }
 
 // queueItem is a queue's figures with its ref (nil from a source

@@ -23,8 +23,6 @@ type fakeRef struct {
 	info admin.QueueInfo
 }
 
-func (r *fakeRef) Name() string { return r.info.Name }
-
 func (r *fakeRef) Counters() admin.QueueInfo {
 	r.rq.mu.Lock()
 	defer r.rq.mu.Unlock()
@@ -39,12 +37,12 @@ func (f *refQueues) QueueVersion() uint64 {
 	return f.version
 }
 
-func (f *refQueues) AppendQueueRefs(dst []admin.QueueRef) []admin.QueueRef {
+func (f *refQueues) AppendQueueRefs(dst []admin.NamedQueueRef) []admin.NamedQueueRef {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.walks++
-	for _, r := range f.q {
-		dst = append(dst, r)
+	for name, r := range f.q {
+		dst = append(dst, admin.NamedQueueRef{Name: name, Ref: r})
 	}
 	return dst
 }

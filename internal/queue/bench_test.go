@@ -226,4 +226,52 @@ func BenchmarkStats(b *testing.B) {
 	}
 }
 
+// BenchmarkListStats reads the figures of 100,000 queues, one a queue,
+// in an order unrelated to the order they were created in, as a listing
+// by name does: Stats (both lines of the block and the queue's own
+// counters) against Summary (the one line a listing needs). Each
+// queue holds one message, so its struct has a map and a message.
+//
+//	go test ./internal/queue -run '^$' -bench ListStats
+func BenchmarkListStats(b *testing.B) {
+	const n = 100_000
+	sched := NewScheduler(SchedulerOptions{})
+	b.Cleanup(sched.Close)
+	cfg := DefaultConfig()
+	cfg.Scheduler = sched
+	qs := make([]*Queue, n)
+	for i := range qs {
+		q, err := New("q", cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := q.Enqueue(Message{Body: make([]byte, 256)}, nil, nil); err != nil {
+			b.Fatal(err)
+		}
+		qs[(i*7919)%n] = q
+	}
+	b.Run("Stats", func(b *testing.B) {
+		var sum int64
+		for b.Loop() {
+			for _, q := range qs {
+				sum += q.Stats().Ready
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/queue")
+	})
+	cs := make([]*Counters, n)
+	for i, q := range qs {
+		cs[i] = q.Counters()
+	}
+	b.Run("Summary", func(b *testing.B) {
+		var sum int64
+		for b.Loop() {
+			for _, c := range cs {
+				sum += c.Summary().Ready
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/queue")
+	})
+}
+
 type int64Dur = time.Duration

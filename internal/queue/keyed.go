@@ -134,7 +134,7 @@ func (q *Queue) routeKey(k *keyState) {
 	}
 	if k.waiting.n == 0 {
 		delete(q.keys, k.name)
-		q.stats.keys.Add(-1)
+		q.cold.keys.Add(-1)
 		if len(q.freeKeys) < maxFree {
 			*k = keyState{}
 			q.freeKeys = append(q.freeKeys, k)
@@ -185,6 +185,6 @@ func (q *Queue) newKey(key string) *keyState {
 	}
 	k.name, k.hash = key, keyHash(key)
 	q.keys[key] = k
-	q.stats.keys.Add(1)
+	q.cold.keys.Add(1)
 	return k
 }

@@ -25,7 +25,8 @@ type Queue struct {
 	disk    DiskAlarmer // journal's disk alarm, if any
 	mem     *Memory     // the node's budget, or nil
 	log     *slog.Logger
-	stats   counters // atomics: read without mu
+	stats   *Counters    // atomics, in a slab: read without mu
+	cold    coldCounters // atomics: read without mu
 
 	wake int64 // guarded by sched.mu: when the scheduler calls tick
 	sidx int   // guarded by sched.mu: index in sched.heap, -1 if absent
@@ -83,6 +84,7 @@ func New(name string, cfg Config) (*Queue, error) {
 	}
 	q := &Queue{
 		name:     name,
+		stats:    newCounters(),
 		cfg:      cfg,
 		sched:    cfg.Scheduler,
 		journal:  cfg.Journal,
@@ -220,7 +222,7 @@ func (q *Queue) Enqueue(msg Message, confirm func(error), watch WatchFunc) (uint
 	q.index[m.id] = m
 	q.charge(m, 1)
 	q.stats.published.Add(1)
-	q.stats.bytes.Add(int64(m.size))
+	q.cold.bytes.Add(int64(m.size))
 	if watch != nil {
 		q.watchers[m.id] = append(q.watchers[m.id], &watcher{watch})
 	}
@@ -487,9 +489,9 @@ func (q *Queue) deadLetter(m *message, reason Reason) {
 		q.routeKey(k)
 	}
 	m.ks = nil
-	q.stats.deadLettered.Add(1)
+	q.cold.deadLettered.Add(1)
 	if reason == ReasonExpired {
-		q.stats.expired.Add(1)
+		q.cold.expired.Add(1)
 	}
 	q.notify(m.id, Event{Kind: EventFailed, Attempts: m.attempts, Reason: reason}, true)
 	if q.cfg.DeadLetter != nil {
@@ -524,7 +526,7 @@ func (q *Queue) drop(m *message) {
 		k.busy = nil
 		q.routeKey(k)
 	}
-	q.stats.bytes.Add(-int64(m.size))
+	q.cold.bytes.Add(-int64(m.size))
 	q.charge(m, -1)
 	delete(q.index, m.id)
 	q.recycle(m)
@@ -622,7 +624,7 @@ func (q *Queue) deliverOne(c *Consumer, now int64) bool {
 	q.stats.unacked.Add(1)
 	q.stats.delivered.Add(1)
 	if m.attempts > 0 {
-		q.stats.redelivered.Add(1)
+		q.cold.redelivered.Add(1)
 	}
 	q.out = append(q.out, event{kind: evDeliver, c: c, d: d})
 	// The consumer has the body now; a redelivery reads it back.

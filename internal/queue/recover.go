@@ -274,7 +274,7 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 	for _, x := range all {
 		if m := x.m; head(x) {
 			q.index[m.id] = m
-			q.stats.bytes.Add(int64(m.size))
+			q.cold.bytes.Add(int64(m.size))
 			q.charge(m, 1)
 			q.stats.ready.Add(1)
 			q.makeReady(m, false)
@@ -294,12 +294,12 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 		q.charge(m, 1)
 		if m.attempts > 0 && m.due <= now && m.key == "" {
 			q.index[m.id] = m
-			q.stats.bytes.Add(int64(m.size))
+			q.cold.bytes.Add(int64(m.size))
 			retried = append(retried, m)
 			continue
 		}
 		q.index[m.id] = m
-		q.stats.bytes.Add(int64(m.size))
+		q.cold.bytes.Add(int64(m.size))
 		switch {
 		case m.attempts > 0 && m.due > now && (m.key == "" || q.keys[m.key] == nil || q.keys[m.key].busy == nil):
 			m.st = stBackoff
@@ -376,7 +376,7 @@ func (q *Queue) installRuns(runs []snapRun) {
 		lv.spilled += r.left()
 		q.nSpilled += r.left()
 		q.stats.ready.Add(r.left())
-		q.stats.bytes.Add(r.bytes)
+		q.cold.bytes.Add(r.bytes)
 		q.readyMask |= 1 << sr.prio
 	}
 	if q.spiller == nil {

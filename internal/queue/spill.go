@@ -159,8 +159,8 @@ func (q *Queue) report() {
 		return
 	}
 	q.stats.resident.Store(now[0])
-	q.stats.pagedOut.Store(now[1])
-	q.stats.spilled.Store(now[2])
+	q.cold.pagedOut.Store(now[1])
+	q.cold.spilled.Store(now[2])
 	if q.mem != nil && !q.closed {
 		q.mem.add(now[0]-q.reported[0], now[1]-q.reported[1], now[2]-q.reported[2])
 	}
@@ -416,7 +416,7 @@ func (q *Queue) refill(p int, now int64) {
 	}()
 	if r.left() == 0 {
 		if r.bytes != 0 {
-			q.stats.bytes.Add(-r.bytes) // entries that did not decode
+			q.cold.bytes.Add(-r.bytes) // entries that did not decode
 		}
 		lv.runs = lv.runs[1:]
 		if len(lv.runs) == 0 {
@@ -445,7 +445,7 @@ func (q *Queue) materialize(p int, e []byte, r *run, now int64) {
 		// run, before a restart: its records are released.
 		delete(q.runReleased, m.ref)
 		q.stats.ready.Add(-1)
-		q.stats.bytes.Add(-int64(m.size))
+		q.cold.bytes.Add(-int64(m.size))
 		q.recycle(m)
 		return
 	}
@@ -572,7 +572,7 @@ func (q *Queue) purgeRuns() int {
 						continue
 					}
 					r.bytes -= int64(m.size)
-					q.stats.bytes.Add(-int64(m.size))
+					q.cold.bytes.Add(-int64(m.size))
 					if _, ok := q.runReleased[m.ref]; ok {
 						delete(q.runReleased, m.ref)
 						continue
@@ -590,7 +590,7 @@ func (q *Queue) purgeRuns() int {
 					removed++
 				}
 			}
-			q.stats.bytes.Add(-r.bytes)
+			q.cold.bytes.Add(-r.bytes)
 			q.spiller.DropRun(r.num)
 		}
 		q.stats.ready.Add(-lv.spilled)
