@@ -56,9 +56,14 @@ type taskQueue struct {
 
 	consumers map[*Attachment]struct{} // guarded by attachMu
 
-	defMu   sync.Mutex // guards def, binding
+	defMu   sync.Mutex // guards def, defVer, binding
 	def     queueDef
+	defVer  uint64      // bumped whenever def changes
 	binding *Attachment // durable subscription: its subscriber in ex
+
+	// cp is the queue's part of the last checkpoint; owned by the
+	// checkpoint (durability.cpMu).
+	cp cpEntry
 }
 
 // Name returns the queue's name.
@@ -711,6 +716,7 @@ func (tq *taskQueue) bind(patterns []string) {
 	tq.ex.removePatterns(a, gone)
 	tq.ex.addPatterns(a, patterns)
 	tq.def.Patterns = slices.Clone(patterns)
+	tq.defVer++
 }
 
 // durableSub returns the durable subscription sub of pub-sub exchange ex,

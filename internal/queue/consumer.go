@@ -69,7 +69,7 @@ func (q *Queue) AddConsumer(id string, cc ConsumerConfig) (*Consumer, error) {
 	if cc.Tag == "" {
 		cc.Tag = id
 	}
-	q.mu.Lock()
+	q.lock()
 	if q.closed {
 		q.mu.Unlock()
 		return nil, ErrClosed
@@ -102,7 +102,7 @@ func (q *Queue) AddConsumer(id string, cc ConsumerConfig) (*Consumer, error) {
 // [Config.MaxAttempts]. Its keys move to the remaining consumers. In
 // single-active mode the oldest remaining consumer takes over.
 func (q *Queue) RemoveConsumer(c *Consumer) error {
-	q.mu.Lock()
+	q.lock()
 	if q.closed {
 		q.mu.Unlock()
 		return ErrClosed
@@ -159,7 +159,7 @@ func (q *Queue) SetPrefetch(c *Consumer, n int) error {
 	if n < 1 {
 		return fmt.Errorf("set prefetch %d: %w", n, ErrBadConfig)
 	}
-	q.mu.Lock()
+	q.lock()
 	if q.closed {
 		q.mu.Unlock()
 		return ErrClosed

@@ -10,7 +10,7 @@ const ReasonMaxLength Reason = "max length"
 // ones and those in flight are never dropped. It reports whether it
 // dropped one.
 func (q *Queue) DropHead() (bool, error) {
-	q.mu.Lock()
+	q.lock()
 	if q.closed {
 		q.mu.Unlock()
 		return false, ErrClosed

@@ -10,7 +10,7 @@ const ReasonPurged Reason = "purged"
 // how many messages it removed. Messages whose index is in runs are
 // purged too; it reads their runs, with the queue's lock held.
 func (q *Queue) Purge() (int, error) {
-	q.mu.Lock()
+	q.lock()
 	if q.closed {
 		q.mu.Unlock()
 		return 0, ErrClosed

@@ -32,6 +32,7 @@ type Queue struct {
 	sidx int   // guarded by sched.mu: index in sched.heap, -1 if absent
 
 	mu        sync.Mutex // guards everything below
+	gen       uint64     // bumped by lock: see [Queue.AppendSnapshotSince]
 	closed    bool
 	nextID    uint64
 	index     map[uint64]*message // every message held, by id
@@ -90,6 +91,7 @@ func New(name string, cfg Config) (*Queue, error) {
 		journal:  cfg.Journal,
 		log:      cfg.Logger,
 		sidx:     -1,
+		gen:      1,
 		nextID:   1,
 		index:    make(map[uint64]*message),
 		keys:     make(map[string]*keyState),
@@ -137,7 +139,7 @@ func (q *Queue) Name() string { return q.name }
 // [ErrClosed]. Messages are kept in the journal, not released: Close is
 // for shutdown, not deletion.
 func (q *Queue) Close() error {
-	q.mu.Lock()
+	q.lock()
 	defer q.mu.Unlock()
 	if q.closed {
 		return ErrClosed
@@ -182,7 +184,7 @@ func (q *Queue) Enqueue(msg Message, confirm func(error), watch WatchFunc) (uint
 			return 0, fmt.Errorf("enqueue: %w", err)
 		}
 	}
-	q.mu.Lock()
+	q.lock()
 	if q.closed {
 		q.mu.Unlock()
 		return 0, ErrClosed
@@ -256,7 +258,7 @@ func (q *Queue) Admit(ctx context.Context) error {
 // Ack settles a message that c has in flight: it leaves the queue, its
 // records are released, and its watchers get [EventCompleted].
 func (q *Queue) Ack(c *Consumer, id uint64) error {
-	q.mu.Lock()
+	q.lock()
 	m, err := q.inflight(c, id, "ack")
 	if err != nil {
 		q.mu.Unlock()
@@ -282,7 +284,7 @@ func (q *Queue) Ack(c *Consumer, id uint64) error {
 // [Config.MaxAttempts] times; without, it is dead-lettered with
 // [ReasonRejected].
 func (q *Queue) Nack(c *Consumer, id uint64, requeue bool) error {
-	q.mu.Lock()
+	q.lock()
 	m, err := q.inflight(c, id, "nack")
 	if err != nil {
 		q.mu.Unlock()
@@ -306,7 +308,7 @@ func (q *Queue) Nack(c *Consumer, id uint64, requeue bool) error {
 // Progress tells the watchers of a message that c has in flight how far
 // it got: percent from 0 to 100 (clamped), and a short text.
 func (q *Queue) Progress(c *Consumer, id uint64, percent int, text string) error {
-	q.mu.Lock()
+	q.lock()
 	if _, err := q.inflight(c, id, "progress"); err != nil {
 		q.mu.Unlock()
 		return err
@@ -320,7 +322,7 @@ func (q *Queue) Progress(c *Consumer, id uint64, percent int, text string) error
 // completion or failure) until the last one, or until cancel is called.
 // It fails with [ErrNotFound] if the queue does not hold the message.
 func (q *Queue) Watch(id uint64, fn WatchFunc) (cancel func(), err error) {
-	q.mu.Lock()
+	q.lock()
 	defer q.mu.Unlock()
 	if q.closed {
 		return nil, ErrClosed
@@ -334,7 +336,7 @@ func (q *Queue) Watch(id uint64, fn WatchFunc) (cancel func(), err error) {
 	w := &watcher{fn}
 	q.watchers[id] = append(q.watchers[id], w)
 	return func() {
-		q.mu.Lock()
+		q.lock()
 		defer q.mu.Unlock()
 		ws := q.watchers[id]
 		for i, x := range ws {
@@ -548,7 +550,7 @@ func (q *Queue) expire(m *message) {
 // tick is called by the scheduler at or after the queue's earliest
 // deadline: due messages become ready, expired ones are dead-lettered.
 func (q *Queue) tick(now int64) {
-	q.mu.Lock()
+	q.lock()
 	if q.closed {
 		q.mu.Unlock()
 		return
@@ -773,6 +775,15 @@ type event struct {
 	confirm func(error)
 }
 
+// lock takes q.mu to change the queue. Every change of what a snapshot
+// holds takes it this way, so that a snapshot can tell whether anything
+// changed since the last one (see [Queue.AppendSnapshotSince]); reads
+// that change nothing may take q.mu directly.
+func (q *Queue) lock() {
+	q.mu.Lock()
+	q.gen++
+}
+
 // unlock releases q.mu and runs the queued callbacks, in order, without
 // the lock. One goroutine runs them at a time: a goroutine that finds
 // another at it leaves its callbacks to it, so callbacks keep their
@@ -814,7 +825,7 @@ func (q *Queue) run(e *event) {
 			if !e.refs[1].IsZero() {
 				refs = e.refs[:2]
 			}
-			q.mu.Lock()
+			q.lock()
 			err := q.journal.Release(refs, nil)
 			q.mu.Unlock()
 			if err != nil {

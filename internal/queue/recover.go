@@ -258,7 +258,7 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 		}
 		return cmp.Compare(a.m.id, b.m.id)
 	})
-	q.mu.Lock()
+	q.lock()
 	now := q.now()
 	q.nextID = max(r.maxID+1, r.NextID)
 	// The heads of the levels that have runs: the messages that were

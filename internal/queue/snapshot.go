@@ -71,6 +71,31 @@ const (
 func (q *Queue) AppendSnapshot(dst []byte) []byte {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	return q.appendSnapshot(dst)
+}
+
+// AppendSnapshotSince is [Queue.AppendSnapshot] for a checkpoint that
+// kept the queue's last snapshot: version is the one that snapshot was
+// taken at (0 for none). If nothing changed since, it appends nothing
+// and returns changed false: the last snapshot is still exact, and may
+// be written again in its place. Otherwise it appends the snapshot and
+// returns the version it was taken at.
+//
+// "Nothing changed" is judged conservatively: every call that may
+// change the queue (an enqueue, a delivery, an ack, a consumer coming or
+// going, a timer) counts as a change, whether or not it changed what
+// the snapshot holds.
+func (q *Queue) AppendSnapshotSince(dst []byte, version uint64) (out []byte, at uint64, changed bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if version != 0 && version == q.gen {
+		return dst, version, false
+	}
+	return q.appendSnapshot(dst), q.gen, true
+}
+
+// appendSnapshot appends the snapshot; q.mu is held.
+func (q *Queue) appendSnapshot(dst []byte) []byte {
 	dst = append(dst, snapMagic[:]...)
 	dst = append(dst, snapVersion, 0, 0, 0)
 	dst = binary.LittleEndian.AppendUint64(dst, q.nextID)

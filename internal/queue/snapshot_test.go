@@ -107,3 +107,62 @@ func FuzzLoadSnapshot(f *testing.F) {
 		}
 	})
 }
+
+// TestAppendSnapshotSince: a snapshot taken at a version is reported
+// unchanged while nothing was done to the queue but reads, and changed
+// after anything that changes it.
+func TestAppendSnapshotSince(t *testing.T) {
+	e := newEnv(t)
+	q := e.queue(nil)
+	snap := func(v uint64) (uint64, bool) {
+		t.Helper()
+		out, at, changed := q.AppendSnapshotSince([]byte("x"), v)
+		if !changed && string(out) != "x" {
+			t.Fatalf("unchanged, yet %d bytes appended", len(out)-1)
+		}
+		if changed && len(out) == 1 {
+			t.Fatal("changed, yet nothing appended")
+		}
+		return at, changed
+	}
+	v, changed := snap(0)
+	if !changed || v == 0 {
+		t.Fatalf("first snapshot: version %d, changed %v", v, changed)
+	}
+	reads := func() {
+		q.Stats()
+		q.NextID()
+		q.Consumers()
+		q.Active()
+		q.AppendSnapshot(nil)
+	}
+	reads()
+	if at, changed := snap(v); changed || at != v {
+		t.Fatalf("after reads only: version %d, changed %v", at, changed)
+	}
+	var w *worker
+	var id uint64
+	for _, step := range []struct {
+		name string
+		do   func()
+	}{
+		{"enqueue", func() { id = mustEnqueue(t, q, Message{Body: body(1)}) }},
+		{"consumer", func() { w = addWorker(t, q, "w", 1) }},
+		{"ack", func() { must(t, q.Ack(w.Consumer, id)) }},
+		{"delayed", func() { mustEnqueue(t, q, Message{Body: body(2), DueAt: e.clk.Now().Add(time.Minute)}) }},
+		{"due", func() { e.clk.Advance(time.Minute) }},
+		{"remove consumer", func() { must(t, q.RemoveConsumer(w.Consumer)) }},
+		{"purge", func() { q.Purge() }},
+	} {
+		at, changed := snap(v)
+		if changed {
+			t.Fatalf("before %s: changed", step.name)
+		}
+		step.do()
+		if at, changed = snap(v); !changed || at == v {
+			t.Fatalf("after %s: version %d (was %d), changed %v", step.name, at, v, changed)
+		}
+		v = at
+		reads()
+	}
+}

@@ -40,7 +40,14 @@ type checkpoint struct {
 }
 
 func encodeCheckpoint(c *checkpoint) []byte {
-	b := make([]byte, 0, ckptHeaderSize+len(c.segs)*ckptEntrySize+len(c.state)+4)
+	head, tail := encodeCheckpointParts(c)
+	return append(append(head, c.state...), tail...)
+}
+
+// encodeCheckpointParts encodes a checkpoint without copying its state:
+// the file is head, then c.state, then tail (the checksum).
+func encodeCheckpointParts(c *checkpoint) (head, tail []byte) {
+	b := make([]byte, 0, ckptHeaderSize+len(c.segs)*ckptEntrySize)
 	b = append(b, ckptMagic[:]...)
 	b = append(b, formatVersion, 0, 0, 0)
 	b = binary.LittleEndian.AppendUint32(b, c.at.Seg)
@@ -52,8 +59,8 @@ func encodeCheckpoint(c *checkpoint) []byte {
 		b = binary.LittleEndian.AppendUint32(b, uint32(s.live))
 		b = binary.LittleEndian.AppendUint32(b, uint32(s.liveBytes))
 	}
-	b = append(b, c.state...)
-	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	sum := crc32.Update(crc32.Checksum(b, castagnoli), castagnoli, c.state)
+	return b, binary.LittleEndian.AppendUint32(nil, sum)
 }
 
 func decodeCheckpoint(b []byte) (*checkpoint, error) {
@@ -130,6 +137,9 @@ func readCheckpoint(fs FS, name string) (*checkpoint, error) {
 // runs dropped before snapshot is called are deleted once the file is
 // durable.
 //
+// Checkpoint keeps nothing of the state once it returns: the caller may
+// reuse its buffer for the next one.
+//
 // Checkpoints run one at a time; appends go on meanwhile. How often to
 // checkpoint is the caller's choice: restart replays what was appended
 // since the last one, and dead segments are deleted only once a
@@ -174,7 +184,8 @@ func (l *Log) Checkpoint(snapshot func(at Pos) ([]byte, error)) (Pos, error) {
 		l.giveBackDropped(dropped)
 		return Pos{}, fmt.Errorf("checkpoint: %w", err)
 	}
-	if err := writeCheckpoint(l.fs, l.dir, encodeCheckpoint(c)); err != nil {
+	head, tail := encodeCheckpointParts(c)
+	if err := writeCheckpoint(l.fs, l.dir, head, c.state, tail); err != nil {
 		l.giveBackDropped(dropped)
 		return Pos{}, fmt.Errorf("checkpoint: %w", err)
 	}
@@ -187,14 +198,23 @@ func (l *Log) Checkpoint(snapshot func(at Pos) ([]byte, error)) (Pos, error) {
 	return c.at, nil
 }
 
-// writeCheckpoint replaces the checkpoint file atomically and durably.
-func writeCheckpoint(fs FS, dir string, b []byte) error {
+// writeCheckpoint replaces the checkpoint file atomically and durably
+// with parts, one after the other (a state of megabytes is written
+// from the caller's buffer, not copied).
+func writeCheckpoint(fs FS, dir string, parts ...[]byte) error {
 	tmp := join(dir, checkpointTemp)
 	f, err := fs.Create(tmp)
 	if err != nil {
 		return err
 	}
-	_, err = f.WriteAt(b, 0)
+	var off int64
+	for _, p := range parts {
+		if err != nil || len(p) == 0 {
+			continue
+		}
+		_, err = f.WriteAt(p, off)
+		off += int64(len(p))
+	}
 	if err == nil {
 		err = f.Sync()
 	}
