@@ -163,6 +163,23 @@ func TestQueueRefs(t *testing.T) {
 	if e := list[1]; e.num("messages_ready") != 4 || e.num("message_stats.publish_details.rate") != 2 {
 		t.Errorf("emails after it was created again: %v", e)
 	}
+	// Idle for a sample: the rate falls back to 0 (the sampler writes
+	// a rate only when it changes); busy again, it comes back.
+	h.tick(time.Second)
+	rate := func() float64 {
+		t.Helper()
+		h.get("/api/queues?columns=name,message_stats.publish_details.rate", &list)
+		return list[1].num("message_stats.publish_details.rate")
+	}
+	if r := rate(); r != 0 {
+		t.Errorf("emails idle for a sample: publish rate %v, want 0", r)
+	}
+	h.tick(time.Second)
+	rq.change("emails", func(q *admin.QueueInfo) { q.Publish = 10 })
+	h.tick(time.Second)
+	if r := rate(); r != 6 {
+		t.Errorf("emails busy again: publish rate %v, want 6", r)
+	}
 	walks = rq.walked()
 	for range 3 {
 		h.get("/api/queues", &list)

@@ -53,7 +53,19 @@ func (e *entry[K]) quotedName() []byte {
 // update sets the rates from the counters now, dt seconds after the last
 // sample. A counter that went down (an object recreated under the same
 // name) counts from zero.
+//
+// An idle object's rates stay at 0: they are written only when they
+// change, since most of 100,000 queues are idle and a store is a locked
+// instruction that also takes the line from the readers' caches.
 func (e *entry[K]) update(cur [4]uint64, dt float64) {
+	if cur == e.prev {
+		for i := range e.rate {
+			if e.rate[i].Load() != 0 {
+				e.rate[i].Store(0)
+			}
+		}
+		return
+	}
 	for i, c := range cur {
 		d := c - e.prev[i]
 		if c < e.prev[i] {
@@ -63,9 +75,11 @@ func (e *entry[K]) update(cur [4]uint64, dt float64) {
 		if dt > 0 {
 			r = float64(d) / dt
 		}
-		e.rate[i].Store(math.Float64bits(r))
-		e.prev[i] = c
+		if bits := math.Float64bits(r); e.rate[i].Load() != bits {
+			e.rate[i].Store(bits)
+		}
 	}
+	e.prev = cur
 }
 
 // order is an immutable list of the objects of one kind in their natural
@@ -524,11 +538,17 @@ func (s *sampler) sampleExchanges(dt float64, first bool) census {
 		c.exchanges = len(eo.list)
 		return c
 	}
-	for _, e := range o.list {
-		cur := exchangeCounters(e.key)
-		e.update(cur, dt)
-		c.totals[totRequest] += cur[exRequests]
-		c.totals[totPublish] += cur[exPublishes]
+	var cur [32][4]uint64 // read a batch at a time: see liveQueues
+	for i := 0; i < len(o.list); i += len(cur) {
+		part := o.list[i:min(i+len(cur), len(o.list))]
+		for k, e := range part {
+			cur[k] = exchangeCounters(e.key)
+		}
+		for k, e := range part {
+			e.update(cur[k], dt)
+			c.totals[totRequest] += cur[k][exRequests]
+			c.totals[totPublish] += cur[k][exPublishes]
+		}
 	}
 	c.exchanges = len(o.list)
 	return c
@@ -569,10 +589,17 @@ func (s *sampler) sampleQueues(dt float64, first bool) census {
 	var c census
 	o := s.queueOrd.Load()
 	if o.complete && o.version == s.refs.QueueVersion() {
-		for _, e := range o.list {
-			q := e.ref.Counters()
-			e.update(queueCounters(queueItem{QueueInfo: q}), dt)
-			c.addQueue(&q)
+		var infos [32]QueueInfo // read a batch at a time: see liveQueues
+		for i := 0; i < len(o.list); i += len(infos) {
+			part := o.list[i:min(i+len(infos), len(o.list))]
+			for k, e := range part {
+				infos[k] = e.ref.Counters()
+			}
+			for k, e := range part {
+				q := &infos[k]
+				e.update([4]uint64{qPublish: q.Publish, qDeliver: q.Deliver, qAck: q.Ack}, dt)
+				c.addQueue(q)
+			}
 		}
 		return c
 	}
