@@ -143,6 +143,9 @@ func (q *Queue) routeKey(k *keyState) {
 	}
 	k.owner = q.ring.pick(k.hash)
 	if k.owner == nil {
+		if q.orphans == nil {
+			q.orphans = new(keyQueue)
+		}
 		q.orphans.push(k)
 		return
 	}
@@ -159,7 +162,9 @@ func (q *Queue) rerouteAll() {
 			q.routeKey(k)
 		}
 	}
-	q.orphans.each(move)
+	if q.orphans != nil {
+		q.orphans.each(move)
+	}
 	for _, c := range q.consumers {
 		c.keys.each(move)
 	}

@@ -41,7 +41,7 @@ type Queue struct {
 	timers    timerHeap
 	armedAt   int64 // the earliest wake asked of sched and not yet run; 0: none
 	keys      map[string]*keyState
-	orphans   keyQueue              // schedulable keys while no consumer can take them
+	orphans   *keyQueue             // schedulable keys while no consumer can take them; nil until the first
 	consumers []*Consumer           // in attach order
 	byID      map[string]*Consumer  // consumers by id
 	active    *Consumer             // single-active mode: the one that receives
