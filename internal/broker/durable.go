@@ -447,8 +447,12 @@ func (tq *taskQueue) appendState(out []byte) []byte {
 		return append(out[:start], kept.state...)
 	}
 	binary.LittleEndian.PutUint32(out[at:], uint32(len(out)-at-4))
-	if len(out)-start <= maxKeptEntry {
-		*kept = cpEntry{state: append(kept.state[:0], out[start:]...), version: version, defVer: defVer}
+	if n := len(out) - start; n <= maxKeptEntry {
+		buf := kept.state[:0]
+		if cap(buf) > 4*n+256 {
+			buf = nil // a queue that emptied does not keep a large buffer
+		}
+		*kept = cpEntry{state: append(buf, out[start:]...), version: version, defVer: defVer}
 	} else {
 		*kept = cpEntry{}
 	}
