@@ -495,13 +495,14 @@ func (b *inbox) take(buf []*wire.Frame) []*wire.Frame {
 	}
 }
 
-// waitYields is how often a goroutine about to wait for frames (an
-// attachment's for its inbox, a caller's for its call) first yields its
-// thread. In-process, the goroutine that will send the frames is often
-// runnable on the same thread: letting it run first turns a park and a
-// wake-up into a yield, and lets a handler take requests in batches.
-// Measured with the node package's request benchmarks: 2 did best of 0,
-// 1, 2, 4, 8, 16 and 32.
+// waitYields is how often an attachment's goroutine about to wait for
+// its inbox first yields its thread. In-process, the goroutines that
+// will send it requests are often runnable on the same thread: letting
+// them run first turns a park and a wake-up into a yield, and lets the
+// handler take requests in batches. Measured with the node package's
+// request benchmarks: 2 did best of 0, 1, 2, 4, 8, 16 and 32; a caller
+// waiting for its answer does better without (it only delays the
+// handler it waits for).
 const waitYields = 2
 
 // close ends the inbox and returns the frames still queued.

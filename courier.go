@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -429,7 +428,6 @@ func (c *Conn) unregister(cl *call) bool {
 // next waits for the call's next frame. It returns nil and an error when
 // ctx ends or the Conn closes.
 func (c *Conn) next(ctx context.Context, cl *call) (*wire.Frame, error) {
-	yields := 0
 	for {
 		cl.mu.Lock()
 		if cl.head < len(cl.q) {
@@ -447,12 +445,6 @@ func (c *Conn) next(ctx context.Context, cl *call) (*wire.Frame, error) {
 		if closed {
 			return nil, c.Err()
 		}
-		if yields < waitYields {
-			yields++
-			runtime.Gosched()
-			continue
-		}
-		yields = 0
 		done := ctx.Done()
 		if done == nil {
 			<-cl.ready
