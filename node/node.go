@@ -727,29 +727,36 @@ func (t *localTransport) Send(f *wire.Frame) error {
 }
 
 // SendContext is Send for a caller that may give up: a SUBMIT waits
-// while its queue's flow control is full (memory or disk alarm), as a
-// network client waits for credit.
+// while its queue's flow control is full (memory or disk alarm), and a
+// PUBLISH while that of the durable subscription its session published
+// to last is, as a network client waits for credit.
 func (t *localTransport) SendContext(ctx context.Context, f *wire.Frame) error {
 	if t.closed.Load() {
 		f.Release()
 		return courier.ErrClosed
 	}
-	if f.Type == wire.TypeSubmit && t.s.SubmitPressure(f.Name) >= 1 {
-		if err := t.waitPressure(ctx, f.Name); err != nil {
-			f.Release()
-			return err
-		}
+	var err error
+	switch {
+	case f.Type == wire.TypeSubmit && t.s.SubmitPressure(f.Name) >= 1:
+		name := f.Name
+		err = t.waitPressure(ctx, name, func() float64 { return t.s.SubmitPressure(name) })
+	case f.Type == wire.TypePublish && t.s.Pressure() >= 1:
+		err = t.waitPressure(ctx, f.Name, t.s.Pressure)
+	}
+	if err != nil {
+		f.Release()
+		return err
 	}
 	t.s.Handle(f)
 	return nil
 }
 
-// waitPressure waits until the queue of task exchange name can take
-// submits again.
-func (t *localTransport) waitPressure(ctx context.Context, name string) error {
+// waitPressure waits until pressure, the flow control of a publisher to
+// exchange name, falls under 1.
+func (t *localTransport) waitPressure(ctx context.Context, name string, pressure func() float64) error {
 	tick := time.NewTicker(pressurePoll)
 	defer tick.Stop()
-	for t.s.SubmitPressure(name) >= 1 {
+	for pressure() >= 1 {
 		select {
 		case <-tick.C:
 		case <-ctx.Done():

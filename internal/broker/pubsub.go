@@ -35,18 +35,27 @@ func (s *Session) publish(f *wire.Frame) {
 	reply, ref := f.Flags&wire.FlagReply != 0, f.Ref
 	ex.publishes.Add(1)
 	s.stats.Publishes.Add(1)
-	ex.fanout(f)
+	if tq := ex.fanout(f); tq != nil && s.lastQueue.Load() != tq {
+		// Its flow control is the durable subscription's queue's, as a
+		// SUBMIT's is its task queue's (see Session.Pressure).
+		s.lastQueue.Store(tq)
+	}
 	if reply {
 		s.reply(ref, nil, nil)
 	}
 }
 
 // fanout delivers a publication to every matching subscriber as MESSAGE
-// frames, and takes ownership of f.
-func (ex *Exchange) fanout(f *wire.Frame) {
+// frames, and takes ownership of f. It returns, of the durable
+// subscriptions' queues it enqueued to, the one under the most pressure
+// (nil if none).
+func (ex *Exchange) fanout(f *wire.Frame) (durable *taskQueue) {
 	subs := ex.match(f.Key)
 	last := len(subs) - 1
 	for i, a := range subs {
+		if bs, ok := a.s.sink.(bindingSink); ok && (durable == nil || bs.tq.q.Pressure() > durable.q.Pressure()) {
+			durable = bs.tq
+		}
 		g := f
 		if i != last {
 			g = f.Clone()
@@ -58,6 +67,7 @@ func (ex *Exchange) fanout(f *wire.Frame) {
 	if last < 0 {
 		f.Release()
 	}
+	return durable
 }
 
 // match returns the subscribers for key; the slice is shared, read-only.

@@ -833,8 +833,9 @@ func (b *Broker) dropQueue(tq *taskQueue, why string) {
 
 // Pressure is how hard the publishers of this session should be slowed,
 // from 0 to 1: the flow-control pressure of the queue it submitted to
-// last (see queue.Queue.Pressure), so that the publishers of the queues
-// that cause memory or disk pressure are slowed first.
+// last, or published to through a durable subscription (see
+// queue.Queue.Pressure), so that the publishers of the queues that cause
+// memory or disk pressure are slowed first.
 func (s *Session) Pressure() float64 {
 	if tq := s.lastQueue.Load(); tq != nil {
 		return tq.q.Pressure()
