@@ -65,18 +65,7 @@ func TestFullDisk(t *testing.T) {
 	}
 	sent := submitUntilHeld(t, ctx, attempts, submit)
 	log := n.Broker().Store()
-	var st syscall.Statfs_t
-	syscall.Statfs(dir, &st)
-	t.Logf("held back after %d submits of 64 KiB: disk alarm %v, %d KiB free of 24 MiB", sent, log.DiskAlarm(), st.Bavail*uint64(st.Bsize)>>10)
-	if sent == attempts {
-		t.Fatalf("all %d submits went through on a 24 MiB disk", attempts)
-	}
-	if !log.DiskAlarm() {
-		t.Fatal("held back without a disk alarm")
-	}
-	if log.Stats().Failed {
-		t.Fatal("the store failed: the disk filled up before the alarm held the publisher")
-	}
+	heldByDisk(t, dir, log, sent, attempts, "submits")
 	// A worker drains; the store deletes the dead segments after a
 	// checkpoint; the alarm clears; the publisher goes on.
 	var handled sync.WaitGroup
@@ -168,16 +157,7 @@ func fullDiskDurableSubscription(t *testing.T, remote bool) {
 	publish := func(ctx context.Context) error { return ps.Publish(ctx, "eu.prices", body) }
 	sent := submitUntilHeld(t, ctx, attempts, publish)
 	log := n.Broker().Store()
-	t.Logf("held back after %d publishes of 64 KiB: disk alarm %v", sent, log.DiskAlarm())
-	if sent == attempts {
-		t.Fatalf("all %d publishes went through on a 24 MiB disk", attempts)
-	}
-	if !log.DiskAlarm() {
-		t.Fatal("held back without a disk alarm")
-	}
-	if log.Stats().Failed {
-		t.Fatal("the store failed: the disk filled up before the alarm held the publisher")
-	}
+	heldByDisk(t, dir, log, sent, attempts, "publishes")
 	// The subscriber comes back and reads the backlog; the store deletes
 	// the dead segments; the alarm clears; the publisher goes on.
 	if _, err := ps.Subscribe(ctx, "#", read, courier.Durable("archive")); err != nil {
@@ -191,5 +171,24 @@ func fullDiskDurableSubscription(t *testing.T, remote bool) {
 	testutil.WaitForf(t, 30*time.Second, func() bool { return got.Load() == attempts }, "every message delivered")
 	if log.Stats().Failed {
 		t.Fatal("the store failed")
+	}
+}
+
+// heldByDisk checks that a publisher of 64 KiB messages was held back
+// (sent of attempts went through) by the disk alarm on the 24 MiB tmpfs
+// at dir, before the disk filled up and failed the store.
+func heldByDisk(t *testing.T, dir string, log *store.Log, sent, attempts int, what string) {
+	t.Helper()
+	var st syscall.Statfs_t
+	syscall.Statfs(dir, &st)
+	t.Logf("held back after %d %s of 64 KiB: disk alarm %v, %d KiB free of 24 MiB", sent, what, log.DiskAlarm(), st.Bavail*uint64(st.Bsize)>>10)
+	if sent == attempts {
+		t.Fatalf("all %d %s went through on a 24 MiB disk", attempts, what)
+	}
+	if !log.DiskAlarm() {
+		t.Fatal("held back without a disk alarm")
+	}
+	if log.Stats().Failed {
+		t.Fatal("the store failed: the disk filled up before the alarm held the publisher")
 	}
 }
