@@ -23,7 +23,7 @@ CPUS=${CPUS:-1,2}
 revs=("$@")
 [ ${#revs[@]} -eq 0 ] && revs=(.)
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work"; git -C "$root" worktree prune' EXIT
 
 bins=()
 for rev in "${revs[@]}"; do
