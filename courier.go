@@ -36,7 +36,8 @@ type Transport interface {
 	// Send hands f to the broker and takes ownership of it. It may block
 	// for flow control.
 	Send(f *wire.Frame) error
-	// Close ends the transport; recv is not called afterwards.
+	// Close ends the transport; recv is not called afterwards, except
+	// by a [WaiterTransport] with frames that have a Waiter.
 	Close() error
 }
 
@@ -44,6 +45,15 @@ type Transport interface {
 // credit, or for a peer to read) and can stop waiting when ctx ends.
 type ContextSender interface {
 	SendContext(ctx context.Context, f *wire.Frame) error
+}
+
+// WaiterTransport is implemented by transports that give a REQUEST's
+// [wire.Frame.Waiter] back on every frame they bring for that request,
+// even after Close (an in-process broker does). A Conn over one hands its
+// requests' frames straight to the waiting call instead of looking the
+// call up by Ref.
+type WaiterTransport interface {
+	KeepsWaiters() bool
 }
 
 // FuncDeclarer is implemented by transports that can declare exchanges
@@ -62,6 +72,9 @@ type Conn struct {
 
 	calls callTable
 	atts  sync.Map // attachment id → *Attachment
+	// waiters: the transport keeps requests' waiters, so requests are
+	// not in calls (see [WaiterTransport]).
+	waiters bool
 
 	mu     sync.Mutex // guards err
 	err    error
@@ -88,6 +101,9 @@ func NewConn(t Transport, opts ConnOptions) *Conn {
 	c := &Conn{
 		t: t, id: opts.ID, log: opts.Log,
 		closed: make(chan struct{}),
+	}
+	if wt, ok := t.(WaiterTransport); ok {
+		c.waiters = wt.KeepsWaiters()
 	}
 	t.Start(c.receive)
 	return c
@@ -199,7 +215,13 @@ func (c *Conn) admit(f *wire.Frame) error {
 // receive dispatches a frame from the broker.
 func (c *Conn) receive(f *wire.Frame) {
 	switch f.Type {
-	case wire.TypeOK, wire.TypeResponse, wire.TypeAsk, wire.TypeTaskEvent:
+	case wire.TypeResponse, wire.TypeAsk:
+		if f.Waiter != nil {
+			c.toWaiter(f)
+			return
+		}
+		c.toCall(f)
+	case wire.TypeOK, wire.TypeTaskEvent:
 		c.toCall(f)
 	case wire.TypeError:
 		if f.Ref != 0 && c.toCall(f) {
@@ -266,6 +288,39 @@ func (c *Conn) toCall(f *wire.Frame) bool {
 	return true
 }
 
+// toWaiter routes a frame to the call that is its Waiter: a request made
+// over a [WaiterTransport], which is not in the call table. The call takes
+// it only if it still waits for f.Ref: a frame that comes after its
+// requester gave up (a late response, a broadcast's others) is dropped.
+func (c *Conn) toWaiter(f *wire.Frame) {
+	cl := f.Waiter.(*call)
+	f.Waiter = nil
+	if f.Type == wire.TypeAsk {
+		var onAsk AskFunc
+		cl.mu.Lock()
+		ok := cl.direct.Load() == f.Ref
+		if ok { // else cl may be another request's, setting onAsk now
+			onAsk = cl.onAsk
+		}
+		cl.mu.Unlock()
+		if !ok {
+			f.Release()
+			return
+		}
+		go c.answer(onAsk, f)
+		return
+	}
+	if f.Flags&wire.FlagError != 0 && c.Err() != nil {
+		// The connection closed under the request, which the broker
+		// reports to each one: the caller gets the Conn's error.
+		ref := f.Ref
+		f.Release()
+		cl.pushDirect(ref, nil)
+		return
+	}
+	cl.pushDirect(f.Ref, f)
+}
+
 // more reports whether frames may follow f for the same call: a response
 // that is not the last, the OK of a watched submit, or a task event that
 // is not the last.
@@ -326,8 +381,13 @@ func (t *callTable) close() {
 
 // call is one operation waiting for frames with its Ref.
 type call struct {
-	ref   uint64
-	refs  refBlock
+	ref  uint64
+	refs refBlock
+	// direct is ref while the call is a request that its frames reach
+	// as their Waiter (see [WaiterTransport]), and 0 otherwise; it
+	// changes under mu, or before the request goes out.
+	direct atomic.Uint64
+
 	mu    sync.Mutex // guards q, head, closed
 	q     []*wire.Frame
 	head  int // q[head:] are waiting
@@ -383,6 +443,29 @@ func (b *refBlock) next() uint64 {
 	ref := b.block<<13 | b.i<<3 | b.block&7
 	b.i++
 	return ref
+}
+
+// pushDirect is push for a frame that found cl as its Waiter: it takes
+// the frame only if cl still waits for request ref.
+func (cl *call) pushDirect(ref uint64, f *wire.Frame) {
+	cl.mu.Lock()
+	if cl.direct.Load() != ref {
+		cl.mu.Unlock()
+		if f != nil {
+			f.Release()
+		}
+		return
+	}
+	if f == nil {
+		cl.closed = true
+	} else {
+		cl.q = append(cl.q, f)
+	}
+	cl.mu.Unlock()
+	select {
+	case cl.ready <- struct{}{}:
+	default:
+	}
 }
 
 func (cl *call) push(f *wire.Frame) {
@@ -461,6 +544,8 @@ func (c *Conn) next(ctx context.Context, cl *call) (*wire.Frame, error) {
 // release returns a finished call to the pool. The call must no longer
 // be registered.
 func (cl *call) release() {
+	cl.mu.Lock() // a direct call's late frames may be arriving
+	cl.direct.Store(0)
 	for _, f := range cl.q[cl.head:] {
 		f.Release()
 	}
@@ -468,6 +553,7 @@ func (cl *call) release() {
 	cl.q, cl.head = cl.q[:0], 0
 	cl.closed = false
 	cl.onAsk = nil
+	cl.mu.Unlock()
 	select {
 	case <-cl.ready:
 	default:

@@ -52,12 +52,17 @@ func (e *ReqResp) startRequest(ctx context.Context, cl *call, m *Message, opts [
 		}
 		f.Aux = uint64(ms)
 	}
-	if err := e.c.register(cl); err != nil {
+	if e.c.waiters {
+		cl.direct.Store(cl.ref)
+		f.Waiter = cl
+	} else if err := e.c.register(cl); err != nil {
 		f.Release()
 		return err
 	}
 	if err := e.c.sendCtx(ctx, f); err != nil {
-		e.c.unregister(cl)
+		if !e.c.waiters {
+			e.c.unregister(cl)
+		}
 		return err
 	}
 	return nil
@@ -65,12 +70,13 @@ func (e *ReqResp) startRequest(ctx context.Context, cl *call, m *Message, opts [
 
 // abandon gives up on a request: the broker is told to cancel it.
 func (e *ReqResp) abandon(cl *call) {
-	if e.c.unregister(cl) {
-		f := wire.NewFrame(wire.TypeCancel)
-		f.Ref = cl.ref
-		e.c.send(f)
-		cl.release()
+	if cl.direct.Load() == 0 && !e.c.unregister(cl) {
+		return // the final frame took it out of the table meanwhile
 	}
+	f := wire.NewFrame(wire.TypeCancel)
+	f.Ref = cl.ref
+	e.c.send(f)
+	cl.release()
 }
 
 // responseErr is the error an error RESPONSE carries. A deadline the

@@ -74,6 +74,52 @@ func BenchmarkRequestParallel10(b *testing.B) {
 	b.ReportMetric(float64(cpu()-start)/float64(b.N), "cpu-ns/op")
 }
 
+// BenchmarkFloorSequential is the ceiling of any design that hands each
+// request to a handler goroutine and its answer back: the same shape as
+// BenchmarkRequestSequential with nothing but an unbuffered channel each
+// way. Run it beside the broker's benchmarks (scripts/bench-embedded.sh
+// does): on a shared machine only figures from one run compare.
+func BenchmarkFloorSequential(b *testing.B) {
+	req, resp := make(chan int), make(chan int)
+	go func() {
+		for v := range req {
+			resp <- v
+		}
+	}()
+	defer close(req)
+	start := cpu()
+	for i := 0; b.Loop(); i++ {
+		req <- i
+		<-resp
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
+	b.ReportMetric(float64(cpu()-start)/float64(b.N), "cpu-ns/op")
+}
+
+// BenchmarkFloorParallel10 is BenchmarkFloorSequential for 10 requester
+// goroutines sharing one handler goroutine, each waiting on a channel of
+// its own, as BenchmarkRequestParallel10's requesters do.
+func BenchmarkFloorParallel10(b *testing.B) {
+	req := make(chan chan int, 64)
+	go func() {
+		for c := range req {
+			c <- 1
+		}
+	}()
+	defer close(req)
+	start := cpu()
+	b.SetParallelism(5) // × GOMAXPROCS 2 = 10 goroutines
+	b.RunParallel(func(pb *testing.PB) {
+		c := make(chan int, 1)
+		for pb.Next() {
+			req <- c
+			<-c
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
+	b.ReportMetric(float64(cpu()-start)/float64(b.N), "cpu-ns/op")
+}
+
 // cpu returns the process's CPU time (user and system) in ns: on a shared
 // machine it is steadier than wall time.
 func cpu() int64 {

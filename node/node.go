@@ -718,7 +718,8 @@ var (
 func (t *localTransport) Start(recv func(*wire.Frame)) { t.recv = recv }
 
 var (
-	_ courier.ContextSender = (*localTransport)(nil)
+	_ courier.ContextSender   = (*localTransport)(nil)
+	_ courier.WaiterTransport = (*localTransport)(nil)
 )
 
 // Send takes a frame from the Conn to the broker.
@@ -772,14 +773,19 @@ func (t *localTransport) waitPressure(ctx context.Context, name string, pressure
 // pressurePoll is how often a submit held by flow control looks again.
 const pressurePoll = 10 * time.Millisecond
 
-// Deliver takes a frame from the broker to the Conn.
+// Deliver takes a frame from the broker to the Conn. A frame for a
+// request (it has a Waiter) is delivered even once the transport is
+// closed: the Conn's requests wait for it (see courier.WaiterTransport).
 func (t *localTransport) Deliver(f *wire.Frame) {
-	if t.closed.Load() {
+	if t.closed.Load() && f.Waiter == nil {
 		f.Release()
 		return
 	}
 	t.recv(f)
 }
+
+// KeepsWaiters reports that the broker gives requests' waiters back.
+func (t *localTransport) KeepsWaiters() bool { return true }
 
 func (t *localTransport) DeclareFuncs(name string, spec courier.ExchangeSpec) (wire.ExchangeInfo, error) {
 	return t.s.DeclareFuncs(name, spec)

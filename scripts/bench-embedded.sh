@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # bench-embedded.sh compares the embedded request-response benchmarks of
 # the node package (BenchmarkRequestSequential and
-# BenchmarkRequestParallel10) at several git revisions, side by side: it
+# BenchmarkRequestParallel10, beside BenchmarkFloorSequential and
+# BenchmarkFloorParallel10: the same shapes with bare channels, the
+# ceiling of handing requests to a goroutine on this machine) at several
+# git revisions, side by side: it
 # builds each revision's test binary once, then runs them in turn, ROUNDS
 # times over, and prints each figure's median and minimum. On a shared
 # machine interleaved rounds are what makes two revisions comparable: the
@@ -13,13 +16,14 @@
 #
 # "." is the working tree, uncommitted changes included. Knobs: ROUNDS
 # (default 4), BENCHTIME (default 700ms, per benchmark and round), CPUS
-# (GOMAXPROCS values, default 1,2). It prints the load average at the end.
+# (GOMAXPROCS values, default 1,2), BENCH (the -test.bench pattern). It prints the load average at the end.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 ROUNDS=${ROUNDS:-4}
 BENCHTIME=${BENCHTIME:-700ms}
 CPUS=${CPUS:-1,2}
+BENCH=${BENCH:-'(Request|Floor)(Sequential|Parallel10)$'}
 revs=("$@")
 [ ${#revs[@]} -eq 0 ] && revs=(.)
 work=$(mktemp -d)
@@ -44,7 +48,7 @@ done
 results=$work/results
 for _ in $(seq "$ROUNDS"); do
 	for bin in "${bins[@]}"; do
-		"$bin" -test.run '^$' -test.bench 'Request(Sequential|Parallel10)$' \
+		"$bin" -test.run '^$' -test.bench "$BENCH" \
 			-test.benchtime "$BENCHTIME" -test.cpu "$CPUS" |
 			awk -v rev="$(basename "$bin" .test)" '/^Benchmark/ {print rev, $1, $3, $5}' >>"$results"
 	done

@@ -157,6 +157,13 @@ type Frame struct {
 	// Batch, when set, defers the frame's write to the end of its
 	// producer's batch; it is not encoded. See [Batch].
 	Batch *Batch
+
+	// Waiter is an in-process requester's handle for a REQUEST (its
+	// waiting call): the broker keeps it with the request and sets it on
+	// every frame it sends the requester for that request (responses,
+	// questions, failures), so the requester finds its call without a
+	// lookup by Ref. It is not encoded, and nil on frames from a network.
+	Waiter any
 }
 
 var framePool = sync.Pool{New: func() any { return new(Frame) }}

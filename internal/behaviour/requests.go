@@ -330,10 +330,29 @@ func (s *suite) testDeadlines(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		go rx.Request(e.ctx, courier.Message{})
+		errc := make(chan error, 3)
+		request := func() {
+			_, err := rx.Request(e.ctx, courier.Message{})
+			errc <- err
+		}
+		go request()
 		r := testutil.Recv(t, held, wait)
+		stream, err := rx.RequestStream(e.ctx, courier.Message{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			stream.Next()
+			errc <- stream.Err()
+		}()
 		rc.Close()
 		testutil.Closed(t, r.Context().Done(), wait, "the handler's context after the requester's connection closed")
+		// The requests waiting on the closed connection end at once,
+		// with ErrClosed; so does one made after it closed.
+		go request()
+		for range 3 {
+			mustErr(t, testutil.Recv(t, errc, wait), courier.ErrClosed, "request on a connection closed under it")
+		}
 	})
 }
 

@@ -15,6 +15,8 @@ import (
 // slot under an id the broker chose (for RESPONSE, ASK and cleanup when
 // the handler goes). A unicast request needs no other record, so routing
 // it allocates nothing; a broadcast shares one inflight among its targets.
+// Both records keep the REQUEST's wire.Frame.Waiter (nil from a network),
+// which every frame to the requester for that request carries back.
 
 // pending is a requester's record of one request.
 type pending struct {
@@ -22,6 +24,7 @@ type pending struct {
 	a        *Attachment // unicast: the handler
 	id       uint64      // unicast: the id in the handler's session
 	deadline int64       // unix ns after which the broker gives up; 0: none
+	w        any         // the requester's wire.Frame.Waiter
 }
 
 // deadlineOf turns a REQUEST's timeout in ms into an absolute deadline.
@@ -37,6 +40,7 @@ func deadlineOf(f *wire.Frame) int64 {
 type inflight struct {
 	requester *Session
 	reqID     uint64
+	w         any   // the requester's wire.Frame.Waiter
 	start     int64 // monoNow at the request's arrival
 	remaining int
 	targets   []target
@@ -58,6 +62,7 @@ type target struct {
 type slot struct {
 	r     *Session // the requester
 	reqID uint64
+	w     any // the requester's wire.Frame.Waiter
 	a     *Attachment
 	inf   *inflight // broadcast only
 	idx   int
@@ -272,7 +277,7 @@ func (s *Session) request(f *wire.Frame) {
 // failRequest answers a request that reached no handler.
 func (s *Session) failRequest(f *wire.Frame, err error) {
 	e := asWireError(err)
-	*f = wire.Frame{Type: wire.TypeResponse, Flags: wire.FlagError | wire.FlagLast, Ref: f.Ref, Aux: uint64(e.Code), Tag: e.Msg}
+	*f = wire.Frame{Type: wire.TypeResponse, Flags: wire.FlagError | wire.FlagLast, Ref: f.Ref, Aux: uint64(e.Code), Tag: e.Msg, Waiter: f.Waiter}
 	s.sink.Deliver(f)
 }
 
@@ -430,12 +435,12 @@ func (s *Session) overLimit(sh *reqShard) bool {
 func (s *Session) sendOne(f *wire.Frame, a *Attachment, start int64) error {
 	h := a.s
 	epoch := h.handling.epoch.Load()
-	id, ok := h.handling.put(slot{r: s, reqID: f.Ref, a: a, start: start}, f.Ref)
+	id, ok := h.handling.put(slot{r: s, reqID: f.Ref, w: f.Waiter, a: a, start: start}, f.Ref)
 	if !ok {
 		return wire.Errorf(wire.CodeHandlerGone, "the handler's connection closed")
 	}
 	a.addBusy(1)
-	if err := s.register(f.Ref, pending{a: a, id: id, deadline: deadlineOf(f)}); err != nil {
+	if err := s.register(f.Ref, pending{a: a, id: id, deadline: deadlineOf(f), w: f.Waiter}); err != nil {
 		if _, ok := h.handling.get(id, true); ok {
 			a.addBusy(-1)
 		}
@@ -452,7 +457,7 @@ func (s *Session) sendOne(f *wire.Frame, a *Attachment, start int64) error {
 		return nil
 	}
 	h.stats.Delivered.Add(f.Ref, 1)
-	f.Ref, f.Attach, f.Name = id, a.id, s.id
+	f.Ref, f.Attach, f.Name, f.Waiter = id, a.id, s.id, nil
 	h.sink.Deliver(f)
 	return nil
 }
@@ -462,13 +467,13 @@ func (s *Session) send(f *wire.Frame, list []*Attachment, start int64) error {
 	if len(list) == 1 {
 		return s.sendOne(f, list[0], start)
 	}
-	inf := &inflight{requester: s, reqID: f.Ref, start: start, remaining: len(list), targets: make([]target, len(list))}
-	if err := s.register(f.Ref, pending{inf: inf, deadline: deadlineOf(f)}); err != nil {
+	inf := &inflight{requester: s, reqID: f.Ref, w: f.Waiter, start: start, remaining: len(list), targets: make([]target, len(list))}
+	if err := s.register(f.Ref, pending{inf: inf, deadline: deadlineOf(f), w: f.Waiter}); err != nil {
 		return err
 	}
 	for i, a := range list {
 		inf.targets[i].a = a
-		id, ok := a.s.handling.put(slot{r: s, reqID: f.Ref, a: a, inf: inf, idx: i}, f.Ref)
+		id, ok := a.s.handling.put(slot{r: s, reqID: f.Ref, w: f.Waiter, a: a, inf: inf, idx: i}, f.Ref)
 		if !ok {
 			s.finish(inf, i, wire.CodeHandlerGone, "the handler's connection closed")
 			continue
@@ -485,7 +490,7 @@ func (s *Session) send(f *wire.Frame, list []*Attachment, start int64) error {
 			continue
 		}
 		g := f.Clone()
-		g.Ref, g.Attach, g.Name = id, a.id, s.id
+		g.Ref, g.Attach, g.Name, g.Waiter = id, a.id, s.id, nil
 		a.addBusy(1)
 		a.s.stats.Delivered.Add(f.Ref, 1)
 		a.s.sink.Deliver(g)
@@ -523,16 +528,18 @@ func (s *Session) finish(inf *inflight, idx int, code wire.Code, msg string) {
 	if !live {
 		return
 	}
-	s.sendFailure(inf.reqID, inf.targets[idx].a.member, last, code, msg)
+	s.sendFailure(inf.reqID, inf.w, inf.targets[idx].a.member, last, code, msg)
 }
 
-func (s *Session) sendFailure(reqID uint64, from string, last bool, code wire.Code, msg string) {
+// sendFailure sends the requester an error response to request reqID,
+// whose wire.Frame.Waiter is w.
+func (s *Session) sendFailure(reqID uint64, w any, from string, last bool, code wire.Code, msg string) {
 	f := wire.NewFrame(wire.TypeResponse)
 	f.Flags = wire.FlagError
 	if last {
 		f.Flags |= wire.FlagLast
 	}
-	f.Ref, f.Aux, f.Tag, f.Name = reqID, uint64(code), msg, from
+	f.Ref, f.Aux, f.Tag, f.Name, f.Waiter = reqID, uint64(code), msg, from, w
 	s.sink.Deliver(f)
 }
 
@@ -545,7 +552,7 @@ func (sl slot) handlerGone(msg string) {
 		return
 	}
 	if _, ok := r.take(sl.reqID, func(p pending) bool { return p.a == sl.a }); ok {
-		r.sendFailure(sl.reqID, sl.a.member, true, wire.CodeHandlerGone, msg)
+		r.sendFailure(sl.reqID, sl.w, sl.a.member, true, wire.CodeHandlerGone, msg)
 	}
 }
 
@@ -621,7 +628,7 @@ func (s *Session) respond(f *wire.Frame) {
 			last = true
 		}
 	}
-	f.Ref, f.Attach, f.Name = sl.reqID, 0, sl.a.member
+	f.Ref, f.Attach, f.Name, f.Waiter = sl.reqID, 0, sl.a.member, sl.w
 	f.Flags &^= wire.FlagLast
 	if last {
 		f.Flags |= wire.FlagLast
@@ -656,7 +663,7 @@ func (s *Session) ask(f *wire.Frame) {
 		return
 	}
 	f.Aux = uint64(sl.idx)<<32 | f.Aux
-	f.Ref, f.Attach, f.Name = sl.reqID, 0, sl.a.member
+	f.Ref, f.Attach, f.Name, f.Waiter = sl.reqID, 0, sl.a.member, sl.w
 	sl.r.sink.Deliver(f)
 }
 
@@ -708,6 +715,6 @@ func (s *Session) expire(now int64) {
 	}
 	for _, d := range late {
 		s.cancelPending(d.reqID, d.p)
-		s.sendFailure(d.reqID, "", true, wire.CodeTimeout, "the request's deadline passed")
+		s.sendFailure(d.reqID, d.p.w, "", true, wire.CodeTimeout, "the request's deadline passed")
 	}
 }

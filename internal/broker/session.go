@@ -466,6 +466,11 @@ func (s *Session) Close() {
 	}
 	for id, p := range reqs {
 		s.cancelPending(id, p)
+		if p.w != nil {
+			// An in-process requester waits on its call, not on the
+			// connection: it is told here.
+			s.sendFailure(id, p.w, "", true, wire.CodeCancelled, "the requester's connection closed")
+		}
 	}
 	for _, sl := range handling {
 		sl.handlerGone("the handler's connection closed")
