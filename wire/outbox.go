@@ -70,6 +70,9 @@ type Outbox struct {
 	ready   chan struct{}
 	max     int
 	limit   int
+	// written, made by a Close that found a write in progress, is
+	// signalled when the write ends.
+	written *sync.Cond
 }
 
 // NewOutbox returns an outbox writing to w frames of at most maxFrame
@@ -247,6 +250,9 @@ func (o *Outbox) writeLocked(inline bool) {
 	o.lastWrite.Store(time.Now().UnixNano())
 	o.mu.Lock()
 	o.writing = false
+	if o.written != nil {
+		o.written.Broadcast()
+	}
 	if n < len(p) && err == nil {
 		// Cut short: what was not written goes first, before what others
 		// added meanwhile. It moves to the front of p, which keeps its
@@ -315,12 +321,20 @@ func (o *Outbox) Flush() (wrote bool, err error) {
 }
 
 // Close makes Put fail from now on, wakes any waiting producer and
-// returns what was still buffered, for a last write.
+// returns what was still buffered, for a last write. The write loop
+// calls it: a producer writing inline meanwhile (for at most
+// inlineLimit) finishes first, so that the last write comes after its.
 func (o *Outbox) Close() []byte {
 	o.mu.Lock()
 	if !o.closed {
 		o.closed = true
 		close(o.room)
+	}
+	for o.writing {
+		if o.written == nil {
+			o.written = sync.NewCond(&o.mu)
+		}
+		o.written.Wait()
 	}
 	rest := o.buf
 	o.buf = nil

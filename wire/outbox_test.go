@@ -227,3 +227,55 @@ func TestCutShortWritesKeepOrder(t *testing.T) {
 		}
 	}
 }
+
+// gateWriter holds each Write until gate is closed, and records the bytes
+// in the order the writes end.
+type gateWriter struct {
+	gate    chan struct{}
+	entered chan struct{}
+	mu      sync.Mutex
+	buf     bytes.Buffer
+}
+
+func (w *gateWriter) Write(p []byte) (int, error) {
+	select {
+	case w.entered <- struct{}{}:
+	default:
+	}
+	<-w.gate
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	return len(p), nil
+}
+
+// TestCloseWaitsForInlineWrite: a producer writing inline when the write
+// loop closes the outbox finishes first, so that the last write (what
+// Close returns) follows it. Else a response put just before a
+// connection closes can reach the peer after the close, or not at all.
+func TestCloseWaitsForInlineWrite(t *testing.T) {
+	w := &gateWriter{gate: make(chan struct{}), entered: make(chan struct{}, 1)}
+	o := NewOutbox(w, DefaultMaxFrame, 1<<20)
+	go o.Put(&Frame{Type: TypeResponse, Ref: 1, Body: []byte("answer")}, Urgent, 0)
+	<-w.entered // the producer is in its inline write
+	o.Put(&Frame{Type: TypeClose, Tag: "bye"}, Control, 0)
+	rest := make(chan []byte)
+	go func() { rest <- o.Close() }()
+	select {
+	case <-rest:
+		t.Fatal("Close returned while a producer was still writing")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(w.gate)
+	last := <-rest
+	w.mu.Lock()
+	all := append(bytes.Clone(w.buf.Bytes()), last...)
+	w.mu.Unlock()
+	r := NewReader(bytes.NewReader(all), DefaultMaxFrame)
+	for _, want := range []Type{TypeResponse, TypeClose} {
+		var f Frame
+		if err := r.Next(&f); err != nil || f.Type != want {
+			t.Fatalf("want %s next, got %s (%v)", want, f.Type, err)
+		}
+	}
+}
