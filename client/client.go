@@ -47,7 +47,7 @@ type Options struct {
 	// private CA. ServerName defaults to the URL's host. Default: nil.
 	TLS *tls.Config
 	// OutboxLimit bounds the bytes buffered for sending before senders
-	// wait. Default: 1 MiB.
+	// wait. Default: 128 KiB.
 	OutboxLimit int
 	// Log receives what the connection cannot return to a caller.
 	// Default: slog.Default().
@@ -110,7 +110,7 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*courier.Conn, erro
 		opts.Log = slog.Default()
 	}
 	if opts.OutboxLimit <= 0 {
-		opts.OutboxLimit = 1 << 20
+		opts.OutboxLimit = 1 << 17
 	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)

@@ -139,7 +139,7 @@ type Limits struct {
 	// send ahead of the server. Default: 65536.
 	Credit uint64 `toml:"credit"`
 	// OutboxBytes is what the server buffers for a client before data
-	// frames wait for it to read. Default: 1 MiB.
+	// frames wait for it to read. Default: 128 KiB.
 	OutboxBytes int `toml:"outbox_bytes"`
 	// SlowConsumerTimeout is how long data frames wait for a client that
 	// does not read before it is disconnected. Default: 10s.

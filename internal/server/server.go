@@ -41,7 +41,7 @@ type Config struct {
 	// unprocessed. Default: 65536.
 	Credit uint64
 	// OutboxLimit is the bytes buffered for a client beyond which data
-	// frames wait for it to read. Default: 1 MiB.
+	// frames wait for it to read. Default: 128 KiB.
 	OutboxLimit int
 	// SlowTimeout is how long data frames wait for a client that does not
 	// read before it is disconnected as a slow consumer. Default: 10s.
@@ -75,7 +75,7 @@ func DefaultConfig() Config {
 		Heartbeat:        time.Second,
 		HandshakeTimeout: 5 * time.Second,
 		Credit:           65536,
-		OutboxLimit:      1 << 20,
+		OutboxLimit:      1 << 17,
 		SlowTimeout:      10 * time.Second,
 		MaxConns:         65536,
 		Version:          "courier",
