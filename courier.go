@@ -456,20 +456,17 @@ func (cl *call) pushDirect(ref uint64, f *wire.Frame) {
 		}
 		return
 	}
-	if f == nil {
-		cl.closed = true
-	} else {
-		cl.q = append(cl.q, f)
-	}
-	cl.mu.Unlock()
-	select {
-	case cl.ready <- struct{}{}:
-	default:
-	}
+	cl.queue(f)
 }
 
+// push queues f for the call; nil tells it the Conn closed.
 func (cl *call) push(f *wire.Frame) {
 	cl.mu.Lock()
+	cl.queue(f)
+}
+
+// queue is push with cl.mu held; it releases it.
+func (cl *call) queue(f *wire.Frame) {
 	if f == nil {
 		cl.closed = true
 	} else {
