@@ -296,6 +296,10 @@ func (c *Conn) toWaiter(f *wire.Frame) {
 	cl := f.Waiter.(*call)
 	f.Waiter = nil
 	if f.Type == wire.TypeAsk {
+		if c.Err() != nil {
+			f.Release() // the requester is gone: nobody asks its OnAsk
+			return
+		}
 		var onAsk AskFunc
 		cl.mu.Lock()
 		ok := cl.direct.Load() == f.Ref

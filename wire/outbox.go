@@ -193,7 +193,8 @@ func (o *Outbox) flushBatch(b *Batch, inline bool) {
 	if o.batch == b {
 		o.batch = nil
 	}
-	if len(o.buf) == 0 || o.writing {
+	if len(o.buf) == 0 || o.writing || o.closed {
+		// Closed: what is buffered is the write loop's last write.
 		o.mu.Unlock()
 		return
 	}
@@ -225,7 +226,7 @@ func (o *Outbox) writeLocked(inline bool) {
 	}
 	o.buf, o.spare = next, nil
 	o.writing = true
-	if o.waiters > 0 {
+	if o.waiters > 0 && !o.closed { // Close closed room already
 		close(o.room)
 		o.room = make(chan struct{})
 	}

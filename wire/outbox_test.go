@@ -279,3 +279,52 @@ func TestCloseWaitsForInlineWrite(t *testing.T) {
 		}
 	}
 }
+
+// TestFlushBatchWhileClosing: a batch that ends while Close waits for an
+// inline write leaves what is buffered to the write loop's last write;
+// it must not write it itself, nor close the room channel that Close
+// closed already (that panicked). Found in review; the sleeps only order
+// the goroutines.
+func TestFlushBatchWhileClosing(t *testing.T) {
+	w := &gateWriter{gate: make(chan struct{}), entered: make(chan struct{}, 1)}
+	o := NewOutbox(w, DefaultMaxFrame, 1<<20)
+	var b Batch
+	go o.Put(&Frame{Type: TypeResponse, Ref: 1}, Urgent, 0) // written inline
+	<-w.entered
+	o.Put(&Frame{Type: TypeResponse, Ref: 2, Batch: &b}, Urgent, 0)
+	o.mu.Lock()
+	o.waiters++ // a producer waiting for room, which Close wakes but which has not run yet
+	o.mu.Unlock()
+	rest := make(chan []byte)
+	go func() { rest <- o.Close() }()
+	for waiting := false; !waiting; {
+		time.Sleep(time.Millisecond)
+		o.mu.Lock()
+		waiting = o.written != nil
+		o.mu.Unlock()
+	}
+	o.mu.Lock()
+	close(w.gate)                    // the inline write ends and waits for o.mu
+	time.Sleep(2 * time.Millisecond) // so the connection counts as idle for the batch
+	flushed := make(chan any)
+	go func() {
+		defer func() { flushed <- recover() }()
+		b.Flush()
+	}()
+	time.Sleep(time.Millisecond)
+	o.mu.Unlock()
+	if p := <-flushed; p != nil {
+		t.Fatalf("Batch.Flush while the outbox closed: %v", p)
+	}
+	last := <-rest
+	w.mu.Lock()
+	all := append(bytes.Clone(w.buf.Bytes()), last...)
+	w.mu.Unlock()
+	r := NewReader(bytes.NewReader(all), DefaultMaxFrame)
+	for want := uint64(1); want <= 2; want++ {
+		var f Frame
+		if err := r.Next(&f); err != nil || f.Ref != want {
+			t.Fatalf("frame %d: got %+v, %v", want, f, err)
+		}
+	}
+}
