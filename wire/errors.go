@@ -36,6 +36,9 @@ const (
 	CodeTooManyInflight    Code = 23 // the connection's limit of requests in flight
 	CodeDeadlineTooLong    Code = 24 // a request's deadline over the server's maximum
 	CodeQueueFull          Code = 25 // a task queue at its max_length or max_bytes refused a submit
+	CodeTooManyPatterns    Code = 26 // the attachment's or the connection's limit of subscription patterns
+	CodeExprLimit          Code = 27 // a routing expression went over its cost, memory or time budget
+	CodeHandshakeLimit     Code = 28 // too many connections still in their handshake (node-wide or from one address)
 	CodeStorage            Code = 30 // the store failed: the message may not be durable
 )
 
@@ -50,7 +53,9 @@ var codeNames = [...]string{
 	CodeSlowConsumer: "slow consumer", CodeExchangeDeleted: "exchange deleted",
 	CodeTooManyConns: "too many connections", CodeTooManyAttachments: "too many attachments",
 	CodeTooManyInflight: "too many requests in flight", CodeDeadlineTooLong: "deadline too long",
-	CodeQueueFull: "queue full", CodeStorage: "storage error",
+	CodeQueueFull: "queue full", CodeTooManyPatterns: "too many patterns",
+	CodeExprLimit: "expression limit", CodeHandshakeLimit: "too many handshakes",
+	CodeStorage: "storage error",
 }
 
 // String returns the short name of c, such as "no handler".
@@ -77,9 +82,9 @@ func (e *Error) Error() string {
 }
 
 // IsLimit reports whether c says a configured limit was reached: code 14
-// or one of the specific limit codes from 21 to 25.
+// or one of the specific limit codes from 21 to 28.
 func (c Code) IsLimit() bool {
-	return c == CodeLimit || c >= CodeTooManyConns && c <= CodeQueueFull
+	return c == CodeLimit || c >= CodeTooManyConns && c <= CodeHandshakeLimit
 }
 
 // Is makes errors.Is match any *Error with the same Code. A target with
