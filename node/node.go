@@ -550,7 +550,8 @@ func describe(sink broker.Sink) (admin.ConnInfo, bool) {
 		return admin.ConnInfo{Type: "embedded", User: t.user, ConnectedAt: t.opened}, true
 	}
 	if ci, ok := server.Describe(sink); ok {
-		return admin.ConnInfo{Type: "network", Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt}, true
+		return admin.ConnInfo{Type: "network", Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt,
+			SendPending: ci.SendPending, SendBlocked: ci.SendBlocked}, true
 	}
 	return admin.ConnInfo{}, false
 }

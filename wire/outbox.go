@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,11 @@ var ErrOutboxFull = errors.New("wire: peer is not reading (outbox full)")
 
 // ErrOutboxClosed is returned by [Outbox.Put] after [Outbox.Close].
 var ErrOutboxClosed = errors.New("wire: connection closed")
+
+// ErrWriteStalled is returned by [Outbox.Flush] when what was buffered
+// could not be written within the write timeout ([Outbox.SetWriteTimeout]):
+// the peer does not read. It wraps [os.ErrDeadlineExceeded].
+var ErrWriteStalled = fmt.Errorf("wire: peer is not reading (write stalled): %w", os.ErrDeadlineExceeded)
 
 // Mode says how [Outbox.Put] treats a frame.
 type Mode uint8
@@ -53,6 +59,8 @@ const (
 type Outbox struct {
 	w      io.Writer
 	writes atomic.Uint64 // completed writes, for heartbeat decisions
+	// writeStart is when the write in progress began (unix ns; 0: none).
+	writeStart atomic.Int64
 	// lastWrite is when the last write ended (unix ns): a connection that
 	// wrote within busyGap is busy, and urgent frames batch instead.
 	lastWrite atomic.Int64
@@ -70,6 +78,18 @@ type Outbox struct {
 	ready   chan struct{}
 	max     int
 	limit   int
+	// hard bounds the buffer for [Outbox.Offer]: 8 × limit.
+	hard int
+	// writeTimeout bounds every write of the write loop; pendingSince
+	// is when the oldest byte still buffered was first handed to a
+	// write that did not take it all (unix ns, 0: none); expiry, set by
+	// [Outbox.Expire], is a deadline no write may pass (0: none).
+	writeTimeout time.Duration
+	pendingSince int64
+	expiry       time.Time
+	// fragile is set for a TLS connection, which a timed-out write
+	// breaks for good: producers do not write inline on it.
+	fragile bool
 	// written, made by a Close that found a write in progress, is
 	// signalled when the write ends.
 	written *sync.Cond
@@ -78,7 +98,35 @@ type Outbox struct {
 // NewOutbox returns an outbox writing to w frames of at most maxFrame
 // bytes, holding data frames back while more than limit bytes wait.
 func NewOutbox(w io.Writer, maxFrame, limit int) *Outbox {
-	return &Outbox{w: w, room: make(chan struct{}), ready: make(chan struct{}, 1), max: maxFrame, limit: limit}
+	_, fragile := w.(*tls.Conn)
+	return &Outbox{w: w, room: make(chan struct{}), ready: make(chan struct{}, 1), max: maxFrame, limit: limit, hard: 8 * limit, fragile: fragile}
+}
+
+// SetWriteTimeout bounds every write of the write loop ([Outbox.Flush])
+// to d, counted from when the oldest byte it writes was first handed to
+// a write: a write that has not taken everything by then fails with
+// [ErrWriteStalled], and so does every Flush after it. The writer must
+// have a SetWriteDeadline method (a net.Conn); zero means no bound.
+func (o *Outbox) SetWriteTimeout(d time.Duration) {
+	o.mu.Lock()
+	o.writeTimeout = d
+	o.mu.Unlock()
+}
+
+// Expire bounds the write in progress, and every write after it, to end
+// by t: a connection that is to close gives its last writes that long,
+// however the peer reads. It applies to writers with a SetWriteDeadline
+// method only.
+func (o *Outbox) Expire(t time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.expiry.IsZero() && o.expiry.Before(t) {
+		return
+	}
+	o.expiry = t
+	if d, ok := o.w.(deadliner); ok && o.writing {
+		d.SetWriteDeadline(t)
+	}
 }
 
 // SetMax changes the largest frame accepted, after a handshake.
@@ -101,9 +149,22 @@ func (o *Outbox) PutCancel(f *Frame, mode Mode, cancel <-chan struct{}) error {
 	return o.put(f, mode, 0, cancel)
 }
 
+// Offer is Put for a producer that must never wait for this peer (a
+// request on its way to a handler: its requester has other work): it
+// does not wait for room, and fails at once with [ErrOutboxFull] when
+// the outbox holds more than eight times its limit.
+func (o *Outbox) Offer(f *Frame, mode Mode) error {
+	return o.put(f, mode, -1, nil)
+}
+
 func (o *Outbox) put(f *Frame, mode Mode, timeout time.Duration, cancel <-chan struct{}) error {
 	o.mu.Lock()
-	if mode != Control && len(o.buf) > o.limit && !o.closed {
+	if timeout < 0 {
+		if len(o.buf) > o.hard && !o.closed {
+			o.mu.Unlock()
+			return ErrOutboxFull
+		}
+	} else if mode != Control && len(o.buf) > o.limit && !o.closed {
 		if f.Batch != nil && f.Batch.Pending() {
 			// Do not hold other connections' frames while waiting.
 			o.mu.Unlock()
@@ -141,7 +202,7 @@ func (o *Outbox) put(f *Frame, mode Mode, timeout time.Duration, cancel <-chan s
 		}
 		return nil // else the writer in progress, or the kick already sent, covers it
 	}
-	if mode == Urgent && time.Now().UnixNano()-o.lastWrite.Load() > int64(busyGap) {
+	if mode == Urgent && !o.fragile && time.Now().UnixNano()-o.lastWrite.Load() > int64(busyGap) {
 		o.writeLocked(true)
 		return nil
 	}
@@ -198,7 +259,7 @@ func (o *Outbox) flushBatch(b *Batch, inline bool) {
 		o.mu.Unlock()
 		return
 	}
-	if inline && time.Now().UnixNano()-o.lastWrite.Load() > int64(busyGap) {
+	if inline && !o.fragile && time.Now().UnixNano()-o.lastWrite.Load() > int64(busyGap) {
 		o.writeLocked(true)
 		return
 	}
@@ -230,29 +291,37 @@ func (o *Outbox) writeLocked(inline bool) {
 		close(o.room)
 		o.room = make(chan struct{})
 	}
-	o.mu.Unlock()
-	var dl deadliner
-	if inline {
-		// A producer writing for the write loop must not be held by a
-		// peer that does not read: it gives up after inlineLimit and
-		// leaves the rest to the write loop, which alone may block.
-		if d, ok := o.w.(deadliner); ok && d.SetWriteDeadline(time.Now().Add(inlineLimit)) == nil {
-			dl = d
-		}
+	start := time.Now()
+	deadline, why := o.deadline(start, inline)
+	d, hasDeadline := o.w.(deadliner)
+	if hasDeadline {
+		// Set (or cleared) every time: an earlier write's may linger.
+		d.SetWriteDeadline(deadline)
 	}
+	o.writeStart.Store(start.UnixNano())
+	o.mu.Unlock()
 	n, err := o.w.Write(p)
-	if dl != nil {
-		dl.SetWriteDeadline(time.Time{})
-		if errors.Is(err, os.ErrDeadlineExceeded) {
+	end := time.Now()
+	o.writeStart.Store(0)
+	if hasDeadline && errors.Is(err, os.ErrDeadlineExceeded) {
+		switch why {
+		case inlineBound:
 			err = nil
+		case stallBound:
+			err = ErrWriteStalled
 		}
 	}
 	o.writes.Add(1)
-	o.lastWrite.Store(time.Now().UnixNano())
+	o.lastWrite.Store(end.UnixNano())
 	o.mu.Lock()
 	o.writing = false
 	if o.written != nil {
 		o.written.Broadcast()
+	}
+	if n < len(p) && o.pendingSince == 0 {
+		o.pendingSince = start.UnixNano()
+	} else if n == len(p) {
+		o.pendingSince = 0
 	}
 	if n < len(p) && err == nil {
 		// Cut short: what was not written goes first, before what others
@@ -291,8 +360,58 @@ type deadliner interface {
 	SetWriteDeadline(t time.Time) error
 }
 
+// bound says what ends a write at its deadline.
+type bound uint8
+
+const (
+	unbounded   bound = iota
+	inlineBound       // a producer's inline write: the rest is the write loop's
+	stallBound        // the write timeout: the peer does not read
+	expiryBound       // the connection is closing
+)
+
+// deadline returns when a write starting now must end (zero: never), and
+// what that deadline is; o.mu is held. A producer's inline write ends
+// after inlineLimit; the write loop's after the write timeout, counted
+// from when the oldest byte it carries was first handed to a write.
+// Neither passes the expiry.
+func (o *Outbox) deadline(now time.Time, inline bool) (time.Time, bound) {
+	var d time.Time
+	b := unbounded
+	switch {
+	case inline:
+		d, b = now.Add(inlineLimit), inlineBound
+	case o.writeTimeout > 0:
+		since := now
+		if o.pendingSince != 0 {
+			since = time.Unix(0, o.pendingSince)
+		}
+		d, b = since.Add(o.writeTimeout), stallBound
+	}
+	if !o.expiry.IsZero() && (d.IsZero() || !d.Before(o.expiry)) {
+		d, b = o.expiry, expiryBound
+	}
+	return d, b
+}
+
 // inlineLimit bounds how long a producer writes for the write loop.
 const inlineLimit = 20 * time.Millisecond
+
+// Pending returns how many bytes wait to be written: those buffered, not
+// counting a write in progress.
+func (o *Outbox) Pending() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.buf)
+}
+
+// Blocked returns how long the write in progress has lasted (0: none).
+func (o *Outbox) Blocked() time.Duration {
+	if s := o.writeStart.Load(); s != 0 {
+		return max(time.Since(time.Unix(0, s)), 1)
+	}
+	return 0
+}
 
 // Writes returns how many writes completed so far.
 func (o *Outbox) Writes() uint64 { return o.writes.Load() }

@@ -19,6 +19,10 @@ type ConnInfo struct {
 	User string
 	// ConnectedAt is when the connection opened.
 	ConnectedAt time.Time
+	// SendPending is how many bytes wait to be written to a network
+	// client; SendBlocked how long the write in progress has lasted.
+	SendPending int
+	SendBlocked time.Duration
 }
 
 // connRow is one connection (a broker session) in a listing.
@@ -54,6 +58,8 @@ var connSchema = newSchema("id",
 		}
 		return 0
 	}),
+	intField("send_pending", func(r *connRow) int64 { return int64(r.conn().SendPending) }),
+	intField("send_blocked_ms", func(r *connRow) int64 { return r.conn().SendBlocked.Milliseconds() }),
 	intField("attachments", func(r *connRow) int64 { return int64(r.item.Attachments()) }),
 	intField("inflight", func(r *connRow) int64 { return r.item.Inflight() }),
 	uintField("message_stats.request", func(r *connRow) uint64 { return r.item.Stats().Requests.Load() }),

@@ -643,6 +643,14 @@ func (s *Session) respond(f *wire.Frame) {
 	r.sink.Deliver(f)
 }
 
+// Refuse fails a REQUEST that the broker gave this session's sink and
+// the sink could not take (its peer does not read), as if the handler
+// had answered it with err. It takes ownership of f.
+func (s *Session) Refuse(f *wire.Frame, err *wire.Error) {
+	*f = wire.Frame{Type: wire.TypeResponse, Flags: wire.FlagError, Ref: f.Ref, Attach: f.Attach, Aux: uint64(err.Code), Tag: err.Msg}
+	s.respond(f)
+}
+
 // cancel handles a CANCEL from the requester.
 func (s *Session) cancel(reqID uint64) {
 	if p, ok := s.take(reqID, nil); ok {

@@ -51,6 +51,16 @@ type conn struct {
 	closing   chan struct{} // closed when the connection is to end
 	wdone     chan struct{} // closed when the write loop ended
 
+	// watch runs [conn.check] every half heartbeat, apart from the write
+	// loop, which a peer that does not read may hold in a write for up
+	// to the slow-consumer timeout. Its fields are owned by check.
+	watch struct {
+		t                   atomic.Pointer[time.Timer]
+		hb                  time.Duration
+		lastSeen, lastWrite time.Time
+		writes, nonce       uint64
+	}
+
 	// used is owned by the read loop; granted grows there and, for a
 	// connection held by flow control, in a timer's goroutine.
 	used         uint64
@@ -60,13 +70,17 @@ type conn struct {
 
 func newConn(s *Server, nc net.Conn) *conn {
 	noDelay(nc)
-	return &conn{
+	c := &conn{
 		s: s, nc: nc, peer: nc.RemoteAddr().String(), opened: time.Now(),
 		out:     wire.NewOutbox(nc, wire.HandshakeMaxFrame, s.cfg.OutboxLimit),
 		r:       wire.NewReader(nc, wire.HandshakeMaxFrame),
 		closing: make(chan struct{}),
 		wdone:   make(chan struct{}),
 	}
+	// Every write has a deadline: a peer that takes nothing for the
+	// slow-consumer timeout is cut, however the write loop got there.
+	c.out.SetWriteTimeout(s.cfg.SlowTimeout)
+	return c
 }
 
 // noDelay turns off Nagle's algorithm on a TCP connection, or on the
@@ -350,8 +364,21 @@ func modeOf(t wire.Type) wire.Mode {
 }
 
 // Deliver sends a frame from the broker to the client (broker.Sink).
+//
+// A REQUEST for a handler never waits for room: its requester's other
+// traffic must not wait for a handler that does not read. Past eight
+// times the outbox limit the request fails at once with code 19, and
+// the handler, if it reads nothing, is cut by the write timeout.
 func (c *conn) Deliver(f *wire.Frame) {
-	err := c.out.Put(f, modeOf(f.Type), c.s.cfg.SlowTimeout)
+	var err error
+	if f.Type == wire.TypeRequest {
+		if err = c.out.Offer(f, wire.Urgent); errors.Is(err, wire.ErrOutboxFull) {
+			c.sess.Refuse(f, wire.Errorf(wire.CodeSlowConsumer, "the handler's connection is not reading: more than %d bytes wait for it", 8*c.s.cfg.OutboxLimit))
+			return
+		}
+	} else {
+		err = c.out.Put(f, modeOf(f.Type), c.s.cfg.SlowTimeout)
+	}
 	t := f.Type
 	f.Release()
 	switch {
@@ -398,23 +425,39 @@ func (c *conn) fail(e *wire.Error, graceful bool) {
 			c.out.Put(f, wire.Control, 0)
 		}
 		close(c.closing)
+		// The write loop may be held in a write to a peer that does not
+		// read: the last writes get a second, then the socket closes.
+		c.out.Expire(time.Now().Add(closeGrace))
 	})
 }
 
-// writeLoop writes what the outbox holds, sends heartbeats when idle and
-// ends a connection that stayed silent for three heartbeats.
+// closeGrace is how long a closing connection's last writes may take.
+const closeGrace = time.Second
+
+// writeLoop writes what the outbox holds until the connection is to end;
+// [conn.check] watches the connection meanwhile.
 func (c *conn) writeLoop() {
 	defer close(c.wdone)
-	hb := c.s.cfg.Heartbeat
-	tick := time.NewTicker(hb / 2)
-	defer tick.Stop()
-	lastSeen, lastWrite := time.Now(), time.Now()
-	writes := c.out.Writes()
-	var nonce uint64
+	now := time.Now()
+	c.watch.hb, c.watch.lastSeen, c.watch.lastWrite = c.s.cfg.Heartbeat, now, now
+	t := time.AfterFunc(time.Hour, c.check)
+	c.watch.t.Store(t) // before it can fire: check reads it
+	t.Reset(c.watch.hb / 2)
+	defer t.Stop()
 	for {
 		select {
 		case <-c.out.Ready():
+			select {
+			case <-c.closing:
+				// Closing wins over a peer that keeps the loop writing.
+				c.lastWrites()
+				return
+			default:
+			}
 			if _, err := c.out.Flush(); err != nil {
+				if errors.Is(err, wire.ErrWriteStalled) {
+					c.s.log.Warn("slow consumer disconnected: a write took nothing for the timeout", "peer", c.peer, "timeout", c.s.cfg.SlowTimeout)
+				}
 				// The peer is gone: producers waiting for room must not
 				// wait out the slow-consumer timeout for it.
 				c.out.Close()
@@ -422,42 +465,60 @@ func (c *conn) writeLoop() {
 				c.nc.Close()
 				return
 			}
-		case <-tick.C:
-			// Not the tick's own time: after the loop was held in a long
-			// write, a tick can carry the time it fired, long ago.
-			now := time.Now()
-			if agreed := time.Duration(c.heartbeat.Load()); agreed > 0 && agreed != hb {
-				hb = agreed
-				tick.Reset(hb / 2)
-			}
-			if c.seen.Swap(false) || c.handling.Load() || c.heartbeat.Load() == 0 {
-				// Before the handshake ends, HandshakeTimeout applies.
-				lastSeen = now
-			} else if now.Sub(lastSeen) >= 3*hb-hb/2 {
-				// lastSeen is the first tick after the last frame, up to
-				// half an interval late: the real silence is now within
-				// (2.5, 3] intervals, never more than the timeout.
-				c.fail(wire.Errorf(wire.CodeHeartbeat, "nothing received for %s", 3*hb), false)
-			}
-			if w := c.out.Writes(); w != writes {
-				writes, lastWrite = w, now
-			}
-			if c.heartbeat.Load() > 0 && now.Sub(lastWrite) >= hb {
-				nonce++
-				c.out.Put(&wire.Frame{Type: wire.TypePing, Ref: nonce}, wire.Control, 0)
-			}
 		case <-c.closing:
-			if rest := c.out.Close(); len(rest) > 0 {
-				c.nc.SetWriteDeadline(time.Now().Add(time.Second))
-				c.nc.Write(rest)
-			}
-			// Half-close so the client reads the last frames, then let the
-			// read loop see the end. (TLS sends close_notify first.)
-			if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
-				cw.CloseWrite()
-			}
-			c.nc.SetReadDeadline(time.Now().Add(time.Second))
+			c.lastWrites()
 			return
 		}
 	}
+}
+
+// lastWrites writes what is left for a closing connection, within
+// closeGrace, and half-closes it.
+func (c *conn) lastWrites() {
+	if rest := c.out.Close(); len(rest) > 0 {
+		c.nc.SetWriteDeadline(time.Now().Add(closeGrace))
+		c.nc.Write(rest)
+	}
+	// Half-close so the client reads the last frames, then let the
+	// read loop see the end. (TLS sends close_notify first.)
+	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+	c.nc.SetReadDeadline(time.Now().Add(closeGrace))
+}
+
+// check runs every half heartbeat until the connection ends: it closes a
+// connection that stayed silent for three heartbeats and sends a PING
+// when nothing was written for one. It runs on its own, so that it acts
+// while the write loop is held in a write; it never blocks.
+func (c *conn) check() {
+	select {
+	case <-c.closing:
+		return
+	default:
+	}
+	w := &c.watch
+	now := time.Now()
+	if agreed := time.Duration(c.heartbeat.Load()); agreed > 0 {
+		w.hb = agreed
+	}
+	hb := w.hb
+	if c.seen.Swap(false) || c.handling.Load() || c.heartbeat.Load() == 0 {
+		// Before the handshake ends, HandshakeTimeout applies.
+		w.lastSeen = now
+	} else if now.Sub(w.lastSeen) >= 3*hb-hb/2 {
+		// lastSeen is the first check after the last frame, up to half
+		// an interval late: the real silence is now within (2.5, 3]
+		// intervals, never more than the timeout.
+		c.fail(wire.Errorf(wire.CodeHeartbeat, "nothing received for %s", 3*hb), false)
+		return
+	}
+	if n := c.out.Writes(); n != w.writes {
+		w.writes, w.lastWrite = n, now
+	}
+	if c.heartbeat.Load() > 0 && now.Sub(w.lastWrite) >= hb {
+		w.nonce++
+		c.out.Put(&wire.Frame{Type: wire.TypePing, Ref: w.nonce}, wire.Control, 0)
+	}
+	w.t.Load().Reset(hb / 2)
 }

@@ -305,55 +305,6 @@ func TestFrameLimit(t *testing.T) {
 	stillServes(t, ex)
 }
 
-// TestStalledConsumer: a subscriber that stops reading holds at most its
-// outbox; once the slow-consumer timeout passes it is cut off, alone,
-// and the publisher and the other subscriber get on with every message.
-func TestStalledConsumer(t *testing.T) {
-	n := startNodeWith(t, func(c *node.Config) {
-		c.Limits.OutboxBytes = 64 << 10
-		c.Limits.SlowConsumerTimeout = 300 * time.Millisecond
-	})
-	ctx := testutil.Context(t, 60*time.Second)
-	pub, err := dial(t, n, client.Options{}).PubSub(ctx, "feed")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The stalled one: attaches, then never reads again.
-	stalled := dialRaw(t, n)
-	stalled.hello()
-	stalled.send(&wire.Frame{Type: wire.TypeAttach, Ref: 1, Attach: 1, Name: "feed", Aux: wire.RoleSubscriber,
-		Body: mustJSON(t, wire.AttachSpec{Patterns: []string{"#"}})})
-	if f := stalled.next(); f == nil || f.Type != wire.TypeOK {
-		t.Fatalf("attach: %+v", f)
-	}
-	const total = 4000 // 4 MB: more than the outbox and the socket buffers hold
-	got := make(chan struct{}, total)
-	if _, err := dial(t, n, client.Options{}).PubSub(ctx, "feed"); err != nil {
-		t.Fatal(err)
-	}
-	healthy, err := dial(t, n, client.Options{}).PubSub(ctx, "feed")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := healthy.Subscribe(ctx, "#", func(*courier.Delivery) { got <- struct{}{} }); err != nil {
-		t.Fatal(err)
-	}
-	body := make([]byte, 1024)
-	for i := range total {
-		if err := pub.Publish(ctx, "k", body); err != nil {
-			t.Fatalf("publish %d: %v", i, err)
-		}
-	}
-	for i := range total {
-		if _, ok := <-got; !ok {
-			t.Fatalf("healthy subscriber got %d of %d", i, total)
-		}
-	}
-	testutil.WaitForf(t, 10*time.Second, func() bool {
-		return n.Broker().Exchange("feed").Subscribers() == 1
-	}, "the stalled subscriber was not cut off")
-}
-
 func mustJSON(t *testing.T, v any) []byte {
 	t.Helper()
 	p, err := json.Marshal(v)

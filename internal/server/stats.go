@@ -18,17 +18,24 @@ type ConnInfo struct {
 	User string
 	// ConnectedAt is when the connection was accepted.
 	ConnectedAt time.Time
+	// SendPending is how many bytes wait to be written to the client,
+	// beside a write in progress (RabbitMQ's send_pend).
+	SendPending int
+	// SendBlocked is how long the write in progress has lasted: a client
+	// that does not read holds it up to the slow-consumer timeout.
+	SendBlocked time.Duration
 }
 
 // Describe returns what the server knows of the network connection
 // behind sink, the [broker.Sink] of a session that a Server opened
 // (see [broker.Session.Sink]); ok is false for any other sink, such as an
 // in-process connection's. It reads only fields fixed when the connection
-// was accepted, so it takes no lock.
+// was accepted, and the outbox's length under its lock.
 func Describe(sink broker.Sink) (info ConnInfo, ok bool) {
 	c, ok := sink.(*conn)
 	if !ok {
 		return ConnInfo{}, false
 	}
-	return ConnInfo{Peer: c.peer, Local: c.nc.LocalAddr().String(), User: c.user, ConnectedAt: c.opened}, true
+	return ConnInfo{Peer: c.peer, Local: c.nc.LocalAddr().String(), User: c.user, ConnectedAt: c.opened,
+		SendPending: c.out.Pending(), SendBlocked: c.out.Blocked()}, true
 }
