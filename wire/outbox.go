@@ -303,7 +303,13 @@ func (o *Outbox) writeLocked(inline bool) {
 	n, err := o.w.Write(p)
 	end := time.Now()
 	o.writeStart.Store(0)
+	o.writes.Add(1)
+	o.lastWrite.Store(end.UnixNano())
+	o.mu.Lock()
 	if hasDeadline && errors.Is(err, os.ErrDeadlineExceeded) {
+		if !o.expiry.IsZero() && !end.Before(o.expiry) {
+			why = expiryBound // set by Expire during the write
+		}
 		switch why {
 		case inlineBound:
 			err = nil
@@ -311,9 +317,6 @@ func (o *Outbox) writeLocked(inline bool) {
 			err = ErrWriteStalled
 		}
 	}
-	o.writes.Add(1)
-	o.lastWrite.Store(end.UnixNano())
-	o.mu.Lock()
 	o.writing = false
 	if o.written != nil {
 		o.written.Broadcast()

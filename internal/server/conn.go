@@ -426,8 +426,13 @@ func (c *conn) fail(e *wire.Error, graceful bool) {
 		}
 		close(c.closing)
 		// The write loop may be held in a write to a peer that does not
-		// read: the last writes get a second, then the socket closes.
-		c.out.Expire(time.Now().Add(closeGrace))
+		// read: the last writes get a second, then the socket closes;
+		// none at all when a write has waited that long already.
+		grace := closeGrace
+		if c.out.Blocked() >= closeGrace {
+			grace = 0
+		}
+		c.out.Expire(time.Now().Add(grace))
 	})
 }
 
