@@ -185,6 +185,10 @@ type transport struct {
 	credit chan struct{} // signalled when credit arrives
 
 	seen atomic.Bool
+	// holding is set while the read loop hands a frame to the
+	// application, which may hold it (an inbox full): the server is not
+	// silent then, the client is slow, and the server judges that.
+	holding atomic.Bool
 	// away is set when the server sent CLOSE with a drain time: new
 	// requests and publishes fail with it, the rest goes on until the
 	// server closes the connection.
@@ -323,6 +327,9 @@ func (t *transport) end(err error) {
 	t.closeOnce.Do(func() {
 		t.closeErr = err
 		close(t.closing)
+		// A write held by a server that does not read ends within a
+		// second, and the socket closes.
+		t.out.Expire(time.Now().Add(time.Second))
 	})
 }
 
@@ -383,49 +390,45 @@ func (t *transport) readLoop() {
 				f.Release()
 				return
 			}
-			t.recv(f)
+			t.hand(f)
 		default:
-			t.recv(f)
+			t.hand(f)
 		}
 	}
 }
 
-// writeLoop writes batches, pings when idle, and ends a connection that
-// stayed silent for three heartbeats.
+// hand gives f to the application, which may hold the read loop.
+func (t *transport) hand(f *wire.Frame) {
+	t.holding.Store(true)
+	t.recv(f)
+	t.holding.Store(false)
+}
+
+// writeLoop writes batches until the connection is to end; a
+// [wire.Heartbeat] pings when idle and ends a connection that stayed
+// silent for three heartbeats, even while a write is held.
 func (t *transport) writeLoop() {
 	hb := time.Duration(t.welcome.HeartbeatMS) * time.Millisecond
 	timeout := time.Duration(t.welcome.TimeoutMS) * time.Millisecond
 	if timeout <= 0 {
 		timeout = 3 * hb
 	}
-	tick := time.NewTicker(hb / 2)
-	defer tick.Stop()
-	lastWrite, lastSeen := time.Now(), time.Now()
-	writes := t.out.Writes()
-	var nonce uint64
+	watch := wire.Heartbeat{
+		Out:      t.out,
+		Interval: func() time.Duration { return hb },
+		Timeout:  func(time.Duration) time.Duration { return timeout },
+		Heard:    func() bool { return t.seen.Swap(false) || t.holding.Load() },
+		Silent: func(timeout time.Duration) {
+			t.end(&wire.Error{Code: wire.CodeHeartbeat, Msg: fmt.Sprintf("nothing from the server for %s", timeout)})
+		},
+		Done: t.closing,
+	}
+	defer watch.Start(hb)()
 	for {
 		select {
 		case <-t.out.Ready():
 			if _, err := t.out.Flush(); err != nil {
 				t.end(fmt.Errorf("%w: %v", courier.ErrClosed, err))
-			}
-		case <-tick.C:
-			// Not the tick's own time: after the loop was held in a long
-			// write, a tick can carry the time it fired, long ago.
-			now := time.Now()
-			if t.seen.Swap(false) {
-				lastSeen = now
-			} else if now.Sub(lastSeen) >= timeout-hb/2 {
-				// As on the server: lastSeen lags the last frame by up to
-				// half an interval, so this acts within the timeout.
-				t.end(&wire.Error{Code: wire.CodeHeartbeat, Msg: fmt.Sprintf("nothing from the server for %s", timeout)})
-			}
-			if w := t.out.Writes(); w != writes {
-				writes, lastWrite = w, now
-			}
-			if now.Sub(lastWrite) >= hb {
-				nonce++
-				t.out.Put(&wire.Frame{Type: wire.TypePing, Ref: nonce}, wire.Control, 0)
 			}
 		case <-t.closing:
 			if rest := t.out.Close(); len(rest) > 0 {

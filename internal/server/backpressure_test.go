@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,7 +14,10 @@ import (
 // slow subscriber to make room (backpressure), the connection is not
 // silent, and neither side may close it for a heartbeat timeout. The
 // publisher keeps sending PINGs the server has not read yet; the
-// subscriber's client has frames it has not taken yet.
+// subscriber's client has frames it has not taken yet, its read loop
+// held by the application: it goes on sending PINGs, and it does not
+// take the server for dead for it. (It did: the client closed its own
+// connection, and the messages behind it were lost.)
 func TestBackpressureIsNotSilence(t *testing.T) {
 	const hb = 250 * time.Millisecond // generous: -race on two loaded cores delays goroutines by tens of ms
 	n := startNode(t, hb)
@@ -36,7 +40,9 @@ func TestBackpressureIsNotSilence(t *testing.T) {
 			}
 			release := make(chan struct{})
 			got := make(chan struct{}, 1)
+			var delivered atomic.Int64
 			if _, err := sx.Subscribe(ctx, "#", func(*courier.Delivery) {
+				delivered.Add(1)
 				select {
 				case got <- struct{}{}:
 				default:
@@ -56,8 +62,9 @@ func TestBackpressureIsNotSilence(t *testing.T) {
 			}
 			body := make([]byte, 4096)
 			published := make(chan error, 1)
+			const total = 20000
 			go func() {
-				for range 20000 { // more than the subscriber's inbox holds
+				for range total { // more than the subscriber's inbox holds
 					if err := px.Publish(ctx, "k", body); err != nil {
 						published <- err
 						return
@@ -81,6 +88,15 @@ func TestBackpressureIsNotSilence(t *testing.T) {
 			}
 			if err := px.PublishSync(ctx, courier.Message{Key: "k"}); err != nil {
 				t.Fatal(err)
+			}
+			// Nothing was lost: the subscriber's client, its read loop
+			// held by the application, did not take the server for dead.
+			testutil.WaitForf(t, 30*time.Second, func() bool { return delivered.Load() == total+1 },
+				"the subscriber got %d of %d messages", delivered.Load(), total+1)
+			select {
+			case <-sc.Done():
+				t.Fatalf("subscriber closed: %v", sc.Err())
+			default:
 			}
 		})
 	}

@@ -51,16 +51,6 @@ type conn struct {
 	closing   chan struct{} // closed when the connection is to end
 	wdone     chan struct{} // closed when the write loop ended
 
-	// watch runs [conn.check] every half heartbeat, apart from the write
-	// loop, which a peer that does not read may hold in a write for up
-	// to the slow-consumer timeout. Its fields are owned by check.
-	watch struct {
-		t                   atomic.Pointer[time.Timer]
-		hb                  time.Duration
-		lastSeen, lastWrite time.Time
-		writes, nonce       uint64
-	}
-
 	// used is owned by the read loop; granted grows there and, for a
 	// connection held by flow control, in a timer's goroutine.
 	used         uint64
@@ -440,15 +430,22 @@ func (c *conn) fail(e *wire.Error, graceful bool) {
 const closeGrace = time.Second
 
 // writeLoop writes what the outbox holds until the connection is to end;
-// [conn.check] watches the connection meanwhile.
+// a [wire.Heartbeat] watches the connection meanwhile. (Before the
+// handshake ends, HandshakeTimeout applies.)
 func (c *conn) writeLoop() {
 	defer close(c.wdone)
-	now := time.Now()
-	c.watch.hb, c.watch.lastSeen, c.watch.lastWrite = c.s.cfg.Heartbeat, now, now
-	t := time.AfterFunc(time.Hour, c.check)
-	c.watch.t.Store(t) // before it can fire: check reads it
-	t.Reset(c.watch.hb / 2)
-	defer t.Stop()
+	hb := wire.Heartbeat{
+		Out:      c.out,
+		Interval: func() time.Duration { return time.Duration(c.heartbeat.Load()) },
+		Timeout:  func(hb time.Duration) time.Duration { return 3 * hb },
+		// A read loop held in the broker by backpressure is not silence.
+		Heard: func() bool { return c.seen.Swap(false) || c.handling.Load() },
+		Silent: func(timeout time.Duration) {
+			c.fail(wire.Errorf(wire.CodeHeartbeat, "nothing received for %s", timeout), false)
+		},
+		Done: c.closing,
+	}
+	defer hb.Start(c.s.cfg.Heartbeat)()
 	for {
 		select {
 		case <-c.out.Ready():
@@ -490,40 +487,4 @@ func (c *conn) lastWrites() {
 		cw.CloseWrite()
 	}
 	c.nc.SetReadDeadline(time.Now().Add(closeGrace))
-}
-
-// check runs every half heartbeat until the connection ends: it closes a
-// connection that stayed silent for three heartbeats and sends a PING
-// when nothing was written for one. It runs on its own, so that it acts
-// while the write loop is held in a write; it never blocks.
-func (c *conn) check() {
-	select {
-	case <-c.closing:
-		return
-	default:
-	}
-	w := &c.watch
-	now := time.Now()
-	if agreed := time.Duration(c.heartbeat.Load()); agreed > 0 {
-		w.hb = agreed
-	}
-	hb := w.hb
-	if c.seen.Swap(false) || c.handling.Load() || c.heartbeat.Load() == 0 {
-		// Before the handshake ends, HandshakeTimeout applies.
-		w.lastSeen = now
-	} else if now.Sub(w.lastSeen) >= 3*hb-hb/2 {
-		// lastSeen is the first check after the last frame, up to half
-		// an interval late: the real silence is now within (2.5, 3]
-		// intervals, never more than the timeout.
-		c.fail(wire.Errorf(wire.CodeHeartbeat, "nothing received for %s", 3*hb), false)
-		return
-	}
-	if n := c.out.Writes(); n != w.writes {
-		w.writes, w.lastWrite = n, now
-	}
-	if c.heartbeat.Load() > 0 && now.Sub(w.lastWrite) >= hb {
-		w.nonce++
-		c.out.Put(&wire.Frame{Type: wire.TypePing, Ref: w.nonce}, wire.Control, 0)
-	}
-	w.t.Load().Reset(hb / 2)
 }
