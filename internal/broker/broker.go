@@ -280,6 +280,14 @@ func (b *Broker) declare(name string, spec Spec, by Declarer, rq *recoveredQueue
 	if !ValidName(name) {
 		return nil, wire.Errorf(wire.CodeBadOptions, "invalid exchange name %q: use dot-separated words of letters, digits, '_', '-', ':'", name)
 	}
+	if rq == nil {
+		// Definitions brought back were checked when they were declared,
+		// by the version of the day; their durations are capped instead
+		// (queueConfig), so that a store stays readable.
+		if err := spec.ExchangeConfig.Check(); err != nil {
+			return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: %v", name, err)
+		}
+	}
 	if ex := b.Exchange(name); ex != nil {
 		err := ex.matches(spec)
 		if err == nil && rq == nil {

@@ -303,8 +303,8 @@ func (s *Session) attach(f *wire.Frame) {
 		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is a task exchange: attach as a worker", ex.name)
 	case spec.Durable != "" && a.role != wire.RoleSubscriber:
 		err = wire.Errorf(wire.CodeBadOptions, "attach: only pub-sub subscribers can be durable")
-	case spec.Prefetch < 0:
-		err = wire.Errorf(wire.CodeBadOptions, "attach: negative prefetch %d", spec.Prefetch)
+	case spec.Prefetch < 0 || spec.Prefetch > wire.MaxPrefetch:
+		err = wire.Errorf(wire.CodeBadOptions, "attach: prefetch %d out of range: 0 to %d", spec.Prefetch, wire.MaxPrefetch)
 	case ex.cfg.Pattern == wire.PatternPubSub && a.role != wire.RoleSubscriber && a.role != wire.RoleController:
 		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is pub-sub: attach as a subscriber or controller", ex.name)
 	case a.role == wire.RoleController && !ex.cfg.Controlled:

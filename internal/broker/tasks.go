@@ -98,18 +98,26 @@ func queueConfig(cfg wire.ExchangeConfig) (queue.Config, error) {
 	if cfg.TTLMS < 0 || cfg.BackoffMS < 0 || cfg.BackoffMaxMS < 0 {
 		return qc, errors.New("ttl_ms, backoff_ms and backoff_max_ms must not be negative")
 	}
-	qc.TTL = time.Duration(cfg.TTLMS) * time.Millisecond
+	qc.TTL = msDuration(cfg.TTLMS)
 	if cfg.BackoffMS > 0 {
-		qc.BackoffBase = time.Duration(cfg.BackoffMS) * time.Millisecond
+		qc.BackoffBase = msDuration(cfg.BackoffMS)
 		if qc.BackoffMax < qc.BackoffBase {
 			qc.BackoffMax = qc.BackoffBase
 		}
 	}
 	if cfg.BackoffMaxMS > 0 {
-		qc.BackoffMax = time.Duration(cfg.BackoffMaxMS) * time.Millisecond
+		qc.BackoffMax = msDuration(cfg.BackoffMaxMS)
 	}
 	qc.SingleActive = cfg.Strategy == SingleActive
 	return qc, qc.Validate()
+}
+
+// msDuration converts a duration in ms from the wire, capped at
+// wire.MaxDurationMS: a declaration is refused past it (see
+// wire.ExchangeConfig.Check), and a definition stored before that check
+// existed is capped rather than overflowing.
+func msDuration(ms int64) time.Duration {
+	return time.Duration(min(ms, wire.MaxDurationMS)) * time.Millisecond
 }
 
 // checkTaskConfig validates a task exchange's configuration.
@@ -394,9 +402,12 @@ func taskMessage(f *wire.Frame) (queue.Message, error) {
 			return m, wire.Errorf(wire.CodeBadOptions, "submit: %v", err)
 		}
 		if o.DueMS != 0 {
+			if ahead := o.DueMS - time.Now().UnixMilli(); ahead > wire.MaxDurationMS {
+				return m, wire.Errorf(wire.CodeBadOptions, "submit: due time %d is %d ms ahead, more than %d (10 years)", o.DueMS, ahead, int64(wire.MaxDurationMS))
+			}
 			m.DueAt = time.UnixMilli(o.DueMS)
 		}
-		m.TTL = time.Duration(o.TTLMS) * time.Millisecond
+		m.TTL = msDuration(o.TTLMS)
 	}
 	return m, nil
 }
