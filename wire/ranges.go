@@ -34,16 +34,16 @@ const (
 // errRange is wrapped by every range error of this file.
 var errRange = errors.New("out of range")
 
-// CheckMS reports an error naming field unless 0 <= ms <= MaxDurationMS.
-func CheckMS(field string, ms int64) error {
+// checkMS reports an error naming field unless 0 <= ms <= MaxDurationMS.
+func checkMS(field string, ms int64) error {
 	if ms < 0 || ms > MaxDurationMS {
 		return fmt.Errorf("%s %d %w: 0 to %d ms (10 years)", field, ms, errRange, int64(MaxDurationMS))
 	}
 	return nil
 }
 
-// CheckCount reports an error naming field unless lo <= n <= hi.
-func CheckCount(field string, n, lo, hi int64) error {
+// checkCount reports an error naming field unless lo <= n <= hi.
+func checkCount(field string, n, lo, hi int64) error {
 	if n < lo || n > hi {
 		return fmt.Errorf("%s %d %w: %d to %d", field, n, errRange, lo, hi)
 	}
@@ -55,28 +55,28 @@ func CheckCount(field string, n, lo, hi int64) error {
 // backoff_ms and backoff_max_ms 0 to MaxDurationMS; max_length and
 // max_bytes 0 to MaxCount. Zero values, which take the defaults, pass.
 func (c *ExchangeConfig) Check() error {
-	if err := CheckCount("max_attempts", int64(c.MaxAttempts), -1, MaxMaxAttempts); err != nil {
+	if err := checkCount("max_attempts", int64(c.MaxAttempts), -1, MaxMaxAttempts); err != nil {
 		return err
 	}
 	for _, d := range []struct {
 		field string
 		ms    int64
 	}{{"ttl_ms", c.TTLMS}, {"backoff_ms", c.BackoffMS}, {"backoff_max_ms", c.BackoffMaxMS}} {
-		if err := CheckMS(d.field, d.ms); err != nil {
+		if err := checkMS(d.field, d.ms); err != nil {
 			return err
 		}
 	}
-	if err := CheckCount("max_length", c.MaxLength, 0, MaxCount); err != nil {
+	if err := checkCount("max_length", c.MaxLength, 0, MaxCount); err != nil {
 		return err
 	}
-	return CheckCount("max_bytes", c.MaxBytes, 0, MaxCount)
+	return checkCount("max_bytes", c.MaxBytes, 0, MaxCount)
 }
 
 // Check validates the numbers of a HELLO: heartbeat_ms 0 to
 // MaxDurationMS, max_frame 0 to MaxFrameHint.
 func (h *Hello) Check() error {
-	if err := CheckMS("heartbeat_ms", int64(h.HeartbeatMS)); err != nil {
+	if err := checkMS("heartbeat_ms", int64(h.HeartbeatMS)); err != nil {
 		return err
 	}
-	return CheckCount("max_frame", int64(h.MaxFrame), 0, MaxFrameHint)
+	return checkCount("max_frame", int64(h.MaxFrame), 0, MaxFrameHint)
 }

@@ -61,7 +61,7 @@ func ParseTaskOptions(tag string) (TaskOptions, error) {
 			}
 			o.DueMS = n
 		case "ttl":
-			if err := CheckMS("task option ttl", n); err != nil {
+			if err := checkMS("task option ttl", n); err != nil {
 				return o, err
 			}
 			o.TTLMS = n
