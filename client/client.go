@@ -216,7 +216,7 @@ func (t *transport) handshake(ctx context.Context, opts Options) (wire.Welcome, 
 	defer stop()
 	h := wire.Hello{
 		Versions: []int{wire.Version}, Name: opts.Name,
-		HeartbeatMS: int(opts.Heartbeat / time.Millisecond),
+		HeartbeatMS: int(max(opts.Heartbeat, 0) / time.Millisecond),
 		User:        opts.User, Password: opts.Password,
 	}
 	body, _ := json.Marshal(h)

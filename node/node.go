@@ -298,6 +298,7 @@ func Start(cfg Config) (*Node, error) {
 		broker: broker.New(broker.Config{
 			Node: cfg.Name, Log: cfg.Log, Supervised: true,
 			Memory:      cfg.memory(),
+			Policy:      users,
 			MaxInflight: cfg.Limits.MaxInflight, MaxAttachments: cfg.Limits.MaxAttachments, MaxDeadline: cfg.Limits.MaxDeadline,
 		}),
 		sup: supervise.New(supervise.Config{

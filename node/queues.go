@@ -121,7 +121,7 @@ func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.Queue
 		}
 	}
 	existed := s.b.Queue(name) != nil
-	if _, err := s.b.Declare(name, broker.Spec{ExchangeConfig: cfg}); err != nil {
+	if _, err := s.b.DeclareAs(name, broker.Spec{ExchangeConfig: cfg}, spec.Declarer); err != nil {
 		return admin.QueueInfo{}, false, err
 	}
 	q := s.b.Queue(name)

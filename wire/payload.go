@@ -140,6 +140,10 @@ type QueueInfo struct {
 	Delivered    uint64 `json:"delivered"`
 	Acked        uint64 `json:"acked"`
 	DeadLettered uint64 `json:"dead_lettered"`
+	// DeadLetterDropped counts the dead letters dropped instead of going
+	// to the dead_letter exchange: it did not exist, or the exchange's
+	// declarer no longer had write permission on it.
+	DeadLetterDropped uint64 `json:"dead_letter_dropped"`
 }
 
 // Attachment roles, the Aux of ATTACH.

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -34,7 +35,14 @@ func (o TaskOptions) Tag() string {
 	return string(b)
 }
 
-// ParseTaskOptions decodes a SUBMIT's Tag.
+// MaxDueMS is the latest due time a task may have, in Unix ms: the last
+// millisecond whose Unix time in nanoseconds fits in 63 bits (April
+// 2262). The server also refuses a due time more than MaxDurationMS
+// ahead of its clock.
+const MaxDueMS = math.MaxInt64 / 1_000_000
+
+// ParseTaskOptions decodes a SUBMIT's Tag: due from 0 to MaxDueMS, ttl
+// from 0 to MaxDurationMS.
 func ParseTaskOptions(tag string) (TaskOptions, error) {
 	var o TaskOptions
 	for part := range strings.SplitSeq(tag, ";") {
@@ -48,8 +56,14 @@ func ParseTaskOptions(tag string) (TaskOptions, error) {
 		}
 		switch k {
 		case "due":
+			if n > MaxDueMS {
+				return o, fmt.Errorf("task option due=%d %w: 0 to %d (Unix ms)", n, errRange, int64(MaxDueMS))
+			}
 			o.DueMS = n
 		case "ttl":
+			if err := checkMS("task option ttl", n); err != nil {
+				return o, err
+			}
 			o.TTLMS = n
 		default:
 			return o, fmt.Errorf("unknown task option %q: want due or ttl", k)

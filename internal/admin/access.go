@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/courier-mq/courier/internal/auth"
+	"github.com/courier-mq/courier/internal/broker"
 )
 
 // Access to the management listener, once the node has users: every
@@ -70,6 +71,22 @@ func mayAccess(users *auth.Store, user string, r *http.Request, metrics bool) bo
 	}
 	read := r.Method == http.MethodGet || r.Method == http.MethodHead
 	return read && !underAny(p, "/api/users", "/api/permissions", "/debug/pprof")
+}
+
+// declarer is who the request declares exchanges as: the user it
+// authenticated as (guard checked it), or the anonymous user while the
+// node has no users, with the node's permissions; trusted without a
+// users store.
+func (s *Server) declarer(r *http.Request) broker.Declarer {
+	users := s.cfg.Users
+	if users == nil {
+		return broker.Trusted()
+	}
+	by := broker.Declarer{Policy: users}
+	if users.HasUsers() {
+		by.User, _, _ = r.BasicAuth()
+	}
+	return by
 }
 
 // underAny reports whether path is one of roots or below one.

@@ -87,7 +87,7 @@ func (s *Server) exchange(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		existed := s.b.Exchange(name) != nil
-		ex, err := s.b.Declare(name, broker.Spec{ExchangeConfig: cfg})
+		ex, err := s.b.DeclareAs(name, broker.Spec{ExchangeConfig: cfg}, s.declarer(r))
 		if err != nil {
 			writeError(w, err)
 			return

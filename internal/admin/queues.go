@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"sync"
+
+	"github.com/courier-mq/courier/internal/broker"
 )
 
 // QueueInfo is a queue's state as the management API shows it. Every
@@ -36,6 +38,9 @@ type QueueInfo struct {
 type QueueSpec struct {
 	Durable   bool           `json:"durable"`
 	Arguments map[string]any `json:"arguments,omitempty"`
+	// Declarer is the user of the request, set by the management API:
+	// the queue is declared on its behalf (see [broker.Declarer]).
+	Declarer broker.Declarer `json:"-"`
 }
 
 // QueueSource is the queue layer as the management API sees it. Its
@@ -162,6 +167,7 @@ func (s *Server) queue(w http.ResponseWriter, r *http.Request) {
 			writeError(w, ErrNoQueues)
 			return
 		}
+		spec.Declarer = s.declarer(r)
 		q, created, err := s.cfg.Queues.CreateQueue(name, spec)
 		if err != nil {
 			writeError(w, err)

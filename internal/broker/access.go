@@ -156,3 +156,40 @@ func (b *Broker) Reauthorize() int {
 	}
 	return n
 }
+
+// Declarer is who declares an exchange. A task exchange keeps its
+// declarer with its definition, durably, and sends a dead letter to its
+// dead_letter exchange only while the declarer may write to it: a user
+// cannot route its tasks, through dead-lettering, into an exchange it
+// may not submit or publish to.
+type Declarer struct {
+	// User is the declarer's user name; "" for an anonymous client of a
+	// node without users.
+	User string
+	// Policy answers what User may do; nil for a trusted declarer (an
+	// embedded connection, the node's own code), which may do anything.
+	Policy auth.Policy
+}
+
+// Trusted returns a declarer that may do anything.
+func Trusted() Declarer { return Declarer{} }
+
+// declarer returns the session's user as a declarer.
+func (s *Session) declarer() Declarer {
+	return Declarer{User: s.user, Policy: s.policy}
+}
+
+// mayWrite reports whether by may write to exchange now.
+func (by Declarer) mayWrite(exchange string) bool {
+	return by.Policy == nil || by.Policy.Perms(by.User, exchange)&auth.Write != 0
+}
+
+// checkDeadLetter refuses a task exchange whose dead_letter exchange its
+// declarer may not write to.
+func (b *Broker) checkDeadLetter(name string, cfg wire.ExchangeConfig, by Declarer) error {
+	if cfg.Pattern != wire.PatternTasks || cfg.DeadLetter == "" || by.mayWrite(cfg.DeadLetter) {
+		return nil
+	}
+	b.log.Warn("permission denied", "user", by.User, "op", "declare with dead_letter", "need", auth.Write.String(), "exchange", cfg.DeadLetter, "declared", name)
+	return wire.Errorf(wire.CodeUnauthorized, "access refused: user %q has no write permission on exchange %q (dead_letter of %q)", by.User, cfg.DeadLetter, name)
+}

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/queue"
 	"github.com/courier-mq/courier/wire"
 )
@@ -57,6 +58,13 @@ type Config struct {
 	// out to disk as it fills, and their publishers are slowed past it.
 	// Default: nil, no budget (everything stays in RAM).
 	Memory *queue.Memory
+	// Policy answers, after a restart, what the declarers of durable task
+	// exchanges may do: their dead letters go to their dead_letter
+	// exchange only while the declarer may write to it (see [Declarer]).
+	// The node's users. Default: nil, under which the dead letters of a
+	// task exchange declared by a user, brought back from the store, are
+	// dropped; those of trusted declarers are not checked.
+	Policy auth.Policy
 }
 
 func (c *Config) setDefaults() {
@@ -251,19 +259,41 @@ func ValidName(name string) bool {
 type Spec = courier.ExchangeSpec
 
 // Declare creates the exchange name, or checks that the existing one
-// matches spec. Fields left empty in spec match anything.
+// matches spec. Fields left empty in spec match anything. The declarer
+// is trusted; see [Broker.DeclareAs].
 func (b *Broker) Declare(name string, spec Spec) (*Exchange, error) {
-	return b.declare(name, spec, nil)
+	return b.declare(name, spec, Trusted(), nil)
 }
 
-// declare is Declare; rq, if not nil, is a task exchange's queue being
-// brought back from the store at restart.
-func (b *Broker) declare(name string, spec Spec, rq *recoveredQueue) (*Exchange, error) {
+// DeclareAs is [Broker.Declare] on behalf of by: a task exchange with a
+// dead_letter is created only if by may write to that exchange, and
+// keeps by as its declarer (see [Declarer]). The management API declares
+// as the user of the request.
+func (b *Broker) DeclareAs(name string, spec Spec, by Declarer) (*Exchange, error) {
+	return b.declare(name, spec, by, nil)
+}
+
+// declare is DeclareAs; rq, if not nil, is a task exchange's queue being
+// brought back from the store at restart, whose declarer its definition
+// holds.
+func (b *Broker) declare(name string, spec Spec, by Declarer, rq *recoveredQueue) (*Exchange, error) {
 	if !ValidName(name) {
 		return nil, wire.Errorf(wire.CodeBadOptions, "invalid exchange name %q: use dot-separated words of letters, digits, '_', '-', ':'", name)
 	}
+	if rq == nil {
+		// Definitions brought back were checked when they were declared,
+		// by the version of the day; their durations are capped instead
+		// (queueConfig), so that a store stays readable.
+		if err := spec.ExchangeConfig.Check(); err != nil {
+			return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: %v", name, err)
+		}
+	}
 	if ex := b.Exchange(name); ex != nil {
-		return ex, ex.matches(spec)
+		err := ex.matches(spec)
+		if err == nil && rq == nil {
+			ex.adopt(spec, by)
+		}
+		return ex, err
 	}
 	if spec.Passive {
 		return nil, wire.Errorf(wire.CodeNotFound, "exchange %q not found", name)
@@ -273,7 +303,12 @@ func (b *Broker) declare(name string, spec Spec, rq *recoveredQueue) (*Exchange,
 		return nil, err
 	}
 	if ex.cfg.Pattern == wire.PatternTasks {
-		return b.declareTasks(ex, spec, rq)
+		if rq == nil {
+			if err := b.checkDeadLetter(name, ex.cfg, by); err != nil {
+				return nil, err
+			}
+		}
+		return b.declareTasks(ex, spec, by, rq)
 	}
 	b.mu.Lock()
 	if old, loaded := b.exchanges.LoadOrStore(name, ex); loaded {

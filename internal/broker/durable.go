@@ -281,13 +281,13 @@ func (d *durability) build() error {
 		if def.Sub == "" {
 			rq = &recoveredQueue{def: def, rb: r.rbs[id]}
 		}
-		ex, err := b.declare(def.Exchange, spec, rq)
+		ex, err := b.declare(def.Exchange, spec, Trusted(), rq)
 		if err != nil {
 			b.log.Error("store: a durable exchange could not be brought back", "exchange", def.Exchange, "queue", def.Name, "err", err)
 			continue
 		}
 		if def.Sub != "" {
-			tq, err := b.newTaskQueue(ex, def, r.rbs[id])
+			tq, err := b.newTaskQueue(ex, def, Trusted(), r.rbs[id])
 			if err != nil {
 				b.log.Error("store: a durable subscription could not be brought back", "queue", def.Name, "err", err)
 				continue

@@ -241,6 +241,10 @@ func (s *Session) request(f *wire.Frame) {
 		s.failRequest(f, s.deny("request", auth.Write, f.Name))
 		return
 	}
+	if f.Aux > wire.MaxDurationMS {
+		s.failRequest(f, wire.Errorf(wire.CodeDeadlineTooLong, "request deadline %d ms is over the protocol's maximum %d ms (10 years)", f.Aux, uint64(wire.MaxDurationMS)))
+		return
+	}
 	if max := s.b.maxDeadlineMS; max != 0 {
 		if f.Aux > max {
 			s.failRequest(f, wire.Errorf(wire.CodeDeadlineTooLong, "request deadline %s is over the server's maximum %s",

@@ -203,7 +203,7 @@ func (s *Session) declare(f *wire.Frame) ([]byte, error) {
 	if err := s.checkDeclare(f.Name, &spec); err != nil {
 		return nil, err
 	}
-	ex, err := s.b.Declare(f.Name, spec)
+	ex, err := s.b.DeclareAs(f.Name, spec, s.declarer())
 	if err != nil {
 		return nil, err
 	}
@@ -213,11 +213,18 @@ func (s *Session) declare(f *wire.Frame) ([]byte, error) {
 // checkDeclare lets a DECLARE through with the configure permission. A
 // session with only read or write permission on the exchange may still
 // declare it when it exists (to open it, as [courier.Conn.ReqResp] does):
-// the declare turns passive, so that it can never create it.
+// the declare turns passive, so that it can never create it. Creating a
+// task exchange with a dead_letter also needs write permission on the
+// dead_letter exchange; the broker checks it again (checkDeadLetter),
+// this check is for the session's log of refusals.
 func (s *Session) checkDeclare(name string, spec *Spec) error {
 	configure, any := s.mayConfigure(name)
 	switch {
 	case configure:
+		if dl := spec.DeadLetter; dl != "" && !spec.Passive && spec.Pattern == wire.PatternTasks &&
+			!s.allowed(auth.Write, dl) && s.b.Exchange(name) == nil {
+			return s.deny("declare "+name+" with dead_letter", auth.Write, dl)
+		}
 		return nil
 	case any && (spec.Passive || s.b.Exchange(name) != nil):
 		spec.Passive = true
@@ -254,7 +261,7 @@ func (s *Session) DeclareFuncs(name string, spec Spec) (wire.ExchangeInfo, error
 	if err := s.checkDeclare(name, &spec); err != nil {
 		return wire.ExchangeInfo{}, err
 	}
-	ex, err := s.b.Declare(name, spec)
+	ex, err := s.b.DeclareAs(name, spec, s.declarer())
 	if err != nil {
 		return wire.ExchangeInfo{}, err
 	}
@@ -296,8 +303,8 @@ func (s *Session) attach(f *wire.Frame) {
 		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is a task exchange: attach as a worker", ex.name)
 	case spec.Durable != "" && a.role != wire.RoleSubscriber:
 		err = wire.Errorf(wire.CodeBadOptions, "attach: only pub-sub subscribers can be durable")
-	case spec.Prefetch < 0:
-		err = wire.Errorf(wire.CodeBadOptions, "attach: negative prefetch %d", spec.Prefetch)
+	case spec.Prefetch < 0 || spec.Prefetch > wire.MaxPrefetch:
+		err = wire.Errorf(wire.CodeBadOptions, "attach: prefetch %d out of range: 0 to %d", spec.Prefetch, wire.MaxPrefetch)
 	case ex.cfg.Pattern == wire.PatternPubSub && a.role != wire.RoleSubscriber && a.role != wire.RoleController:
 		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is pub-sub: attach as a subscriber or controller", ex.name)
 	case a.role == wire.RoleController && !ex.cfg.Controlled:

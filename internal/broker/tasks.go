@@ -40,6 +40,15 @@ type queueDef struct {
 	// Sub and Patterns describe a durable subscription.
 	Sub      string   `json:"sub,omitempty"`
 	Patterns []string `json:"patterns,omitempty"`
+	// DeclaredBy is the user who declared a task exchange, whose write
+	// permission on its dead_letter exchange is checked at each dead
+	// letter; Trusted marks a declarer that nothing checks (an embedded
+	// connection, the node's own code). A definition stored before
+	// declarers were kept has neither, and is checked as the anonymous
+	// user: everything is allowed while the node has no users, nothing
+	// once it has (see owner.mayWrite).
+	DeclaredBy string `json:"declared_by,omitempty"`
+	Trusted    bool   `json:"trusted,omitempty"`
 }
 
 // taskQueue is a queue the broker holds.
@@ -64,6 +73,15 @@ type taskQueue struct {
 	// cp is the queue's part of the last checkpoint; owned by the
 	// checkpoint (durability.cpMu).
 	cp cpEntry
+
+	// owner is the task exchange's declarer, as its dead letters are
+	// checked (see deadletter.go).
+	owner atomic.Pointer[owner]
+	// dlDropped counts the dead letters dropped because the dead_letter
+	// exchange was missing or the declarer may not write to it;
+	// dlWarned is when that was last logged, in Unix ns.
+	dlDropped atomic.Uint64
+	dlWarned  atomic.Int64
 }
 
 // Name returns the queue's name.
@@ -80,18 +98,26 @@ func queueConfig(cfg wire.ExchangeConfig) (queue.Config, error) {
 	if cfg.TTLMS < 0 || cfg.BackoffMS < 0 || cfg.BackoffMaxMS < 0 {
 		return qc, errors.New("ttl_ms, backoff_ms and backoff_max_ms must not be negative")
 	}
-	qc.TTL = time.Duration(cfg.TTLMS) * time.Millisecond
+	qc.TTL = msDuration(cfg.TTLMS)
 	if cfg.BackoffMS > 0 {
-		qc.BackoffBase = time.Duration(cfg.BackoffMS) * time.Millisecond
+		qc.BackoffBase = msDuration(cfg.BackoffMS)
 		if qc.BackoffMax < qc.BackoffBase {
 			qc.BackoffMax = qc.BackoffBase
 		}
 	}
 	if cfg.BackoffMaxMS > 0 {
-		qc.BackoffMax = time.Duration(cfg.BackoffMaxMS) * time.Millisecond
+		qc.BackoffMax = msDuration(cfg.BackoffMaxMS)
 	}
 	qc.SingleActive = cfg.Strategy == SingleActive
 	return qc, qc.Validate()
+}
+
+// msDuration converts a duration in ms from the wire, capped at
+// wire.MaxDurationMS: a declaration is refused past it (see
+// wire.ExchangeConfig.Check), and a definition stored before that check
+// existed is capped rather than overflowing.
+func msDuration(ms int64) time.Duration {
+	return time.Duration(min(ms, wire.MaxDurationMS)) * time.Millisecond
 }
 
 // checkTaskConfig validates a task exchange's configuration.
@@ -182,7 +208,7 @@ func (ex *Exchange) taskMatches(c wire.ExchangeConfig) error {
 // newTaskQueue makes the queue of a task exchange or a durable
 // subscription, journaled when durable and the broker has a store. rb,
 // if not nil, rebuilds it from the store's records.
-func (b *Broker) newTaskQueue(ex *Exchange, def queueDef, rb *queue.Rebuilder) (*taskQueue, error) {
+func (b *Broker) newTaskQueue(ex *Exchange, def queueDef, by Declarer, rb *queue.Rebuilder) (*taskQueue, error) {
 	qc, err := queueConfig(def.Config)
 	if err != nil {
 		return nil, wire.Errorf(wire.CodeBadOptions, "queue %q: %v", def.Name, err)
@@ -194,6 +220,7 @@ func (b *Broker) newTaskQueue(ex *Exchange, def queueDef, rb *queue.Rebuilder) (
 		qc.BackoffBase, qc.MaxAttempts = 0, 0
 	}
 	tq := &taskQueue{b: b, ex: ex, def: def}
+	tq.owner.Store(b.ownerOf(def, by))
 	qc.Scheduler = b.sched
 	qc.Logger = b.log
 	qc.DeadLetter = tq.deadLetter
@@ -222,20 +249,20 @@ type recoveredQueue struct {
 
 // declareTasks creates a task exchange and its queue; the caller checked
 // that no exchange had the name.
-func (b *Broker) declareTasks(ex *Exchange, spec Spec, rq *recoveredQueue) (*Exchange, error) {
+func (b *Broker) declareTasks(ex *Exchange, spec Spec, by Declarer, rq *recoveredQueue) (*Exchange, error) {
 	b.qmu.Lock()
 	if old := b.Exchange(ex.name); old != nil {
 		b.qmu.Unlock()
 		return old, old.matches(spec)
 	}
-	def := queueDef{Name: ex.name, Exchange: ex.name, Config: ex.cfg}
+	def := queueDef{Name: ex.name, Exchange: ex.name, Config: ex.cfg, DeclaredBy: by.User, Trusted: by.Policy == nil}
 	var rb *queue.Rebuilder
 	if rq != nil {
 		def, rb = rq.def, rq.rb
 	} else if b.dur != nil && !ex.cfg.Transient {
 		def.ID = b.dur.newID()
 	}
-	tq, err := b.newTaskQueue(ex, def, rb)
+	tq, err := b.newTaskQueue(ex, def, by, rb)
 	if err != nil {
 		b.qmu.Unlock()
 		return nil, err
@@ -320,6 +347,7 @@ func (tq *taskQueue) info() *wire.QueueInfo {
 		Messages: st.Messages(), Ready: st.Ready, Unacked: st.Unacked, Delayed: st.Delayed,
 		Consumers: st.Consumers, Bytes: st.Bytes,
 		Published: st.Published, Delivered: st.Delivered, Acked: st.Acked, DeadLettered: st.DeadLettered,
+		DeadLetterDropped: tq.dlDropped.Load(),
 	}
 }
 
@@ -330,9 +358,13 @@ func (tq *taskQueue) deadLetter(dl queue.DeadLetter) {
 	if tq.def.Sub != "" || target == "" {
 		return
 	}
+	if o := tq.owner.Load(); !o.mayWrite(target) {
+		tq.dropDeadLetter(dl, target, o.refusal(target))
+		return
+	}
 	ex := tq.b.Exchange(target)
 	if ex == nil {
-		tq.b.log.Warn("dead letter dropped: no such exchange", "queue", dl.Queue, "dead_letter", target, "task", dl.Message.ID, "reason", dl.Reason)
+		tq.dropDeadLetter(dl, target, "no such exchange")
 		return
 	}
 	h := make(map[string]string, len(dl.Message.Headers)+3)
@@ -370,9 +402,12 @@ func taskMessage(f *wire.Frame) (queue.Message, error) {
 			return m, wire.Errorf(wire.CodeBadOptions, "submit: %v", err)
 		}
 		if o.DueMS != 0 {
+			if ahead := o.DueMS - time.Now().UnixMilli(); ahead > wire.MaxDurationMS {
+				return m, wire.Errorf(wire.CodeBadOptions, "submit: due time %d is %d ms ahead, more than %d (10 years)", o.DueMS, ahead, int64(wire.MaxDurationMS))
+			}
 			m.DueAt = time.UnixMilli(o.DueMS)
 		}
-		m.TTL = time.Duration(o.TTLMS) * time.Millisecond
+		m.TTL = msDuration(o.TTLMS)
 	}
 	return m, nil
 }
@@ -753,7 +788,7 @@ func (b *Broker) durableSub(ex *Exchange, sub string, patterns []string) (*taskQ
 	if b.dur != nil {
 		def.ID = b.dur.newID()
 	}
-	tq, err := b.newTaskQueue(ex, def, nil)
+	tq, err := b.newTaskQueue(ex, def, Trusted(), nil)
 	if err != nil {
 		return nil, err
 	}

@@ -168,6 +168,11 @@ func (c *conn) handshake() error {
 		c.fail(e, false)
 		return e
 	}
+	if err := h.Check(); err != nil {
+		e := wire.Errorf(wire.CodeBadOptions, "HELLO: %v", err)
+		c.fail(e, false)
+		return e
+	}
 	heartbeat := c.s.cfg.Heartbeat
 	if hb := time.Duration(h.HeartbeatMS) * time.Millisecond; hb > 0 && hb < heartbeat {
 		heartbeat = max(hb, 10*time.Millisecond)

@@ -1,0 +1,102 @@
+package wire
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// Numbers from the wire are checked against their ranges (issue 12,
+// finding 9): 2^62 ms overflowed the conversion to nanoseconds.
+
+const huge = 1 << 62
+
+func TestExchangeConfigCheck(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  ExchangeConfig
+		bad  string // the field named in the error; "" for none
+	}{
+		{"zero", ExchangeConfig{}, ""},
+		{"all at most", ExchangeConfig{MaxAttempts: MaxMaxAttempts, TTLMS: MaxDurationMS, BackoffMS: MaxDurationMS, BackoffMaxMS: MaxDurationMS, MaxLength: MaxCount, MaxBytes: MaxCount}, ""},
+		{"no attempts limit", ExchangeConfig{MaxAttempts: -1}, ""},
+		{"attempts below -1", ExchangeConfig{MaxAttempts: -2}, "max_attempts"},
+		{"attempts over 32 bits", ExchangeConfig{MaxAttempts: MaxMaxAttempts + 1}, "max_attempts"},
+		{"ttl 2^62", ExchangeConfig{TTLMS: huge}, "ttl_ms"},
+		{"ttl one over", ExchangeConfig{TTLMS: MaxDurationMS + 1}, "ttl_ms"},
+		{"ttl negative", ExchangeConfig{TTLMS: -1}, "ttl_ms"},
+		{"backoff 2^62", ExchangeConfig{BackoffMS: huge}, "backoff_ms"},
+		{"backoff max 2^62", ExchangeConfig{BackoffMaxMS: huge}, "backoff_max_ms"},
+		{"backoff negative", ExchangeConfig{BackoffMS: -5}, "backoff_ms"},
+		{"max length 2^62", ExchangeConfig{MaxLength: huge}, "max_length"},
+		{"max length negative", ExchangeConfig{MaxLength: -1}, "max_length"},
+		{"max bytes one over", ExchangeConfig{MaxBytes: MaxCount + 1}, "max_bytes"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.cfg.Check()
+			switch {
+			case c.bad == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case c.bad != "" && err == nil:
+				t.Fatal("accepted")
+			case c.bad != "" && (!strings.HasPrefix(err.Error(), c.bad+" ") || !errors.Is(err, errRange)):
+				t.Fatalf("error %q does not name %s as out of range", err, c.bad)
+			}
+		})
+	}
+}
+
+func TestHelloCheck(t *testing.T) {
+	for _, c := range []struct {
+		h   Hello
+		bad bool
+	}{
+		{Hello{}, false},
+		{Hello{HeartbeatMS: 500, MaxFrame: 1 << 20}, false},
+		{Hello{HeartbeatMS: MaxDurationMS}, false},
+		{Hello{HeartbeatMS: huge}, true},
+		{Hello{HeartbeatMS: -1}, true},
+		{Hello{MaxFrame: -1}, true},
+		{Hello{MaxFrame: MaxFrameHint + 1}, true},
+	} {
+		if err := c.h.Check(); (err != nil) != c.bad {
+			t.Errorf("%+v: error %v, want bad %v", c.h, err, c.bad)
+		}
+	}
+}
+
+func TestParseTaskOptionsRanges(t *testing.T) {
+	for _, c := range []struct {
+		tag  string
+		want TaskOptions
+		bad  bool
+	}{
+		{"", TaskOptions{}, false},
+		{"due=1767225600000;ttl=60000", TaskOptions{DueMS: 1767225600000, TTLMS: 60000}, false},
+		{"ttl=315360000000", TaskOptions{TTLMS: MaxDurationMS}, false},
+		{"ttl=315360000001", TaskOptions{}, true},
+		{"ttl=4611686018427387904", TaskOptions{}, true}, // 2^62
+		{"ttl=9223372036854775807", TaskOptions{}, true},
+		{"ttl=9223372036854775808", TaskOptions{}, true}, // not an int64
+		{"ttl=-1", TaskOptions{}, true},
+		{"due=9223372036854", TaskOptions{DueMS: MaxDueMS}, false},
+		{"due=9223372036855", TaskOptions{}, true},
+		{"due=4611686018427387904", TaskOptions{}, true},
+		{"due=-1", TaskOptions{}, true},
+		{"other=1", TaskOptions{}, true},
+	} {
+		o, err := ParseTaskOptions(c.tag)
+		if (err != nil) != c.bad || !c.bad && o != c.want {
+			t.Errorf("%q: %+v, %v; want %+v, bad %v", c.tag, o, err, c.want, c.bad)
+		}
+	}
+}
+
+func TestMaxDurationFitsNanoseconds(t *testing.T) {
+	// Now plus the longest duration, in ns, must fit in an int64 until
+	// well after 2200.
+	const year2200 = 7258118400 * 1_000_000_000 // Unix ns
+	if int64(MaxDurationMS)*1_000_000 > 1<<63-1-year2200 {
+		t.Fatal("MaxDurationMS in ns overflows after 2200")
+	}
+}
