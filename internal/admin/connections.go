@@ -55,6 +55,7 @@ var connSchema = newSchema("id",
 		return 0
 	}),
 	intField("attachments", func(r *connRow) int64 { return int64(r.item.Attachments()) }),
+	intField("patterns", func(r *connRow) int64 { return r.item.Patterns() }),
 	intField("inflight", func(r *connRow) int64 { return r.item.Inflight() }),
 	uintField("message_stats.request", func(r *connRow) uint64 { return r.item.Stats().Requests.Load() }),
 	rateField("message_stats.request", func(r *connRow) float64 { return r.e.rateOf(connRequests) }),
