@@ -136,4 +136,10 @@ func TestPatternLimits(t *testing.T) {
 	if err := ctrl.SubscribeMember(ctx, target.ID(), "x.1", "x.2", "x.3"); err != nil {
 		t.Fatalf("subscribe on behalf after a detach: %v", err)
 	}
+
+	// Once the connection is gone, so are its patterns: only those of
+	// the other connection's subscriber stay.
+	c.Close()
+	testutil.WaitForf(t, 10*time.Second, func() bool { return n.Broker().PatternStats().Patterns == 3 },
+		"the closed connection's patterns still count")
 }
