@@ -133,10 +133,18 @@ func (ex *Exchange) addPatterns(a *Attachment, patterns []string, check bool, re
 // once; ex.subMu is held.
 func (ex *Exchange) freshPatterns(a *Attachment, patterns []string) []string {
 	var fresh []string
+	var seen map[string]bool // past a few, so that a long list costs O(n)
+	if len(patterns) > 16 {
+		seen = make(map[string]bool, len(patterns))
+	}
 	for _, p := range patterns {
-		if !slices.Contains(fresh, p) && !ex.subs.has(p, a) {
-			fresh = append(fresh, p)
+		if seen != nil && seen[p] || seen == nil && slices.Contains(fresh, p) || ex.subs.has(p, a) {
+			continue
 		}
+		if seen != nil {
+			seen[p] = true
+		}
+		fresh = append(fresh, p)
 	}
 	return fresh
 }
