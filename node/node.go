@@ -126,6 +126,12 @@ type Limits struct {
 	// MaxAttachments bounds the attachments of one connection. Default:
 	// 4096.
 	MaxAttachments int `toml:"max_attachments"`
+	// MaxPatternsPerAttachment bounds the distinct subscription patterns
+	// of one subscriber (a durable subscription's too). Default: 1000.
+	MaxPatternsPerAttachment int `toml:"max_patterns_per_attachment"`
+	// MaxPatternsPerConnection bounds the subscription patterns of one
+	// connection's subscribers together. Default: 10000.
+	MaxPatternsPerConnection int `toml:"max_patterns_per_connection"`
 	// MaxInflight bounds the requests one connection may have in flight
 	// as a requester. Default: 65536.
 	MaxInflight int `toml:"max_inflight"`
@@ -167,6 +173,7 @@ func DefaultConfig() Config {
 		Name: "n1", DataDir: "courier-data", Heartbeat: sd.Heartbeat, DrainTimeout: 10 * time.Second,
 		Limits: Limits{
 			MaxFrame: sd.MaxFrame, MaxConns: sd.MaxConns, MaxAttachments: 4096, MaxInflight: 65536,
+			MaxPatternsPerAttachment: 1000, MaxPatternsPerConnection: 10000,
 			HandshakeTimeout: sd.HandshakeTimeout, Credit: sd.Credit, OutboxBytes: sd.OutboxLimit,
 			SlowConsumerTimeout: sd.SlowTimeout,
 		},
@@ -189,6 +196,8 @@ func (c *Config) setDefaults() {
 	setDefault(&l.MaxConns, dl.MaxConns)
 	setDefault(&l.MaxAttachments, dl.MaxAttachments)
 	setDefault(&l.MaxInflight, dl.MaxInflight)
+	setDefault(&l.MaxPatternsPerAttachment, dl.MaxPatternsPerAttachment)
+	setDefault(&l.MaxPatternsPerConnection, dl.MaxPatternsPerConnection)
 	setDefault(&l.HandshakeTimeout, dl.HandshakeTimeout)
 	setDefault(&l.Credit, dl.Credit)
 	setDefault(&l.OutboxBytes, dl.OutboxBytes)
@@ -238,6 +247,8 @@ func (c Config) Validate() error {
 		{"limits.max_connections_per_user", l.MaxConnsPerUser < 0},
 		{"limits.max_attachments", l.MaxAttachments < 0},
 		{"limits.max_inflight", l.MaxInflight < 0},
+		{"limits.max_patterns_per_attachment", l.MaxPatternsPerAttachment < 0},
+		{"limits.max_patterns_per_connection", l.MaxPatternsPerConnection < 0},
 		{"limits.max_request_deadline", l.MaxDeadline < 0 || l.MaxDeadline > 0 && l.MaxDeadline < time.Millisecond},
 		{"limits.handshake_timeout", l.HandshakeTimeout < 0},
 		{"limits.credit", l.Credit == 1},
@@ -300,6 +311,7 @@ func Start(cfg Config) (*Node, error) {
 			Memory:      cfg.memory(),
 			Policy:      users,
 			MaxInflight: cfg.Limits.MaxInflight, MaxAttachments: cfg.Limits.MaxAttachments, MaxDeadline: cfg.Limits.MaxDeadline,
+			MaxPatternsPerAttachment: cfg.Limits.MaxPatternsPerAttachment, MaxPatternsPerConnection: cfg.Limits.MaxPatternsPerConnection,
 		}),
 		sup: supervise.New(supervise.Config{
 			MaxRestarts: cfg.Supervision.MaxRestarts, Window: cfg.Supervision.RestartWindow, Log: cfg.Log,

@@ -25,6 +25,7 @@ level = "warn"
 max_connections = 10
 max_connections_per_user = 2
 max_request_deadline = "90s"
+max_patterns_per_attachment = 50
 
 [supervision]
 max_restarts = 3
@@ -46,6 +47,7 @@ restart_window = "10s"
 		sc.Log.Level != "warn" || sc.Log.Format != "text" ||
 		sc.Limits.MaxConnsPerUser != 2 || sc.Limits.MaxDeadline != 90*time.Second ||
 		sc.Limits.MaxInflight != 65536 || sc.Limits.MaxFrame != 4<<20 ||
+		sc.Limits.MaxPatternsPerAttachment != 50 || sc.Limits.MaxPatternsPerConnection != 10000 ||
 		sc.Supervision.MaxRestarts != 3 || sc.Supervision.RestartWindow != 10*time.Second {
 		t.Errorf("file not read as written, or defaults lost: %+v", sc)
 	}

@@ -190,6 +190,8 @@ manage users with 'courier users'.`,
 	f.IntVar(&l.MaxConnsPerUser, "max-connections-per-user", dl.MaxConnsPerUser, "connections of one user (0: no limit)")
 	f.IntVar(&l.MaxAttachments, "max-attachments", dl.MaxAttachments, "attachments of one connection")
 	f.IntVar(&l.MaxInflight, "max-inflight", dl.MaxInflight, "requests in flight from one connection")
+	f.IntVar(&l.MaxPatternsPerAttachment, "max-patterns-per-attachment", dl.MaxPatternsPerAttachment, "subscription patterns of one subscriber")
+	f.IntVar(&l.MaxPatternsPerConnection, "max-patterns-per-connection", dl.MaxPatternsPerConnection, "subscription patterns of one connection's subscribers together")
 	f.DurationVar(&l.MaxDeadline, "max-request-deadline", dl.MaxDeadline, "longest request deadline; requests without one get it (0: no maximum)")
 	f.IntVar(&cfg.Supervision.MaxRestarts, "max-restarts", d.Supervision.MaxRestarts, "restarts of a component allowed within --restart-window before it is marked failed")
 	f.DurationVar(&cfg.Supervision.RestartWindow, "restart-window", d.Supervision.RestartWindow, "period of the restart intensity")

@@ -282,7 +282,7 @@ func TestOverview(t *testing.T) {
 	h.get("/api/overview", &o)
 	checks := map[string]float64{
 		"object_totals.connections": 2, "object_totals.exchanges": 2, "object_totals.queues": 0,
-		"object_totals.attachments": 2, "queue_totals.messages": 0,
+		"object_totals.attachments": 2, "object_totals.patterns": 1, "queue_totals.messages": 0,
 		"message_stats.publish": 10, "message_stats.publish_details.rate": 5,
 		"message_stats.request": 4, "message_stats.request_details.rate": 2,
 		"message_stats.deliver": 14, "message_stats.deliver_details.rate": 7,
@@ -656,7 +656,7 @@ func TestConnections(t *testing.T) {
 	wantKeys := []string{"attachments", "connected_at", "id", "inflight",
 		"message_stats.deliver", "message_stats.deliver_details.rate", "message_stats.publish", "message_stats.publish_details.rate",
 		"message_stats.request", "message_stats.request_details.rate", "message_stats.response", "message_stats.response_details.rate",
-		"name", "peer", "send_blocked_ms", "send_pending", "type", "user"}
+		"name", "patterns", "peer", "send_blocked_ms", "send_pending", "type", "user"}
 	if k := n.keys(); !slices.Equal(k, wantKeys) {
 		t.Errorf("connection keys %v\nwant %v", k, wantKeys)
 	}
@@ -665,7 +665,7 @@ func TestConnections(t *testing.T) {
 		t.Errorf("embedded connection %v", e)
 	}
 	if n["id"] != net1.ID() || n["name"] != "worker-1" || n["type"] != "network" || !strings.HasPrefix(fmt.Sprint(n["peer"]), "127.0.0.1:") ||
-		n.num("attachments") != 1 || n.num("message_stats.deliver") != 4 || n.num("message_stats.deliver_details.rate") != 2 || n["user"] != "" {
+		n.num("attachments") != 1 || n.num("patterns") != 1 || n.num("message_stats.deliver") != 4 || n.num("message_stats.deliver_details.rate") != 2 || n["user"] != "" {
 		t.Errorf("network connection %v", n)
 	}
 	if at := time.UnixMilli(int64(n.num("connected_at"))); at.Before(before.Add(-time.Second)) || at.After(time.Now()) {
@@ -704,7 +704,7 @@ func TestNodes(t *testing.T) {
 	}
 	n := list[0]
 	if n["name"] != "n1" || n["running"] != true || n.num("mem_used") <= 0 || n.num("goroutines") <= 0 || n.num("os_pid") <= 0 ||
-		n.num("processors") <= 0 {
+		n.num("processors") <= 0 || n.num("patterns") != 0 || n.num("mem_patterns") != 0 {
 		t.Errorf("node %v", n)
 	}
 	var o obj
@@ -896,6 +896,7 @@ func TestMetrics(t *testing.T) {
 	for _, line := range []string{
 		`courier_node_info{node="n1",version="v-test"} 1`,
 		"courier_connections 1", "courier_exchanges 2", "courier_queues 0", "courier_attachments 0",
+		"courier_patterns 0", "courier_patterns_memory_bytes 0",
 		"courier_publishes_total 3", "courier_requests_total 0", "courier_deliveries_total 0", "courier_responses_total 0",
 		"courier_acks_total 0", "courier_queue_messages_ready 0", "courier_queue_messages_unacked 0",
 		"# TYPE courier_publishes_total counter", "# TYPE courier_connections gauge",

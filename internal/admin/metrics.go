@@ -26,6 +26,8 @@ var (
 	mExchanges    = desc("courier_exchanges", "Exchanges.")
 	mQueues       = desc("courier_queues", "Queues.")
 	mAttachments  = desc("courier_attachments", "Attachments (handlers, subscribers, controllers) of every connection.")
+	mPatterns     = desc("courier_patterns", "Subscription patterns of every subscriber, durable subscriptions included.")
+	mPatternMem   = desc("courier_patterns_memory_bytes", "Estimated memory the subscription patterns take: topic tree nodes, pattern text, lists. Not part of the memory budget.")
 	mReady        = desc("courier_queue_messages_ready", "Messages ready for delivery in every queue.")
 	mUnacked      = desc("courier_queue_messages_unacked", "Messages delivered and not yet acknowledged in every queue.")
 	mCompUp       = desc("courier_component_up", "1 while the supervised component runs, else 0.", "component")
@@ -116,7 +118,7 @@ func constHistogram(d *prometheus.Desc, bounds []float64, counts []uint64, sum f
 type nodeCollector struct{ s *Server }
 
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mInfo, mConns, mExchanges, mQueues, mAttachments, mReady, mUnacked, mCompUp, mCompFailed, mCompRestarts,
+	for _, d := range []*prometheus.Desc{mInfo, mConns, mExchanges, mQueues, mAttachments, mPatterns, mPatternMem, mReady, mUnacked, mCompUp, mCompFailed, mCompRestarts,
 		mQPublishes, mQDeliveries, mReqLatency, mAlarm, mMemLimit, mMemUsed, mMemPaged, mMemSpilled, mMemPage, mMemThrottle,
 		mStoreSync, mStoreSegs, mStoreDisk, mStoreLive, mStoreLiveB, mStoreRecs, mStoreApp, mStoreWrit, mStoreCkpt, mStoreRuns, mStoreFree} {
 		ch <- d
@@ -136,6 +138,8 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(mExchanges, float64(o.exchanges))
 	gauge(mQueues, float64(o.queues))
 	gauge(mAttachments, float64(o.atts))
+	gauge(mPatterns, float64(o.patterns.Patterns))
+	gauge(mPatternMem, float64(o.patterns.Bytes))
 	gauge(mReady, float64(o.ready))
 	gauge(mUnacked, float64(o.unacked))
 	for i, d := range mTotals {

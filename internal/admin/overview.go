@@ -7,6 +7,8 @@ import (
 	"runtime/metrics"
 	"strconv"
 	"time"
+
+	"github.com/courier-mq/courier/internal/broker"
 )
 
 // Listener is a listener the node serves, as the overview lists it.
@@ -68,6 +70,7 @@ type overview struct {
 	components                           []Component
 	alarms                               []Alarm
 	memUsed, heapLive, goroutines, procs uint64
+	patterns                             broker.PatternStats
 }
 
 func appendListeners(b []byte, ls []Listener) []byte {
@@ -115,6 +118,7 @@ func overviewSchema(samples bool) *schema[overview] {
 		intField("object_totals.exchanges", func(o *overview) int64 { return int64(o.exchanges) }),
 		intField("object_totals.queues", func(o *overview) int64 { return int64(o.queues) }),
 		intField("object_totals.attachments", func(o *overview) int64 { return int64(o.atts) }),
+		intField("object_totals.patterns", func(o *overview) int64 { return o.patterns.Patterns }),
 		uintField("queue_totals.messages", func(o *overview) uint64 { return o.ready + o.unacked }),
 		uintField("queue_totals.messages_ready", func(o *overview) uint64 { return o.ready }),
 		uintField("queue_totals.messages_unacknowledged", func(o *overview) uint64 { return o.unacked }),
@@ -152,6 +156,7 @@ func (s *Server) readOverview() *overview {
 	o.rates = s.smp.lastTick().rates
 	o.conns = s.b.SessionCount()
 	o.atts = s.b.AttachmentCount()
+	o.patterns = s.b.PatternStats()
 	return o
 }
 
@@ -238,6 +243,8 @@ var nodeSchema = newSchema("name",
 	intField("exchanges", func(n *nodeInfo) int64 { return int64(n.o.exchanges) }),
 	intField("queues", func(n *nodeInfo) int64 { return int64(n.o.queues) }),
 	intField("attachments", func(n *nodeInfo) int64 { return int64(n.o.atts) }),
+	intField("patterns", func(n *nodeInfo) int64 { return n.o.patterns.Patterns }),
+	intField("mem_patterns", func(n *nodeInfo) int64 { return n.o.patterns.Bytes }),
 	intField("mem_budget_limit", func(n *nodeInfo) int64 { return n.memLimit }),
 	intField("mem_budget_used", func(n *nodeInfo) int64 { return n.memBudget }),
 	boolField("mem_alarm", func(n *nodeInfo) bool { return n.o.has(AlarmMemory) }),

@@ -47,6 +47,15 @@ type Config struct {
 	// MaxAttachments bounds the attachments of one session; one more
 	// fails with [wire.CodeTooManyAttachments]. Default: 4096.
 	MaxAttachments int
+	// MaxPatternsPerAttachment bounds the distinct subscription patterns
+	// of one subscriber, a durable subscription's included; a SUBSCRIBE
+	// or ATTACH past it fails as a whole with [wire.CodeTooManyPatterns].
+	// Default: 1000.
+	MaxPatternsPerAttachment int
+	// MaxPatternsPerConnection bounds the subscription patterns of one
+	// session's subscribers together, those asked of a controller and
+	// not yet decided included; past it as above. Default: 10000.
+	MaxPatternsPerConnection int
 	// MaxDeadline bounds a request's deadline. A request asking for more
 	// fails with [wire.CodeDeadlineTooLong]; one with no deadline gets
 	// this one. Default: 0, no maximum.
@@ -79,6 +88,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxAttachments <= 0 {
 		c.MaxAttachments = 4096
+	}
+	if c.MaxPatternsPerAttachment <= 0 {
+		c.MaxPatternsPerAttachment = 1000
+	}
+	if c.MaxPatternsPerConnection <= 0 {
+		c.MaxPatternsPerConnection = 10000
 	}
 	if c.MaxDeadline < 0 {
 		c.MaxDeadline = 0
@@ -117,6 +132,12 @@ type Broker struct {
 	qVersion atomic.Uint64
 	sched    *queue.Scheduler
 	dur      *durability // nil without a store
+
+	// patterns, patternNodes, patternMapped and patternText count the
+	// subscription patterns of every exchange, their topic trees' nodes,
+	// those of the nodes in maps, and the bytes of the patterns' text
+	// (see PatternStats).
+	patterns, patternNodes, patternMapped, patternText atomic.Int64
 
 	nextSession atomic.Uint64
 	nextSubReq  atomic.Uint64

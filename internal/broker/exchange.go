@@ -39,11 +39,14 @@ type Exchange struct {
 	closed  bool
 	view    atomic.Pointer[view]
 
-	subMu  sync.RWMutex // guards subs, cache
-	subs   *topicTree
-	cache  map[string][]*Attachment
-	nsubs  int
-	pendMu sync.Mutex // guards pending
+	subMu sync.RWMutex // guards subs, cache, nsubs, subsClosed and the subscribers' patterns
+	subs  *topicTree
+	cache map[string][]*Attachment
+	nsubs int
+	// subsClosed is set once the exchange is deleted: it takes no more
+	// patterns.
+	subsClosed bool
+	pendMu     sync.Mutex // guards pending
 	// pending holds subscription requests waiting for a controller.
 	pending map[uint64]*subRequest
 
@@ -340,18 +343,18 @@ func (ex *Exchange) close() {
 	ex.mu.Unlock()
 	var subs []*Attachment
 	if ex.subs != nil {
-		ex.subMu.Lock()
-		subs = ex.subs.all()
-		ex.subs = newTopicTree()
-		ex.cache = make(map[string][]*Attachment)
-		ex.nsubs = 0
-		ex.subMu.Unlock()
+		subs = ex.closeSubs()
+		var gone []*subRequest
 		ex.pendMu.Lock()
 		for t, p := range ex.pending {
 			delete(ex.pending, t)
-			p.s.sendError(p.ref, wire.Errorf(wire.CodeExchangeDeleted, "exchange %q was deleted", ex.name))
+			gone = append(gone, p)
 		}
 		ex.pendMu.Unlock()
+		for _, p := range gone {
+			ex.unreserve(p)
+			p.s.sendError(p.ref, wire.Errorf(wire.CodeExchangeDeleted, "exchange %q was deleted", ex.name))
+		}
 	}
 	for _, a := range append(members, subs...) {
 		a.s.forget(a)

@@ -91,52 +91,116 @@ func (ex *Exchange) match(key string) []*Attachment {
 	return subs
 }
 
-// addPatterns subscribes a to patterns.
-func (ex *Exchange) addPatterns(a *Attachment, patterns []string) []string {
+// addPatterns subscribes a to patterns and returns all its patterns
+// now. With check, patterns that would take a or its session past a
+// limit are refused, all of them, with [wire.CodeTooManyPatterns].
+// released is what a subscription request reserved for them (see
+// [Exchange.reserve]), given back in any case.
+func (ex *Exchange) addPatterns(a *Attachment, patterns []string, check bool, released int) ([]string, error) {
 	ex.subMu.Lock()
 	defer ex.subMu.Unlock()
-	if a.gone.Load() {
-		return nil
+	if a.gone.Load() || ex.subsClosed {
+		ex.unreserveLocked(a, released)
+		return nil, nil
 	}
-	for _, p := range patterns {
-		if slices.Contains(a.patterns, p) {
-			continue
+	fresh := ex.freshPatterns(a, patterns)
+	if check {
+		if err := ex.admit(a, len(fresh), released); err != nil {
+			ex.unreserveLocked(a, released)
+			return nil, err
 		}
-		if len(a.patterns) == 0 {
-			ex.nsubs++
-		}
-		a.patterns = append(slices.Clip(a.patterns), p)
+	} else {
+		a.s.patterns.Add(int64(len(fresh) - released))
+	}
+	a.reserved -= released
+	if len(fresh) == 0 {
+		return slices.Clone(a.patterns), nil
+	}
+	nodes, mapped := ex.subs.nodes, ex.subs.mapped
+	if len(a.patterns) == 0 {
+		ex.nsubs++
+	}
+	for _, p := range fresh {
 		ex.subs.insert(p, a)
 	}
+	a.patterns = append(a.patterns, fresh...)
+	ex.b.countPatterns(fresh, 1, ex.subs.nodes-nodes, ex.subs.mapped-mapped)
 	clear(ex.cache)
-	return slices.Clone(a.patterns)
+	return slices.Clone(a.patterns), nil
 }
 
-// removePatterns unsubscribes a from patterns.
+// freshPatterns returns the patterns a is not subscribed to yet, each
+// once; ex.subMu is held.
+func (ex *Exchange) freshPatterns(a *Attachment, patterns []string) []string {
+	var fresh []string
+	var seen map[string]bool // past a few, so that a long list costs O(n)
+	if len(patterns) > 16 {
+		seen = make(map[string]bool, len(patterns))
+	}
+	for _, p := range patterns {
+		if seen != nil && seen[p] || seen == nil && slices.Contains(fresh, p) || ex.subs.has(p, a) {
+			continue
+		}
+		if seen != nil {
+			seen[p] = true
+		}
+		fresh = append(fresh, p)
+	}
+	return fresh
+}
+
+// removePatterns unsubscribes a from patterns and returns all its
+// patterns now.
 func (ex *Exchange) removePatterns(a *Attachment, patterns []string) []string {
 	ex.subMu.Lock()
 	defer ex.subMu.Unlock()
-	for _, p := range patterns {
-		i := slices.Index(a.patterns, p)
-		if i < 0 {
-			continue
-		}
-		a.patterns = slices.Delete(slices.Clone(a.patterns), i, i+1)
-		ex.subs.remove(p, a)
-		if len(a.patterns) == 0 {
-			ex.nsubs--
-		}
+	if len(a.patterns) == 0 {
+		return nil
 	}
-	clear(ex.cache)
+	drop := make(map[string]bool, len(patterns))
+	for _, p := range patterns {
+		drop[p] = true
+	}
+	ex.dropPatternsLocked(a, func(p string) bool { return drop[p] })
 	return slices.Clone(a.patterns)
 }
 
-// removeAll unsubscribes a from everything, as it goes away.
+// dropPatternsLocked unsubscribes a from the patterns that gone selects;
+// ex.subMu is held.
+func (ex *Exchange) dropPatternsLocked(a *Attachment, gone func(string) bool) {
+	nodes, mapped := ex.subs.nodes, ex.subs.mapped
+	var removed []string
+	kept := a.patterns[:0]
+	for _, p := range a.patterns {
+		if gone(p) {
+			ex.subs.remove(p, a)
+			removed = append(removed, p)
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	if len(removed) == 0 {
+		return
+	}
+	clear(a.patterns[len(kept):])
+	a.patterns = kept
+	if len(kept) == 0 {
+		a.patterns = nil
+		ex.nsubs--
+	} else if cap(kept) >= minShrink && len(kept) <= cap(kept)/4 {
+		a.patterns = slices.Clone(kept)
+	}
+	a.s.patterns.Add(-int64(len(removed)))
+	ex.b.countPatterns(removed, -1, ex.subs.nodes-nodes, ex.subs.mapped-mapped)
+	clear(ex.cache)
+}
+
+// removeAll unsubscribes a from everything, as it goes away, and refuses
+// the subscription requests it has waiting.
 func (ex *Exchange) removeAll(a *Attachment) {
 	ex.subMu.Lock()
-	ps := a.patterns
+	ex.dropPatternsLocked(a, func(string) bool { return true })
 	ex.subMu.Unlock()
-	ex.removePatterns(a, ps)
 	var gone []*subRequest
 	ex.pendMu.Lock()
 	for t, p := range ex.pending {
@@ -147,6 +211,7 @@ func (ex *Exchange) removeAll(a *Attachment) {
 	}
 	ex.pendMu.Unlock()
 	for _, p := range gone {
+		ex.unreserve(p)
 		p.s.sendError(p.ref, wire.Errorf(wire.CodeNotFound, "attachment %s detached before the controller decided", a.member))
 	}
 }
@@ -159,12 +224,22 @@ type subRequest struct {
 	patterns   []string
 	attach     bool // the subscriber's ATTACH waits on it
 	controller *Attachment
+	reserved   int // patterns counted against the limits meanwhile
 }
 
 // requestSubscription asks the exchange's controller (its leader) whether
 // a may subscribe to patterns. The subscriber's OK waits for the answer.
+// Its patterns count against the limits while it waits: past one, it
+// fails at once with [wire.CodeTooManyPatterns], and the controller is
+// not asked.
 func (ex *Exchange) requestSubscription(a *Attachment, ref uint64, patterns []string, attach bool) {
 	p := &subRequest{s: a.s, a: a, ref: ref, patterns: patterns, attach: attach}
+	n, err := ex.reserve(a, patterns)
+	if err != nil {
+		ex.fail(p, err)
+		return
+	}
+	p.reserved = n
 	ex.ask(p)
 }
 
@@ -186,10 +261,18 @@ func (ex *Exchange) ask(p *subRequest) {
 }
 
 func (ex *Exchange) refuse(p *subRequest, reason string) {
-	p.s.sendError(p.ref, wire.Errorf(wire.CodeRejected, "subscription refused: %s", reason))
+	ex.unreserve(p)
+	ex.fail(p, wire.Errorf(wire.CodeRejected, "subscription refused: %s", reason))
+}
+
+// fail answers a subscription request with err; the ATTACH that waited
+// on it leaves no attachment.
+func (ex *Exchange) fail(p *subRequest, err error) {
+	p.s.sendError(p.ref, err)
 	if p.attach {
-		p.s.forget(p.a)
 		p.a.gone.Store(true)
+		p.s.forget(p.a)
+		ex.removeAll(p.a) // what a controller may have subscribed it to meanwhile
 	}
 }
 
@@ -256,7 +339,12 @@ func (s *Session) decide(f *wire.Frame) {
 		}
 		patterns = pb.Patterns
 	}
-	now := ex.addPatterns(p.a, patterns)
+	now, err := ex.addPatterns(p.a, patterns, true, p.reserved)
+	if err != nil {
+		ex.fail(p, err)
+		s.sendError(0, wire.Errorf(wire.CodeTooManyPatterns, "decision for %s: %v", p.a.member, asWireError(err).Msg))
+		return
+	}
 	if p.attach {
 		p.s.reply(p.ref, jsonBody(wire.AttachResult{Member: p.a.member, Patterns: now}), nil)
 	} else {
@@ -310,7 +398,11 @@ func (s *Session) subscribe(f *wire.Frame) {
 	}
 	var now []string
 	if f.Type == wire.TypeSubscribe {
-		now = ex.addPatterns(target, pb.Patterns)
+		var err error
+		if now, err = ex.addPatterns(target, pb.Patterns, true, 0); err != nil {
+			s.sendError(f.Ref, err)
+			return
+		}
 	} else {
 		now = ex.removePatterns(target, pb.Patterns)
 	}

@@ -33,6 +33,10 @@ type Session struct {
 
 	lastQueue atomic.Pointer[taskQueue] // the queue of its last SUBMIT, for flow control
 
+	// patterns counts its subscribers' patterns, and those they asked of
+	// a controller and wait for, against MaxPatternsPerConnection.
+	patterns atomic.Int64
+
 	requests requestTable // requests this session made, by its ids
 	handling slotTable    // requests delivered to this session's handlers
 	// answering counts final responses of this session's handlers taken
@@ -80,7 +84,10 @@ type Attachment struct {
 	connTag    string
 	options    map[string]string
 	patterns   []string // subscriber patterns, guarded by ex.subMu
-	gone       atomic.Bool
+	// reserved counts the patterns of its subscription requests waiting
+	// for a controller, guarded by ex.subMu (see Exchange.reserve).
+	reserved int
+	gone     atomic.Bool
 	// busy counts the requests the handler is serving, for the least-busy
 	// strategy only (countBusy): other exchanges spare the shared write.
 	busy      atomic.Int64
@@ -313,6 +320,8 @@ func (s *Session) attach(f *wire.Frame) {
 	if err == nil && a.role == wire.RoleSubscriber {
 		if perr := checkPatterns(spec.Patterns); perr != nil {
 			err = wire.Errorf(wire.CodeBadOptions, "attach: %v", perr)
+		} else {
+			err = s.b.checkPatternCount(spec.Patterns)
 		}
 	}
 	if err == nil && spec.Durable != "" {
@@ -367,8 +376,15 @@ func (s *Session) attach(f *wire.Frame) {
 			ex.requestSubscription(a, f.Ref, spec.Patterns, true)
 			return
 		}
-		ex.addPatterns(a, spec.Patterns)
-		s.reply(f.Ref, jsonBody(wire.AttachResult{Member: a.member, Patterns: spec.Patterns}), nil)
+		now, err := ex.addPatterns(a, spec.Patterns, true, 0)
+		if err != nil {
+			a.gone.Store(true)
+			s.forget(a)
+			ex.removeAll(a) // what a controller may have subscribed it to meanwhile
+			s.sendError(f.Ref, err)
+			return
+		}
+		s.reply(f.Ref, jsonBody(wire.AttachResult{Member: a.member, Patterns: now}), nil)
 		return
 	}
 	// Join before the OK, so that once the client has its OK every request

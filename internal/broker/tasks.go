@@ -742,14 +742,17 @@ func (tq *taskQueue) bind(patterns []string) {
 		tq.binding = &Attachment{s: s, id: 1, member: "queue:" + tq.Name(), ex: tq.ex, role: wire.RoleSubscriber}
 	}
 	a := tq.binding
-	var gone []string
-	for _, p := range a.patterns {
-		if !slices.Contains(patterns, p) {
-			gone = append(gone, p)
-		}
+	keep := make(map[string]bool, len(patterns))
+	for _, p := range patterns {
+		keep[p] = true
 	}
-	tq.ex.removePatterns(a, gone)
-	tq.ex.addPatterns(a, patterns)
+	ex := tq.ex
+	ex.subMu.Lock()
+	ex.dropPatternsLocked(a, func(p string) bool { return !keep[p] })
+	ex.subMu.Unlock()
+	// Checked at ATTACH; a definition from the store is taken as it is,
+	// even past a limit lowered since.
+	ex.addPatterns(a, patterns, false, 0)
 	tq.def.Patterns = slices.Clone(patterns)
 	tq.defVer++
 }

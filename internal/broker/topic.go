@@ -8,19 +8,81 @@ import (
 
 // topicTree matches routing keys against AMQP-style patterns: words are
 // separated by '.', '*' matches exactly one word and '#' any number of
-// words, zero included.
+// words, zero included. A node no pattern uses any more is pruned, so
+// that the tree's memory follows the patterns subscribed now, not the
+// most it ever held.
 type topicTree struct {
-	root *topicNode
+	root   *topicNode
+	nodes  int // nodes besides the root
+	mapped int // of them, those in a map of children
 }
 
+// topicNode is one word of one or more patterns. Its first child by word
+// is kept inline (word, child): most nodes are links in a chain of one
+// pattern's words, and a map for one entry would triple their size.
+// Further children go to the map.
 type topicNode struct {
+	word     string
+	child    *topicNode
 	children map[string]*topicNode
+	peak     int // the most entries children held since it was made
 	star     *topicNode
 	hash     *topicNode
 	subs     []*Attachment
 }
 
 func newTopicTree() *topicTree { return &topicTree{root: &topicNode{}} }
+
+// get returns the child of word w, or nil.
+func (n *topicNode) get(w string) *topicNode {
+	if n.child != nil && n.word == w {
+		return n.child
+	}
+	return n.children[w]
+}
+
+// put adds the child c of word w; it returns 1 if c went to the map.
+func (n *topicNode) put(w string, c *topicNode) int {
+	if n.child == nil {
+		n.word, n.child = w, c
+		return 0
+	}
+	if n.children == nil {
+		n.children = make(map[string]*topicNode)
+	}
+	n.children[w] = c
+	n.peak = max(n.peak, len(n.children))
+	return 1
+}
+
+// minShrink is the size from which a map of children that lost three
+// quarters of its peak is made anew: a Go map keeps the room of its peak
+// after deletes.
+const minShrink = 64
+
+// del removes the child of word w; it returns 1 if it was in the map.
+func (n *topicNode) del(w string) int {
+	if n.child != nil && n.word == w {
+		n.word, n.child = "", nil
+		return 0
+	}
+	delete(n.children, w)
+	switch l := len(n.children); {
+	case l == 0:
+		n.children, n.peak = nil, 0
+	case n.peak >= minShrink && l <= n.peak/4:
+		m := make(map[string]*topicNode, l)
+		for k, v := range n.children {
+			m[k] = v
+		}
+		n.children, n.peak = m, l
+	}
+	return 1
+}
+
+func (n *topicNode) empty() bool {
+	return n.child == nil && len(n.children) == 0 && n.star == nil && n.hash == nil && len(n.subs) == 0
+}
 
 // maxPatternWords bounds the words of a pattern, and so the matcher's work.
 const maxPatternWords = 32
@@ -61,56 +123,106 @@ func checkPattern(p string) error {
 	return nil
 }
 
-func (t *topicTree) insert(pattern string, a *Attachment) {
+// insert subscribes a to pattern, a valid pattern; it reports whether a
+// was not subscribed to it yet.
+func (t *topicTree) insert(pattern string, a *Attachment) bool {
 	n := t.root
 	for w := range strings.SplitSeq(pattern, ".") {
-		var next **topicNode
+		var c *topicNode
 		switch w {
 		case "*":
-			next = &n.star
+			if n.star == nil {
+				n.star = t.newNode()
+			}
+			c = n.star
 		case "#":
-			next = &n.hash
+			if n.hash == nil {
+				n.hash = t.newNode()
+			}
+			c = n.hash
 		default:
-			if n.children == nil {
-				n.children = make(map[string]*topicNode)
+			if c = n.get(w); c == nil {
+				c = t.newNode()
+				t.mapped += n.put(w, c)
 			}
-			c := n.children[w]
-			if c == nil {
-				c = &topicNode{}
-				n.children[w] = c
-			}
-			n = c
-			continue
 		}
-		if *next == nil {
-			*next = &topicNode{}
-		}
-		n = *next
+		n = c
 	}
-	if !slices.Contains(n.subs, a) {
-		n.subs = append(n.subs, a)
+	if slices.Contains(n.subs, a) {
+		return false
 	}
+	n.subs = append(n.subs, a)
+	return true
 }
 
-func (t *topicTree) remove(pattern string, a *Attachment) {
+func (t *topicTree) newNode() *topicNode {
+	t.nodes++
+	return &topicNode{}
+}
+
+// has reports whether a is subscribed to pattern.
+func (t *topicTree) has(pattern string, a *Attachment) bool {
 	n := t.root
 	for w := range strings.SplitSeq(pattern, ".") {
+		if n = n.next(w); n == nil {
+			return false
+		}
+	}
+	return slices.Contains(n.subs, a)
+}
+
+// next follows the word w of a pattern.
+func (n *topicNode) next(w string) *topicNode {
+	switch w {
+	case "*":
+		return n.star
+	case "#":
+		return n.hash
+	}
+	return n.get(w)
+}
+
+// remove unsubscribes a from pattern, and prunes the nodes that no
+// pattern uses any more. It reports whether a was subscribed to it.
+func (t *topicTree) remove(pattern string, a *Attachment) bool {
+	var path [maxPatternWords + 1]*topicNode
+	var words [maxPatternWords]string
+	path[0] = t.root
+	depth := 0
+	for w := range strings.SplitSeq(pattern, ".") {
+		if depth == maxPatternWords {
+			return false
+		}
+		c := path[depth].next(w)
+		if c == nil {
+			return false
+		}
+		words[depth] = w
+		depth++
+		path[depth] = c
+	}
+	n := path[depth]
+	i := slices.Index(n.subs, a)
+	if i < 0 {
+		return false
+	}
+	// In place: match copies subs, it never keeps them.
+	if n.subs = slices.Delete(n.subs, i, i+1); len(n.subs) == 0 {
+		n.subs = nil
+	}
+	for d := depth; d > 0 && path[d].empty(); d-- {
+		parent, w := path[d-1], words[d-1]
 		switch w {
 		case "*":
-			n = n.star
+			parent.star = nil
 		case "#":
-			n = n.hash
+			parent.hash = nil
 		default:
-			n = n.children[w]
+			t.mapped -= parent.del(w)
 		}
-		if n == nil {
-			return
-		}
+		t.nodes--
 	}
-	if i := slices.Index(n.subs, a); i >= 0 {
-		n.subs = slices.Delete(slices.Clone(n.subs), i, i+1)
-	}
-	// Empty nodes stay; they are few and reused by the next subscriber.
+	return true
 }
 
 // match appends the attachments whose patterns match key, each once.
@@ -128,7 +240,7 @@ func (n *topicNode) match(words []string, out []*Attachment) []*Attachment {
 		}
 		return out
 	}
-	if c := n.children[words[0]]; c != nil {
+	if c := n.get(words[0]); c != nil {
 		out = c.match(words[1:], out)
 	}
 	if n.star != nil {
@@ -172,6 +284,9 @@ func (t *topicTree) all() []*Attachment {
 	var walk func(n *topicNode)
 	walk = func(n *topicNode) {
 		out = append(out, n.subs...)
+		if n.child != nil {
+			walk(n.child)
+		}
 		for _, c := range n.children {
 			walk(c)
 		}
