@@ -338,7 +338,7 @@ func Start(cfg Config) (*Node, error) {
 			HandshakeTimeout: l.HandshakeTimeout, Credit: l.Credit, OutboxLimit: l.OutboxBytes, SlowTimeout: l.SlowConsumerTimeout,
 			Users: users,
 		}
-		if scfg.TLS, err = n.loadTLS(cfg.TLS); err != nil {
+		if scfg.TLS, err = n.loadTLS(cfg.TLS, "client"); err != nil {
 			n.broker.Close()
 			return nil, err
 		}
@@ -442,12 +442,13 @@ func openUsers(cfg Config) (*auth.Store, error) {
 	return users, nil
 }
 
-// loadTLS reads a listener's TLS files; nil when f turns no TLS on.
-func (n *Node) loadTLS(f TLSFiles) (*tls.Config, error) {
+// loadTLS reads the TLS files of a listener ("client" or "management");
+// nil when f turns no TLS on.
+func (n *Node) loadTLS(f TLSFiles, listener string) (*tls.Config, error) {
 	if !f.Enabled() {
 		return nil, nil
 	}
-	t, err := newTLSFiles(f)
+	t, err := newTLSFiles(f, listener, n.cfg.Log)
 	if err != nil {
 		return nil, err
 	}
@@ -477,7 +478,7 @@ func (n *Node) Reload() error {
 // startAdmin sets up the management API on Config.HTTP, served under
 // the supervisor.
 func (n *Node) startAdmin() error {
-	httpTLS, err := n.loadTLS(n.cfg.HTTPTLS)
+	httpTLS, err := n.loadTLS(n.cfg.HTTPTLS, "management")
 	if err != nil {
 		return err
 	}
