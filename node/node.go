@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -286,8 +285,8 @@ func Start(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
-		return nil, fmt.Errorf("node: data dir: %w", err)
+	if err := prepareDataDir(cfg.DataDir, cfg.Log); err != nil {
+		return nil, err
 	}
 	users, err := openUsers(cfg)
 	if err != nil {
@@ -307,7 +306,7 @@ func Start(cfg Config) (*Node, error) {
 		users: users,
 	}
 	users.OnChange(func() { n.broker.Reauthorize() })
-	sc := broker.StoreConfig{Dir: filepath.Join(cfg.DataDir, "store")}
+	sc := broker.StoreConfig{Dir: filepath.Join(cfg.DataDir, storeDirName)}
 	so := store.DefaultOptions()
 	if cfg.SyncInterval > 0 {
 		so.Sync, so.SyncInterval = store.Interval, cfg.SyncInterval
