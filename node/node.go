@@ -97,6 +97,13 @@ type Config struct {
 	// no credit until it is back (consumers go on, and their acks free
 	// space). -1: no check. Default: 1 GiB.
 	MinFreeDisk ByteSize `toml:"min_free_disk"`
+	// ScrubRate is the pace, in bytes a second, of the store's
+	// background check after each start: it reads every record the
+	// start did not verify (those before the last checkpoint) and
+	// reports those whose checksum fails, in the log, the management
+	// API's overview and the courier_store_damaged_records metric.
+	// -1: no check. Default: 64 MiB.
+	ScrubRate ByteSize `toml:"scrub_rate"`
 	// DrainTimeout bounds how long [Node.Shutdown] waits for requests in
 	// flight to finish. Default: 10s.
 	DrainTimeout time.Duration `toml:"drain_timeout"`
@@ -158,12 +165,17 @@ type Supervision struct {
 	RestartWindow time.Duration `toml:"restart_window"`
 }
 
+// DefaultScrubRate is the default [Config.ScrubRate]: a 1 GiB store is
+// checked in 16 seconds, without taking the disk from the queues.
+const DefaultScrubRate ByteSize = 64 << 20
+
 // DefaultConfig returns the configuration a Node starts with: every
 // default documented on [Config], [Limits] and [Supervision].
 func DefaultConfig() Config {
 	sd := server.DefaultConfig()
 	return Config{
 		Name: "n1", DataDir: "courier-data", Heartbeat: sd.Heartbeat, DrainTimeout: 10 * time.Second,
+		ScrubRate: DefaultScrubRate,
 		Limits: Limits{
 			MaxFrame: sd.MaxFrame, MaxConns: sd.MaxConns, MaxAttachments: 4096, MaxInflight: 65536,
 			HandshakeTimeout: sd.HandshakeTimeout, Credit: sd.Credit, OutboxBytes: sd.OutboxLimit,
@@ -180,6 +192,7 @@ func (c *Config) setDefaults() {
 	setDefault(&c.DataDir, d.DataDir)
 	setDefault(&c.Heartbeat, d.Heartbeat)
 	setDefault(&c.DrainTimeout, d.DrainTimeout)
+	setDefault(&c.ScrubRate, d.ScrubRate)
 	if c.MemoryBudget == 0 {
 		c.MemoryBudget = defaultMemoryBudget()
 	}
@@ -231,6 +244,7 @@ func (c Config) Validate() error {
 		{"drain_timeout", c.DrainTimeout < 0},
 		{"memory_budget", c.MemoryBudget < -1},
 		{"min_free_disk", c.MinFreeDisk < -1},
+		{"scrub_rate", c.ScrubRate < -1},
 		{"heartbeat", c.Heartbeat < 0},
 		{"limits.max_frame", l.MaxFrame < 0 || l.MaxFrame > 1<<30},
 		{"limits.max_connections", l.MaxConns < 0},
@@ -314,6 +328,8 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.MinFreeDisk != 0 {
 		so.MinFreeDisk = int64(cfg.MinFreeDisk)
 	}
+	so.ScrubRate = max(int64(cfg.ScrubRate), 0)
+	so.Logger = cfg.Log // DefaultOptions discards: the store's rare events belong in the node's log
 	if cfg.tuneStore != nil {
 		cfg.tuneStore(&so)
 	}

@@ -7,6 +7,8 @@ import (
 	"runtime/metrics"
 	"strconv"
 	"time"
+
+	"github.com/courier-mq/courier/internal/store"
 )
 
 // Listener is a listener the node serves, as the overview lists it.
@@ -68,6 +70,16 @@ type overview struct {
 	components                           []Component
 	alarms                               []Alarm
 	memUsed, heapLive, goroutines, procs uint64
+	store                                storeHealth
+}
+
+// storeHealth is the store's damage and background check, for the
+// overview; zero without a store.
+type storeHealth struct {
+	damagedRecords, damagedBytes int64
+	scrub                        string
+	scrubBytes                   uint64
+	scrubTotal                   int64
 }
 
 func appendListeners(b []byte, ls []Listener) []byte {
@@ -128,6 +140,12 @@ func overviewSchema(samples bool) *schema[overview] {
 				func(b []byte, o *overview) []byte { return appendSamples(b, o.history, i) }, nil))
 		}
 	}
+	f = append(f,
+		intField("store.damaged_records", func(o *overview) int64 { return o.store.damagedRecords }),
+		intField("store.damaged_bytes", func(o *overview) int64 { return o.store.damagedBytes }),
+		strField("store.scrub", func(o *overview) string { return o.store.scrub }),
+		uintField("store.scrub_bytes", func(o *overview) uint64 { return o.store.scrubBytes }),
+		intField("store.scrub_total", func(o *overview) int64 { return o.store.scrubTotal }))
 	f = append(f, rawField("listeners", func(b []byte, o *overview) []byte { return appendListeners(b, o.listeners) }, nil),
 		rawField("components", func(b []byte, o *overview) []byte { return appendComponents(b, o.components) }, nil),
 		rawField("alarms", func(b []byte, o *overview) []byte { return appendAlarms(b, o.alarms) }, nil))
@@ -152,6 +170,12 @@ func (s *Server) readOverview() *overview {
 	o.rates = s.smp.lastTick().rates
 	o.conns = s.b.SessionCount()
 	o.atts = s.b.AttachmentCount()
+	o.store.scrub = store.ScrubOff
+	if l := s.b.Store(); l != nil {
+		st := l.Stats()
+		o.store = storeHealth{damagedRecords: st.DamagedRecords, damagedBytes: st.DamagedBytes,
+			scrub: st.Scrub, scrubBytes: st.ScrubBytes, scrubTotal: st.ScrubTotal}
+	}
 	return o
 }
 
