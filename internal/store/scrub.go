@@ -77,14 +77,17 @@ func (l *Log) runScrub() {
 			if err == io.EOF {
 				break
 			}
-			if err != nil && !l.scrubDamage(sc, err, &found) {
-				break
-			}
-			if err == nil {
+			more := true
+			if err != nil {
+				more = l.scrubDamage(sc, err, &found)
+			} else {
 				records++
 			}
 			verified += sc.off - before
 			l.stats.scrubbed.Add(uint64(sc.off - before))
+			if !more {
+				break
+			}
 			if verified-paced >= scrubChunk {
 				paced = verified
 				if !l.scrubPace(start, verified) {
@@ -108,8 +111,8 @@ func (l *Log) runScrub() {
 type scrubFound struct{ records, bytes, stretches int64 }
 
 // scrubDamage records the damage the scanner sc met (err), steps over
-// the bad record when its length can be trusted, and reports whether the
-// scan of the segment can go on. An error that is not damage (an I/O
+// the bad record when its length can be trusted (else over the rest of
+// the segment), and reports whether the scan of the segment can go on. An error that is not damage (an I/O
 // error, or the segment deleted meanwhile) ends the segment's scan.
 func (l *Log) scrubDamage(sc *scanner, err error, found *scrubFound) bool {
 	if !errors.Is(err, ErrCorrupt) {
@@ -141,6 +144,7 @@ func (l *Log) scrubDamage(sc *scanner, err error, found *scrubFound) bool {
 		l.opts.Logger.Error("store: background check found a damaged record", "dir", l.dir, "damage", d.String())
 	}
 	if next < 0 {
+		sc.off = sc.end // checked, as far as it can be
 		return false
 	}
 	sc.off = next
