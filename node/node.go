@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -98,6 +97,13 @@ type Config struct {
 	// no credit until it is back (consumers go on, and their acks free
 	// space). -1: no check. Default: 1 GiB.
 	MinFreeDisk ByteSize `toml:"min_free_disk"`
+	// ScrubRate is the pace, in bytes a second, of the store's
+	// background check after each start: it reads every record the
+	// start did not verify (those before the last checkpoint) and
+	// reports those whose checksum fails, in the log, the management
+	// API's overview and the courier_store_damaged_records metric.
+	// -1: no check. Default: 64 MiB.
+	ScrubRate ByteSize `toml:"scrub_rate"`
 	// DrainTimeout bounds how long [Node.Shutdown] waits for requests in
 	// flight to finish. Default: 10s.
 	DrainTimeout time.Duration `toml:"drain_timeout"`
@@ -165,12 +171,17 @@ type Supervision struct {
 	RestartWindow time.Duration `toml:"restart_window"`
 }
 
+// DefaultScrubRate is the default [Config.ScrubRate]: a 1 GiB store is
+// checked in 16 seconds, without taking the disk from the queues.
+const DefaultScrubRate ByteSize = 64 << 20
+
 // DefaultConfig returns the configuration a Node starts with: every
 // default documented on [Config], [Limits] and [Supervision].
 func DefaultConfig() Config {
 	sd := server.DefaultConfig()
 	return Config{
 		Name: "n1", DataDir: "courier-data", Heartbeat: sd.Heartbeat, DrainTimeout: 10 * time.Second,
+		ScrubRate: DefaultScrubRate,
 		Limits: Limits{
 			MaxFrame: sd.MaxFrame, MaxConns: sd.MaxConns, MaxAttachments: 4096, MaxInflight: 65536,
 			MaxPatternsPerAttachment: 1000, MaxPatternsPerConnection: 10000,
@@ -188,6 +199,7 @@ func (c *Config) setDefaults() {
 	setDefault(&c.DataDir, d.DataDir)
 	setDefault(&c.Heartbeat, d.Heartbeat)
 	setDefault(&c.DrainTimeout, d.DrainTimeout)
+	setDefault(&c.ScrubRate, d.ScrubRate)
 	if c.MemoryBudget == 0 {
 		c.MemoryBudget = defaultMemoryBudget()
 	}
@@ -241,6 +253,7 @@ func (c Config) Validate() error {
 		{"drain_timeout", c.DrainTimeout < 0},
 		{"memory_budget", c.MemoryBudget < -1},
 		{"min_free_disk", c.MinFreeDisk < -1},
+		{"scrub_rate", c.ScrubRate < -1},
 		{"heartbeat", c.Heartbeat < 0},
 		{"limits.max_frame", l.MaxFrame < 0 || l.MaxFrame > 1<<30},
 		{"limits.max_connections", l.MaxConns < 0},
@@ -297,8 +310,8 @@ func Start(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
-		return nil, fmt.Errorf("node: data dir: %w", err)
+	if err := prepareDataDir(cfg.DataDir, cfg.Log); err != nil {
+		return nil, err
 	}
 	users, err := openUsers(cfg)
 	if err != nil {
@@ -320,7 +333,7 @@ func Start(cfg Config) (*Node, error) {
 		users: users,
 	}
 	users.OnChange(func() { n.broker.Reauthorize() })
-	sc := broker.StoreConfig{Dir: filepath.Join(cfg.DataDir, "store")}
+	sc := broker.StoreConfig{Dir: filepath.Join(cfg.DataDir, storeDirName)}
 	so := store.DefaultOptions()
 	if cfg.SyncInterval > 0 {
 		so.Sync, so.SyncInterval = store.Interval, cfg.SyncInterval
@@ -328,6 +341,8 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.MinFreeDisk != 0 {
 		so.MinFreeDisk = int64(cfg.MinFreeDisk)
 	}
+	so.ScrubRate = max(int64(cfg.ScrubRate), 0)
+	so.Logger = cfg.Log // DefaultOptions discards: the store's rare events belong in the node's log
 	if cfg.tuneStore != nil {
 		cfg.tuneStore(&so)
 	}
@@ -351,7 +366,7 @@ func Start(cfg Config) (*Node, error) {
 			HandshakeTimeout: l.HandshakeTimeout, Credit: l.Credit, OutboxLimit: l.OutboxBytes, SlowTimeout: l.SlowConsumerTimeout,
 			Users: users,
 		}
-		if scfg.TLS, err = n.loadTLS(cfg.TLS); err != nil {
+		if scfg.TLS, err = n.loadTLS(cfg.TLS, "client"); err != nil {
 			n.broker.Close()
 			return nil, err
 		}
@@ -455,12 +470,13 @@ func openUsers(cfg Config) (*auth.Store, error) {
 	return users, nil
 }
 
-// loadTLS reads a listener's TLS files; nil when f turns no TLS on.
-func (n *Node) loadTLS(f TLSFiles) (*tls.Config, error) {
+// loadTLS reads the TLS files of a listener ("client" or "management");
+// nil when f turns no TLS on.
+func (n *Node) loadTLS(f TLSFiles, listener string) (*tls.Config, error) {
 	if !f.Enabled() {
 		return nil, nil
 	}
-	t, err := newTLSFiles(f)
+	t, err := newTLSFiles(f, listener, n.cfg.Log)
 	if err != nil {
 		return nil, err
 	}
@@ -490,7 +506,7 @@ func (n *Node) Reload() error {
 // startAdmin sets up the management API on Config.HTTP, served under
 // the supervisor.
 func (n *Node) startAdmin() error {
-	httpTLS, err := n.loadTLS(n.cfg.HTTPTLS)
+	httpTLS, err := n.loadTLS(n.cfg.HTTPTLS, "management")
 	if err != nil {
 		return err
 	}

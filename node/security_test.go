@@ -2,6 +2,7 @@ package node
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"os"
@@ -220,4 +221,24 @@ func writeFileForTest(dir, content string) error {
 
 func writeFile(path, content string) error {
 	return os.WriteFile(path, []byte(content), 0o600)
+}
+
+// TestCertValidityWarnings: each state of a certificate's validity gets
+// its own warning, and a valid one none.
+func TestCertValidityWarnings(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		from, to time.Time
+		want     string
+	}{
+		{now.Add(-time.Hour), now.Add(365 * 24 * time.Hour), ""},
+		{now.Add(-48 * time.Hour), now.Add(-time.Hour), "has expired"},
+		{now.Add(time.Hour), now.Add(48 * time.Hour), "not valid yet"},
+		{now.Add(-time.Hour), now.Add(13 * 24 * time.Hour), "expires soon"},
+	} {
+		msg, _ := certValidity(&x509.Certificate{NotBefore: tc.from, NotAfter: tc.to}, now)
+		if tc.want == "" && msg != "" || !strings.Contains(msg, tc.want) {
+			t.Errorf("valid %v to %v: %q, want %q", tc.from, tc.to, msg, tc.want)
+		}
+	}
 }

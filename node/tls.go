@@ -4,8 +4,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync/atomic"
+	"time"
 )
 
 // TLSFiles names the PEM files of a listener's TLS.
@@ -38,24 +40,31 @@ func (f TLSFiles) Validate() error {
 // reload: handshakes after a reload use the new certificate, connections
 // already open keep theirs.
 type tlsFiles struct {
-	files TLSFiles
-	cur   atomic.Pointer[tls.Config]
+	files    TLSFiles
+	listener string // "client" or "management", for the log
+	log      *slog.Logger
+	cur      atomic.Pointer[tls.Config]
 }
 
-func newTLSFiles(f TLSFiles) (*tlsFiles, error) {
-	t := &tlsFiles{files: f}
+func newTLSFiles(f TLSFiles, listener string, log *slog.Logger) (*tlsFiles, error) {
+	t := &tlsFiles{files: f, listener: listener, log: log}
 	if err := t.load(); err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-// load reads the files; on an error the config in use stays.
+// load reads the files; on an error the config in use stays. A
+// certificate that has expired, is not valid yet or expires within
+// certExpiryWarning is loaded all the same, with a warning: clients
+// refuse it (x509: certificate has expired or is not yet valid), and the
+// operator must know why.
 func (t *tlsFiles) load() error {
 	cert, err := tls.LoadX509KeyPair(t.files.CertFile, t.files.KeyFile)
 	if err != nil {
 		return fmt.Errorf("node: TLS certificate %s, key %s: %w", t.files.CertFile, t.files.KeyFile, err)
 	}
+	t.warnValidity(cert, time.Now())
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if t.files.ClientCAFile != "" {
 		pool, err := loadCAs(t.files.ClientCAFile)
@@ -66,6 +75,48 @@ func (t *tlsFiles) load() error {
 	}
 	t.cur.Store(cfg)
 	return nil
+}
+
+// certExpiryWarning is how long before its end a certificate in use is
+// reported as expiring soon.
+const certExpiryWarning = 14 * 24 * time.Hour
+
+// warnValidity logs, for each certificate of the chain, whether it has
+// expired, is not valid yet or expires soon at now.
+func (t *tlsFiles) warnValidity(cert tls.Certificate, now time.Time) {
+	for i, der := range cert.Certificate {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			continue // tls.LoadX509KeyPair parsed the leaf; a bad intermediate shows in handshakes
+		}
+		msg, extra := certValidity(c, now)
+		if msg == "" {
+			continue
+		}
+		attrs := []any{"listener", t.listener, "file", t.files.CertFile, "subject", c.Subject.String(),
+			"not_before", c.NotBefore.UTC().Format(time.RFC3339), "not_after", c.NotAfter.UTC().Format(time.RFC3339)}
+		if i > 0 {
+			attrs = append(attrs, "chain_index", i)
+		}
+		t.log.Warn(msg, append(attrs, extra...)...)
+	}
+}
+
+// certValidity says what is wrong with c's validity at now: a log
+// message and its extra attributes, or "" when nothing is.
+func certValidity(c *x509.Certificate, now time.Time) (string, []any) {
+	switch {
+	case now.After(c.NotAfter):
+		return "TLS certificate has expired: clients refuse it (x509: certificate has expired); renew it and reload (SIGHUP)",
+			[]any{"expired_for", now.Sub(c.NotAfter).Round(time.Second).String()}
+	case now.Before(c.NotBefore):
+		return "TLS certificate is not valid yet: clients refuse it until not_before (is the clock right?)",
+			[]any{"valid_in", c.NotBefore.Sub(now).Round(time.Second).String()}
+	case c.NotAfter.Sub(now) < certExpiryWarning:
+		return "TLS certificate expires soon; renew it and reload (SIGHUP)",
+			[]any{"expires_in", c.NotAfter.Sub(now).Round(time.Second).String()}
+	}
+	return "", nil
 }
 
 // config returns the config to give a listener: each handshake takes the

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/testutil"
@@ -168,4 +169,53 @@ func TestCLIServerRefusesOpenListener(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "COURIER_ADMIN_PASSWORD") {
 		t.Fatalf("an administrator without a password: %+v", r)
 	}
+}
+
+// TestCLITLSCertificateValidity: a server started with an expired
+// certificate says so in its log, and so does a reload that brings one
+// expiring soon; a reload whose files do not parse is refused with the
+// reason in the log, and the certificate loaded before still serves.
+func TestCLITLSCertificateValidity(t *testing.T) {
+	ca := testutil.NewCA(t)
+	now := time.Now()
+	expired := ca.ServerValid(now.Add(-48*time.Hour), now.Add(-time.Hour))
+	soon := ca.ServerValid(now.Add(-time.Hour), now.Add(5*24*time.Hour))
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	install := func(c testutil.Cert) {
+		t.Helper()
+		for _, f := range [][2]string{{c.CertFile, certFile}, {c.KeyFile, keyFile}} {
+			b, err := os.ReadFile(f[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(f[1], b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	install(expired)
+	addr, _, _, srv := secureServer(t, "--tls-cert", certFile, "--tls-key", keyFile)
+	srv.waitStderr(t, "TLS certificate has expired")
+	if !strings.Contains(srv.stderr.String(), "expired_for=") {
+		t.Errorf("the warning does not say since when:\n%s", srv.stderr.String())
+	}
+	url := "courier+tls://admin:adminpw@" + addr
+	cliFails(t, []string{"pub", "news", "k", "hi", "--url", url, "--tls-ca", ca.File}, "expired")
+
+	install(soon)
+	srv.cmd.Process.Signal(syscall.SIGHUP)
+	srv.waitStderr(t, "TLS certificate expires soon")
+	srv.waitStderr(t, "reloaded on SIGHUP")
+	cliOK(t, "exchanges", "create", "news", "--pattern", "pubsub", "--url", url, "--tls-ca", ca.File)
+
+	if err := os.WriteFile(certFile, []byte("-----BEGIN CERTIFICATE-----\ngarbage\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv.cmd.Process.Signal(syscall.SIGHUP)
+	srv.waitStderr(t, "reload on SIGHUP failed")
+	if log := srv.stderr.String(); !strings.Contains(log, certFile) {
+		t.Errorf("the refused reload does not name the file:\n%s", log)
+	}
+	cliOK(t, "pub", "news", "k", "still", "--url", url, "--tls-ca", ca.File)
 }

@@ -183,6 +183,7 @@ manage users with 'courier users'.`,
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "on SIGTERM, how long requests in flight may take to finish")
 	f.Var(&cfg.MinFreeDisk, "min-free-disk", "free disk space under which publishers of durable queues are held (default 1GiB; -1: no check)")
 	f.Var(&cfg.MemoryBudget, "memory-budget", "what queues may keep in RAM before they page to disk and slow publishers: 64MiB, 2GB, 40% of the machine (default 40%; -1: none)")
+	f.Var(&cfg.ScrubRate, "scrub-rate", "bytes a second the store's background check reads after start, to find damaged records (default 64MiB; -1: no check)")
 	f.DurationVar(&cfg.SyncInterval, "sync-interval", d.SyncInterval, "fsync durable queues at most this often instead of group commit (0: group commit, the default)")
 	l, dl := &cfg.Limits, d.Limits
 	f.IntVar(&l.MaxFrame, "max-frame", dl.MaxFrame, "largest frame in bytes")

@@ -49,9 +49,11 @@ type Config struct {
 	// serves /api/users and /api/permissions. Default: nil (no access
 	// control, loopback only; the users endpoints answer 501).
 	Users *auth.Store
-	// MetricsAuth makes /metrics and /metrics/per-object ask for
-	// credentials too once there are users. Default: false (open, for
-	// Prometheus scrapers).
+	// MetricsAuth makes /metrics ask for credentials (any user) too once
+	// there are users. Default: false (open, for Prometheus scrapers).
+	// /metrics/per-object, which names every exchange and queue, always
+	// asks for a user with the monitoring or administrator tag once there
+	// are users.
 	MetricsAuth bool
 	// TLS, when set, serves HTTPS only. Default: nil (plain HTTP).
 	TLS *tls.Config

@@ -23,10 +23,14 @@ const (
 	// AlarmComponent: a supervised component crashed more often than its
 	// restart intensity allows and was given up.
 	AlarmComponent = "component"
+	// AlarmDamage: the store found records that no longer check (at
+	// start, or in its background check): the disk changed data it had
+	// synced, and their messages are lost. On until the node restarts.
+	AlarmDamage = "damage"
 )
 
 // alarmKinds lists every kind, for the metrics.
-var alarmKinds = []string{AlarmMemory, AlarmDisk, AlarmStore, AlarmComponent}
+var alarmKinds = []string{AlarmMemory, AlarmDisk, AlarmStore, AlarmComponent, AlarmDamage}
 
 // Alarm is a condition an operator must see.
 type Alarm struct {
@@ -55,8 +59,14 @@ func (s *Server) alarms(comps []Component) []Alarm {
 				"the data directory's disk has %s free, under the store's minimum: publishers of durable queues wait for credit",
 				bytesText(l.DiskFree()))})
 		}
-		if l.Stats().Failed {
+		st := l.Stats()
+		if st.Failed {
 			out = append(out, Alarm{Kind: AlarmStore, Message: "the store met a write or sync error: durable queues take no more messages until the node restarts"})
+		}
+		if st.DamagedRecords > 0 {
+			out = append(out, Alarm{Kind: AlarmDamage, Message: fmt.Sprintf(
+				"the store found %d damaged records (%s) that fail their checksum: the disk changed data it had synced, and their messages are lost; the log names the segments",
+				st.DamagedRecords, bytesText(st.DamagedBytes))})
 		}
 	}
 	for _, c := range comps {

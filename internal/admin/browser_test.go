@@ -100,7 +100,15 @@ func TestDashboardInBrowser(t *testing.T) {
 		case *runtime.EventConsoleAPICalled:
 			if ev.Type == runtime.ConsoleAPICalledTypeError {
 				jsMu.Lock()
-				jsErrors = append(jsErrors, fmt.Sprintf("console.error %v", ev.Args))
+				var args []string
+				for _, a := range ev.Args {
+					if a.Value != nil {
+						args = append(args, string(a.Value))
+					} else {
+						args = append(args, a.Description)
+					}
+				}
+				jsErrors = append(jsErrors, "console.error "+strings.Join(args, " "))
 				jsMu.Unlock()
 			}
 		}

@@ -54,6 +54,10 @@ var (
 	mStoreCkpt    = desc("courier_store_checkpoints_total", "Checkpoints written.")
 	mStoreRuns    = desc("courier_store_runs", "Run files (queue index pages spilled to disk).")
 	mStoreFree    = desc("courier_store_disk_free_bytes", "Free space of the store's disk at the last check; absent when unknown.")
+	mStoreDamR    = desc("courier_store_damaged_records", "Records of the store that fail their checksum, found since the node started (at start or by the background check).")
+	mStoreDamB    = desc("courier_store_damaged_bytes", "Bytes of the damaged records.")
+	mStoreScrub   = desc("courier_store_scrubbed_bytes_total", "Bytes the store's background check has verified since the node started.")
+	mStoreScrubD  = desc("courier_store_scrub_done", "1 once the store's background check has read every record the start did not verify.")
 	mTotals       = [nTotals]*prometheus.Desc{
 		totRequest:  desc("courier_requests_total", "Requests routed through exchanges."),
 		totPublish:  desc("courier_publishes_total", "Messages published to exchanges."),
@@ -120,7 +124,8 @@ type nodeCollector struct{ s *Server }
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mInfo, mConns, mExchanges, mQueues, mAttachments, mPatterns, mPatternMem, mReady, mUnacked, mCompUp, mCompFailed, mCompRestarts,
 		mQPublishes, mQDeliveries, mReqLatency, mAlarm, mMemLimit, mMemUsed, mMemPaged, mMemSpilled, mMemPage, mMemThrottle,
-		mStoreSync, mStoreSegs, mStoreDisk, mStoreLive, mStoreLiveB, mStoreRecs, mStoreApp, mStoreWrit, mStoreCkpt, mStoreRuns, mStoreFree} {
+		mStoreSync, mStoreSegs, mStoreDisk, mStoreLive, mStoreLiveB, mStoreRecs, mStoreApp, mStoreWrit, mStoreCkpt, mStoreRuns, mStoreFree,
+		mStoreDamR, mStoreDamB, mStoreScrub, mStoreScrubD} {
 		ch <- d
 	}
 	for _, d := range mTotals {
@@ -190,6 +195,10 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		if st.DiskFree >= 0 {
 			gauge(mStoreFree, float64(st.DiskFree))
 		}
+		gauge(mStoreDamR, float64(st.DamagedRecords))
+		gauge(mStoreDamB, float64(st.DamagedBytes))
+		counter(mStoreScrub, float64(st.ScrubBytes))
+		gauge(mStoreScrubD, flag(st.Scrub == store.ScrubDone))
 	}
 }
 

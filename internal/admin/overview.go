@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/internal/store"
 )
 
 // Listener is a listener the node serves, as the overview lists it.
@@ -71,6 +72,16 @@ type overview struct {
 	alarms                               []Alarm
 	memUsed, heapLive, goroutines, procs uint64
 	patterns                             broker.PatternStats
+	store                                storeHealth
+}
+
+// storeHealth is the store's damage and background check, for the
+// overview; zero without a store.
+type storeHealth struct {
+	damagedRecords, damagedBytes int64
+	scrub                        string
+	scrubBytes                   uint64
+	scrubTotal                   int64
 }
 
 func appendListeners(b []byte, ls []Listener) []byte {
@@ -132,6 +143,12 @@ func overviewSchema(samples bool) *schema[overview] {
 				func(b []byte, o *overview) []byte { return appendSamples(b, o.history, i) }, nil))
 		}
 	}
+	f = append(f,
+		intField("store.damaged_records", func(o *overview) int64 { return o.store.damagedRecords }),
+		intField("store.damaged_bytes", func(o *overview) int64 { return o.store.damagedBytes }),
+		strField("store.scrub", func(o *overview) string { return o.store.scrub }),
+		uintField("store.scrub_bytes", func(o *overview) uint64 { return o.store.scrubBytes }),
+		intField("store.scrub_total", func(o *overview) int64 { return o.store.scrubTotal }))
 	f = append(f, rawField("listeners", func(b []byte, o *overview) []byte { return appendListeners(b, o.listeners) }, nil),
 		rawField("components", func(b []byte, o *overview) []byte { return appendComponents(b, o.components) }, nil),
 		rawField("alarms", func(b []byte, o *overview) []byte { return appendAlarms(b, o.alarms) }, nil))
@@ -157,6 +174,12 @@ func (s *Server) readOverview() *overview {
 	o.conns = s.b.SessionCount()
 	o.atts = s.b.AttachmentCount()
 	o.patterns = s.b.PatternStats()
+	o.store.scrub = store.ScrubOff
+	if l := s.b.Store(); l != nil {
+		st := l.Stats()
+		o.store = storeHealth{damagedRecords: st.DamagedRecords, damagedBytes: st.DamagedBytes,
+			scrub: st.Scrub, scrubBytes: st.ScrubBytes, scrubTotal: st.ScrubTotal}
+	}
 	return o
 }
 

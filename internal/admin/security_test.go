@@ -219,3 +219,75 @@ func TestAPIOverHTTPS(t *testing.T) {
 		}
 	}
 }
+
+// TestPerObjectMetricsNeedCredentials: once the node has users,
+// /metrics/per-object, which names every exchange and queue, needs a user
+// with the monitoring or administrator tag; the node-wide /metrics stays
+// open for scrapers.
+func TestPerObjectMetricsNeedCredentials(t *testing.T) {
+	a := startSecureAPI(t, nil)
+	if _, err := a.n.Connect().PubSub(testutil.Context(t, 10*time.Second), "payroll.secret"); err != nil {
+		t.Fatal(err)
+	}
+	a.want(http.StatusCreated, "admin", "adminpw", "PUT", "/api/users/mon", `{"password":"monpw","tags":["monitoring"]}`)
+	a.want(http.StatusCreated, "admin", "adminpw", "PUT", "/api/users/bob", `{"password":"bobpw"}`)
+	status, h, body := a.call("", "", "GET", "/metrics/per-object", "")
+	if status != http.StatusUnauthorized || !strings.HasPrefix(h.Get("WWW-Authenticate"), "Basic ") || strings.Contains(body, "payroll") {
+		t.Fatalf("per-object metrics without credentials: %d %q", status, body)
+	}
+	a.want(http.StatusUnauthorized, "mon", "wrong", "GET", "/metrics/per-object", "")
+	a.want(http.StatusForbidden, "bob", "bobpw", "GET", "/metrics/per-object", "")
+	for _, u := range [][2]string{{"admin", "adminpw"}, {"mon", "monpw"}} {
+		if b := a.want(http.StatusOK, u[0], u[1], "GET", "/metrics/per-object", ""); !strings.Contains(b, "payroll.secret") {
+			t.Errorf("per-object metrics as %s lack the exchange:\n%s", u[0], b)
+		}
+	}
+	if b := a.want(http.StatusOK, "", "", "GET", "/metrics", ""); strings.Contains(b, "payroll") {
+		t.Errorf("the open /metrics names an exchange")
+	}
+}
+
+// TestSecurityHeaders: every response of the management listener (the
+// dashboard, the API, the metrics, refusals) tells browsers not to run
+// inline or outside content, not to sniff types and not to frame it.
+func TestSecurityHeaders(t *testing.T) {
+	want := map[string]string{
+		"X-Frame-Options":        "DENY",
+		"X-Content-Type-Options": "nosniff",
+	}
+	check := func(what string, h http.Header) {
+		t.Helper()
+		for k, v := range want {
+			if h.Get(k) != v {
+				t.Errorf("%s: %s %q, want %q", what, k, h.Get(k), v)
+			}
+		}
+		csp := h.Get("Content-Security-Policy")
+		for _, d := range []string{"default-src 'none'", "script-src 'self'", "style-src 'self'", "frame-ancestors 'none'"} {
+			if !strings.Contains(csp, d) {
+				t.Errorf("%s: Content-Security-Policy %q lacks %q", what, csp, d)
+			}
+		}
+		if strings.Contains(csp, "unsafe-inline") || strings.Contains(csp, "unsafe-eval") {
+			t.Errorf("%s: Content-Security-Policy %q allows inline code", what, csp)
+		}
+	}
+	a := startSecureAPI(t, nil)
+	for _, path := range []string{"/", "/app.js", "/style.css", "/api/overview", "/metrics", "/metrics/per-object", "/debug/pprof/", "/api/nope"} {
+		_, h, _ := a.call("admin", "adminpw", "GET", path, "")
+		check("GET "+path, h)
+	}
+	_, h, _ := a.call("", "", "GET", "/api/overview", "")
+	check("a 401", h)
+	_, h, _ = a.call("", "", "GET", "/metrics", "")
+	check("open /metrics", h)
+
+	n, err := node.Start(node.Config{DataDir: t.TempDir(), Log: quiet, HTTP: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	open := &secureAPI{t: t, n: n, url: n.HTTPURL(), hc: http.DefaultClient}
+	_, h, _ = open.call("", "", "GET", "/", "")
+	check("the dashboard of a node without users", h)
+}

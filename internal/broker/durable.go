@@ -60,7 +60,7 @@ type durability struct {
 	nextID   uint32
 	metaRefs []store.Ref // definition records since the last checkpoint
 
-	cpMu      sync.Mutex // one checkpoint at a time
+	cpMu      sync.Mutex // one checkpoint at a time; guards the fields below
 	lastCP    time.Time
 	lastBytes uint64
 	lastSnap  int    // size of the last checkpoint's state
@@ -506,10 +506,11 @@ func (d *durability) loop() {
 		case now := <-t.C:
 			d.watchAlarms()
 			bytes := d.log.Stats().AppendedBytes
-			if bytes == d.lastBytes {
-				continue
-			}
-			if !d.due(bytes-d.lastBytes, now.Sub(d.lastCP)) {
+			// Broker.Checkpoint may take one meanwhile: read under cpMu.
+			d.cpMu.Lock()
+			due := bytes > d.lastBytes && d.due(bytes-d.lastBytes, now.Sub(d.lastCP))
+			d.cpMu.Unlock()
+			if !due {
 				continue
 			}
 			if err := d.checkpoint(); err != nil {
@@ -543,7 +544,7 @@ func (d *durability) watchAlarms() {
 }
 
 // due reports whether a checkpoint is due, written bytes appended and
-// elapsed time since the last one. A checkpoint writes the queues' index
+// elapsed time since the last one; d.cpMu is held. A checkpoint writes the queues' index
 // in RAM, which a deep queue under a roomy memory budget makes large: so
 // that checkpoints never write more than a quarter of what the queues
 // append, the thresholds grow with the last checkpoint's size. A restart

@@ -1,10 +1,14 @@
 package queue
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -374,14 +378,19 @@ func TestLazyBodiesReadBackOnDelivery(t *testing.T) {
 // journalOnly hides MemJournal's Reader.
 type journalOnly struct{ Journal }
 
-// failingReader is a journal whose record bad cannot be read back.
+// failingReader is a journal whose record bad cannot be read back; it
+// counts the tries in badReads, if set.
 type failingReader struct {
 	*MemJournal
-	bad Ref
+	bad      Ref
+	badReads *atomic.Int64
 }
 
 func (j failingReader) Read(ref Ref) ([]byte, error) {
 	if ref == j.bad {
+		if j.badReads != nil {
+			j.badReads.Add(1)
+		}
 		return nil, errors.New("checksum mismatch")
 	}
 	return j.MemJournal.Read(ref)
@@ -397,7 +406,10 @@ func TestUnreadableBodyIsDeadLettered(t *testing.T) {
 	rb.LazyBodies = true
 	must(t, e.j.Replay(rb.Apply))
 	cfg := e.config()
-	cfg.Journal = failingReader{e.j, e.j.Records()[0].Ref}
+	var reads atomic.Int64
+	cfg.Journal = failingReader{e.j, e.j.Records()[0].Ref, &reads}
+	var logged bytes.Buffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logged, nil)) // written under the queue's lock
 	r, err := rb.Build("q", cfg)
 	must(t, err)
 	w := addWorker(t, r, "w", 10)
@@ -407,6 +419,13 @@ func TestUnreadableBodyIsDeadLettered(t *testing.T) {
 	}
 	if dl := e.deadLetters(); len(dl) != 1 || dl[0].Reason != ReasonUnreadable || dl[0].Message.ID != 1 {
 		t.Fatalf("dead letters %+v", dl)
+	}
+	// Read once, logged once (it was read and logged again to dead-letter it).
+	r.mu.Lock()
+	lines := strings.Count(logged.String(), "cannot read a message back")
+	r.mu.Unlock()
+	if n := reads.Load(); n != 1 || lines != 1 {
+		t.Errorf("the unreadable record was read %d times and logged %d times, want once:\n%s", n, lines, logged.String())
 	}
 	if err := r.check(); err != nil {
 		t.Fatal(err)

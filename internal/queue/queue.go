@@ -497,7 +497,13 @@ func (q *Queue) deadLetter(m *message, reason Reason) {
 	}
 	q.notify(m.id, Event{Kind: EventFailed, Attempts: m.attempts, Reason: reason}, true)
 	if q.cfg.DeadLetter != nil {
-		ev := event{kind: evDeadLetter, reason: reason, d: q.delivery(m)}
+		var d Delivery
+		if reason == ReasonUnreadable {
+			d = q.describe(m) // its body was just found unreadable (and logged): no second try
+		} else {
+			d = q.delivery(m)
+		}
+		ev := event{kind: evDeadLetter, reason: reason, d: d}
 		ev.refs[0], ev.refs[1] = m.ref, m.aref
 		if ev.d.Body == nil && m.paged {
 			ev.reason = ReasonUnreadable
@@ -637,14 +643,20 @@ func (q *Queue) deliverOne(c *Consumer, now int64) bool {
 // delivery describes m, reading its body and headers back if they are
 // paged (Body nil if that fails). q.mu is held.
 func (q *Queue) delivery(m *message) Delivery {
-	d := Delivery{
-		ID: m.id, Body: m.body, Headers: m.headers, Key: m.key, Priority: m.prio,
-		Attempts: m.attempts, Redelivered: m.attempts > 0, Enqueued: time.Unix(0, m.enqueued),
-	}
+	d := q.describe(m)
 	if m.paged {
 		d.Body, d.Headers = q.readBack(m)
 	}
 	return d
+}
+
+// describe describes m with what it holds in RAM: no body or headers if
+// they are paged. q.mu is held.
+func (q *Queue) describe(m *message) Delivery {
+	return Delivery{
+		ID: m.id, Body: m.body, Headers: m.headers, Key: m.key, Priority: m.prio,
+		Attempts: m.attempts, Redelivered: m.attempts > 0, Enqueued: time.Unix(0, m.enqueued),
+	}
 }
 
 // readBack reads m's body and headers back from the journal; the body is

@@ -189,6 +189,11 @@ func (r *Rebuilder) dedupe(sp Spiller) error {
 		if sr.maxID < lo || sr.left() == 0 {
 			continue
 		}
+		if prio, _, err := readRunHeader(sp, sr.num); err != nil || prio != sr.prio {
+			// Not the run the snapshot names: the queue drops it when it
+			// reads it (checkRun), and the replayed messages stay.
+			continue
+		}
 		buf := make([]byte, sr.left()*runEntrySize)
 		n, err := sp.ReadRun(sr.num, runHeaderSize+int64(sr.next)*runEntrySize, buf)
 		if err != nil {

@@ -90,6 +90,7 @@ type run struct {
 	bytes          int64  // body bytes of the entries not yet read
 	minSeg, maxSeg uint32 // of the entries' refs
 	minID, maxID   uint64
+	checked        bool // its header was read and matched (checkRun)
 }
 
 func (r *run) left() int64 { return int64(r.count - r.next) }
@@ -387,7 +388,10 @@ func (q *Queue) refill(p int, now int64) {
 			q.runBuf = make([]byte, need)
 		}
 		buf := q.runBuf[:need]
-		n, err := q.spiller.ReadRun(r.num, runHeaderSize+int64(r.next)*runEntrySize, buf)
+		n, err := 0, q.checkRun(r, p)
+		if err == nil {
+			n, err = q.spiller.ReadRun(r.num, runHeaderSize+int64(r.next)*runEntrySize, buf)
+		}
 		if err != nil || n < need {
 			q.log.Error("queue: cannot read a run back; its messages are lost to the queue (their records stay in the journal)",
 				"queue", q.name, "run", r.num, "entry", r.next, "err", err, "bytes", n)
@@ -532,6 +536,41 @@ func decodeRunEntry(e []byte, m *message) bool {
 	return m.id != 0 && !m.ref.IsZero()
 }
 
+// checkRun reads the header of run r of level p the first time the run
+// is read, and checks it: its checksum, and that it names the level and
+// the count the queue recorded. Each entry has its own checksum, but a
+// header that does not match means the file is not (or no longer) the
+// run the queue wrote: none of its entries can be trusted to be this
+// queue's. q.mu is held.
+func (q *Queue) checkRun(r *run, p int) error {
+	if r.checked {
+		return nil
+	}
+	prio, count, err := readRunHeader(q.spiller, r.num)
+	switch {
+	case err != nil:
+		return err
+	case int(prio) != p || (r.next == 0 && count != r.count) || count < r.count:
+		return fmt.Errorf("%w: run %d holds %d entries of level %d, the queue expects %d of level %d", errBadRecord, r.num, count, prio, r.count, p)
+	}
+	r.checked = true
+	return nil
+}
+
+// readRunHeader reads and checks the header of run num.
+func readRunHeader(sp Spiller, num uint32) (prio uint8, count uint32, err error) {
+	var h [runHeaderSize]byte
+	n, err := sp.ReadRun(num, 0, h[:])
+	if err != nil {
+		return 0, 0, fmt.Errorf("read run %d: %w", num, err)
+	}
+	prio, count, err = checkRunHeader(h[:n])
+	if err != nil {
+		return 0, 0, fmt.Errorf("run %d: %w", num, err)
+	}
+	return prio, count, nil
+}
+
 // checkRunHeader reports whether h is a run header, with its level and
 // count.
 func checkRunHeader(h []byte) (prio uint8, count uint32, err error) {
@@ -559,7 +598,10 @@ func (q *Queue) purgeRuns() int {
 					q.runBuf = make([]byte, need)
 				}
 				buf := q.runBuf[:need]
-				n, err := q.spiller.ReadRun(r.num, runHeaderSize+int64(r.next)*runEntrySize, buf)
+				n, err := 0, q.checkRun(r, p)
+				if err == nil {
+					n, err = q.spiller.ReadRun(r.num, runHeaderSize+int64(r.next)*runEntrySize, buf)
+				}
 				if err != nil || n < need {
 					q.log.Error("queue: cannot read a run to purge it; its records stay live", "queue", q.name, "run", r.num, "err", err)
 					want = int64(n / runEntrySize)

@@ -279,3 +279,60 @@ func alignedBlock(n int) []byte {
 	}
 	return b[off : off+n]
 }
+
+// BenchmarkScrub measures the background check of a log holding
+// COURIER_STORE_OPEN_RECORDS (default 100,000) 1 KiB records, all before
+// the checkpoint: Open with the check on (it runs after Open returns),
+// and one whole pass of the check without a rate limit, the page cache
+// warm.
+func BenchmarkScrub(b *testing.B) {
+	total := 100_000
+	if s := os.Getenv("COURIER_STORE_OPEN_RECORDS"); s != "" {
+		fmt.Sscan(s, &total)
+	}
+	dir := b.TempDir()
+	l, _, err := Open(OSFS{}, dir, DefaultOptions())
+	if err != nil {
+		b.Fatal(err)
+	}
+	payload := make([]byte, benchRecord)
+	for i := range total {
+		if _, err := l.Append(uint32(i%100), 1, payload, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := l.Checkpoint(func(Pos) ([]byte, error) { return []byte("state"), nil }); err != nil {
+		b.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		b.Fatal(err)
+	}
+	opts := DefaultOptions()
+	opts.ScrubRate = 1 << 40
+	b.Run(fmt.Sprintf("records=%d", total), func(b *testing.B) {
+		var open, pass time.Duration
+		var bytes int64
+		for b.Loop() {
+			start := time.Now()
+			l, _, err := Open(OSFS{}, dir, opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			open += time.Since(start)
+			for l.Stats().Scrub != ScrubDone {
+				time.Sleep(time.Millisecond)
+			}
+			pass += time.Since(start)
+			st := l.Stats()
+			if st.DamagedRecords != 0 || int64(st.ScrubBytes) != st.ScrubTotal {
+				b.Fatalf("stats %+v", st)
+			}
+			bytes = st.ScrubTotal
+			l.Close()
+		}
+		n := float64(b.N)
+		b.ReportMetric(float64(open.Microseconds())/1e3/n, "ms/open")
+		b.ReportMetric(float64(pass.Milliseconds())/n, "ms/pass")
+		b.ReportMetric(float64(bytes)/1e6/(pass.Seconds()/n), "MB/s")
+	})
+}

@@ -13,6 +13,10 @@ import (
 // FS is the file system a [Log] lives on: [OSFS] in production, [MemFS]
 // in tests. Paths are slash-separated and absolute or relative to the
 // process's working directory. Methods may be called from any goroutine.
+//
+// The log holds every queued message: files and directories it creates
+// must be readable by the process's user only (OSFS: [FileMode] and
+// [DirMode]).
 type FS interface {
 	// Create creates or truncates the file name, open for reading and
 	// writing.
@@ -65,6 +69,14 @@ type Spacer interface {
 	FreeSpace(dir string) (int64, error)
 }
 
+// FileMode and DirMode are the permissions of the files and directories
+// OSFS creates: the owner's only, whatever the umask, since segments,
+// runs and checkpoints hold every queued message.
+const (
+	FileMode os.FileMode = 0o600
+	DirMode  os.FileMode = 0o700
+)
+
 // OSFS is the operating system's file system.
 type OSFS struct{}
 
@@ -77,7 +89,7 @@ var (
 
 // Create implements [FS].
 func (OSFS) Create(name string) (File, error) {
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_TRUNC, FileMode)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +125,7 @@ func (OSFS) List(dir string) ([]string, error) {
 }
 
 // MkdirAll implements [FS].
-func (OSFS) MkdirAll(dir string) error { return os.MkdirAll(dir, 0o755) }
+func (OSFS) MkdirAll(dir string) error { return os.MkdirAll(dir, DirMode) }
 
 // SyncDir implements [FS].
 func (OSFS) SyncDir(dir string) error {
@@ -134,7 +146,7 @@ func (OSFS) FreeSpace(dir string) (int64, error) { return freeSpace(dir) }
 
 // Lock implements [Locker] with flock(2).
 func (OSFS) Lock(name string) (io.Closer, error) {
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, FileMode)
 	if err != nil {
 		return nil, err
 	}

@@ -45,6 +45,8 @@ type Log struct {
 	runMu sync.Mutex // guards runs; never held with another lock
 	runs  runState
 
+	scrub scrubPlan // the background check's work, fixed by Open
+
 	diskAlarm atomic.Bool  // free space below Options.MinFreeDisk
 	diskFree  atomic.Int64 // at the last check; -1 if unknown
 

@@ -82,6 +82,13 @@ type Options struct {
 	// DiskCheckInterval is how often the free space is checked. Default: 1s.
 	DiskCheckInterval time.Duration
 
+	// ScrubRate, when positive, makes Open start a background check of
+	// what it did not verify (the records before the last checkpoint),
+	// reading at most ScrubRate bytes a second, once: it reports records
+	// whose checksum fails in the log and in [Stats.DamagedRecords]
+	// (see scrub.go). Default: 0, no check; the node sets 64 MiB/s.
+	ScrubRate int64
+
 	// Logger receives rare events: segments deleted or failing to delete,
 	// the first write error. Recovery is reported to the caller, not
 	// logged. Default: a logger that discards.
@@ -154,6 +161,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("store: negative SyncInterval %v", o.SyncInterval)
 	case o.MaxPending < 0:
 		return fmt.Errorf("store: negative MaxPending %d", o.MaxPending)
+	case o.ScrubRate < 0:
+		return fmt.Errorf("store: negative ScrubRate %d", o.ScrubRate)
 	}
 	return nil
 }

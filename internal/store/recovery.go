@@ -177,6 +177,10 @@ func Open(fs FS, dir string, opts Options) (*Log, *Recovery, error) {
 	go l.runSyncer()
 	l.jwg.Add(1)
 	go l.runJanitor()
+	if opts.ScrubRate > 0 {
+		l.jwg.Add(1)
+		go l.runScrub()
+	}
 	return l, rec, nil
 }
 
@@ -287,6 +291,8 @@ func (l *Log) recover() (*Recovery, error) {
 		}
 		if herr != nil {
 			damage(&rec.Corrupt, Damage{Seg: num, Bytes: size, Records: t.live, Err: herr})
+		} else {
+			l.scrub.add(num, segHeaderSize, size)
 		}
 		l.segs[num] = &segState{num: num, size: size, live: t.live, liveBytes: t.liveBytes, sealed: true}
 	}
@@ -355,6 +361,9 @@ func (l *Log) recover() (*Recovery, error) {
 			continue
 		}
 		l.segs[num] = s
+		if num == from.Seg {
+			l.scrub.add(num, segHeaderSize, start) // up to the checkpoint: verified by the background check
+		}
 		s.size = start
 		sc := &scanner{f: f, seg: num, off: start, end: size}
 		for {
@@ -473,6 +482,10 @@ func (l *Log) recover() (*Recovery, error) {
 	}
 	rec.Segments = len(l.segs)
 	rec.Runs = len(l.runs.live)
+	for _, d := range rec.Corrupt {
+		l.stats.damagedRecords.Add(d.Records)
+		l.stats.damagedBytes.Add(d.Bytes)
+	}
 	return rec, nil
 }
 

@@ -38,6 +38,19 @@ type Stats struct {
 	RunsWritten     uint64 // run files written (see Log.WriteRun)
 	RunsDeleted     uint64
 	RunBytes        uint64 // bytes written to run files
+	// DamagedRecords and DamagedBytes count the records that do not check
+	// (a changed byte, a bad sector): those Open reported in
+	// Recovery.Corrupt, and those the background check found since (see
+	// Options.ScrubRate). Torn tails cut by Open after a crash are not
+	// damage. Damaged records stay in place; their messages are lost.
+	DamagedRecords int64
+	DamagedBytes   int64
+	// Scrub is the background check's state: ScrubOff, ScrubRunning or
+	// ScrubDone. ScrubBytes is what it verified so far of ScrubTotal, the
+	// bytes Open left to it.
+	Scrub      string
+	ScrubBytes uint64
+	ScrubTotal int64
 
 	Segments      int   // segment files
 	Runs          int   // live run files
@@ -68,6 +81,9 @@ type counters struct {
 	segmentsCreated, segmentsDeleted             atomic.Uint64
 	checkpoints, badReleases                     atomic.Uint64
 	runsWritten, runsDeleted, runBytes           atomic.Uint64
+	scrubbed                                     atomic.Uint64 // bytes the background check verified
+	scrubDone                                    atomic.Bool
+	damagedRecords, damagedBytes                 atomic.Int64 // found by Open (Recovery.Corrupt) and the background check
 }
 
 func (c *counters) observeSync(d time.Duration) {
@@ -107,6 +123,11 @@ func (l *Log) Stats() Stats {
 		RunsWritten:     c.runsWritten.Load(),
 		RunsDeleted:     c.runsDeleted.Load(),
 		RunBytes:        c.runBytes.Load(),
+		DamagedRecords:  c.damagedRecords.Load(),
+		DamagedBytes:    c.damagedBytes.Load(),
+		Scrub:           l.scrubState(),
+		ScrubBytes:      c.scrubbed.Load(),
+		ScrubTotal:      l.scrub.total,
 		Durable:         posFromKey(l.durable.Load()),
 		DiskFree:        l.diskFree.Load(),
 		DiskAlarm:       l.diskAlarm.Load(),
@@ -129,6 +150,17 @@ func (l *Log) Stats() Stats {
 	s.CheckpointPos = l.ckpt
 	s.Failed = l.err != nil && l.err != ErrClosed
 	return s
+}
+
+// scrubState returns the background check's state.
+func (l *Log) scrubState() string {
+	switch {
+	case l.opts.ScrubRate <= 0:
+		return ScrubOff
+	case l.stats.scrubDone.Load():
+		return ScrubDone
+	}
+	return ScrubRunning
 }
 
 // SegmentInfo describes one segment, for [Log.Segments].

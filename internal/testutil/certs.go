@@ -92,10 +92,27 @@ func (ca *CA) Client(cn string) Cert {
 	return ca.issue(cn, x509.ExtKeyUsageClientAuth)
 }
 
+// ServerValid issues a server certificate as Server does, valid from
+// notBefore to notAfter: for tests of expired and not yet valid
+// certificates.
+func (ca *CA) ServerValid(notBefore, notAfter time.Time) Cert {
+	ca.t.Helper()
+	return ca.issueValid("courier test server", x509.ExtKeyUsageServerAuth, notBefore, notAfter)
+}
+
 func (ca *CA) issue(cn string, usage x509.ExtKeyUsage) Cert {
+	ca.t.Helper()
+	return ca.issueValid(cn, usage, time.Time{}, time.Time{})
+}
+
+// issueValid issues a certificate; zero times keep newKey's validity.
+func (ca *CA) issueValid(cn string, usage x509.ExtKeyUsage, notBefore, notAfter time.Time) Cert {
 	t := ca.t
 	t.Helper()
 	key, tmpl := newKey(t, cn)
+	if !notBefore.IsZero() {
+		tmpl.NotBefore, tmpl.NotAfter = notBefore, notAfter
+	}
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{usage}
 	if usage == x509.ExtKeyUsageServerAuth {

@@ -2,6 +2,11 @@
 // reads. Plain JavaScript, no build step, no outside resources.
 "use strict";
 
+// The listener's Content-Security-Policy allows no inline script or style:
+// report anything it blocks, so that a change that needs one shows.
+document.addEventListener("securitypolicyviolation", (e) =>
+  console.error("Content-Security-Policy blocked", e.violatedDirective, e.blockedURI || "inline"));
+
 const REFRESH_MS = 2000;
 const CHART_AGE = 300; // seconds of history in the rate chart
 const CHART_INCR = 2; // seconds between chart samples
@@ -63,6 +68,7 @@ function el(tag, attrs, ...children) {
   for (const [k, v] of Object.entries(attrs || {})) {
     if (k === "class") e.className = v;
     else if (k === "title") e.title = v;
+    else if (k === "style") e.style.cssText = v; // CSSOM: a style attribute would be inline style, which the CSP refuses
     else e.setAttribute(k, v);
   }
   for (const c of children) {
