@@ -116,9 +116,16 @@ type Config struct {
 type Limits struct {
 	// MaxFrame bounds a network frame in bytes. Default: 4 MiB.
 	MaxFrame int `toml:"max_frame"`
-	// MaxConns bounds the network connections of the node. Default:
-	// 65536.
+	// MaxConns bounds the network connections of the node that have
+	// logged in (their HELLO succeeded). Default: 65536.
 	MaxConns int `toml:"max_connections"`
+	// MaxHandshakes bounds the network connections still in their
+	// handshake (accepted, no answered HELLO yet), which do not count
+	// against MaxConns. Default: 1024.
+	MaxHandshakes int `toml:"max_handshakes"`
+	// MaxHandshakesPerAddr bounds the connections in their handshake
+	// from one source address (IPv4 address or IPv6 /64). Default: 64.
+	MaxHandshakesPerAddr int `toml:"max_handshakes_per_address"`
 	// MaxConnsPerUser bounds the network connections of one user (the
 	// authenticated user; on a node without users, the user name of the
 	// client's HELLO). Default: 0, no limit.
@@ -167,6 +174,7 @@ func DefaultConfig() Config {
 		Name: "n1", DataDir: "courier-data", Heartbeat: sd.Heartbeat, DrainTimeout: 10 * time.Second,
 		Limits: Limits{
 			MaxFrame: sd.MaxFrame, MaxConns: sd.MaxConns, MaxAttachments: 4096, MaxInflight: 65536,
+			MaxHandshakes: sd.MaxHandshakes, MaxHandshakesPerAddr: sd.MaxHandshakesPerAddr,
 			HandshakeTimeout: sd.HandshakeTimeout, Credit: sd.Credit, OutboxBytes: sd.OutboxLimit,
 			SlowConsumerTimeout: sd.SlowTimeout,
 		},
@@ -187,6 +195,8 @@ func (c *Config) setDefaults() {
 	l, dl := &c.Limits, d.Limits
 	setDefault(&l.MaxFrame, dl.MaxFrame)
 	setDefault(&l.MaxConns, dl.MaxConns)
+	setDefault(&l.MaxHandshakes, dl.MaxHandshakes)
+	setDefault(&l.MaxHandshakesPerAddr, dl.MaxHandshakesPerAddr)
 	setDefault(&l.MaxAttachments, dl.MaxAttachments)
 	setDefault(&l.MaxInflight, dl.MaxInflight)
 	setDefault(&l.HandshakeTimeout, dl.HandshakeTimeout)
@@ -235,6 +245,8 @@ func (c Config) Validate() error {
 		{"heartbeat", c.Heartbeat < 0},
 		{"limits.max_frame", l.MaxFrame < 0 || l.MaxFrame > 1<<30},
 		{"limits.max_connections", l.MaxConns < 0},
+		{"limits.max_handshakes", l.MaxHandshakes < 0},
+		{"limits.max_handshakes_per_address", l.MaxHandshakesPerAddr < 0},
 		{"limits.max_connections_per_user", l.MaxConnsPerUser < 0},
 		{"limits.max_attachments", l.MaxAttachments < 0},
 		{"limits.max_inflight", l.MaxInflight < 0},
@@ -335,6 +347,7 @@ func Start(cfg Config) (*Node, error) {
 		scfg := server.Config{
 			Listen: cfg.Listen, Heartbeat: cfg.Heartbeat, Log: cfg.Log,
 			MaxFrame: l.MaxFrame, MaxConns: l.MaxConns, MaxConnsPerUser: l.MaxConnsPerUser,
+			MaxHandshakes: l.MaxHandshakes, MaxHandshakesPerAddr: l.MaxHandshakesPerAddr,
 			HandshakeTimeout: l.HandshakeTimeout, Credit: l.Credit, OutboxLimit: l.OutboxBytes, SlowTimeout: l.SlowConsumerTimeout,
 			Users: users,
 		}

@@ -130,6 +130,7 @@ func (c *conn) serve() {
 }
 
 func (c *conn) handshake() error {
+	defer c.s.endHandshake(c)
 	c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.HandshakeTimeout))
 	f := wire.NewFrame(0)
 	defer f.Release()
@@ -176,6 +177,13 @@ func (c *conn) handshake() error {
 	// user counts against the limit per user: the authenticated user, or
 	// without users the name the client gave.
 	user := h.User
+	if c.s.full() {
+		// Refused before it costs a password check.
+		e := tooManyConns(c.s.cfg.MaxConns)
+		c.s.logRefused(c.nc, e)
+		c.fail(e, false)
+		return e
+	}
 	var policy auth.Policy
 	var authed string // the session's user: "" while there are no users
 	if st := c.s.cfg.Users; st != nil {
@@ -195,14 +203,12 @@ func (c *conn) handshake() error {
 		}
 		policy = st
 	}
-	if user != "" {
-		if err := c.s.addUser(user); err != nil {
-			c.s.log.Warn("connection refused: limit reached", "peer", c.peer, "user", user, "err", err)
-			c.fail(err.(*wire.Error), false)
-			return err
-		}
-		c.user = user
+	if e := c.s.establish(c, user); e != nil {
+		c.s.logRefused(c.nc, e)
+		c.fail(e, false)
+		return e
 	}
+	c.user = user
 	if policy != nil {
 		c.sess = c.s.b.OpenAs(c, name, authed, policy)
 	} else {
