@@ -618,9 +618,9 @@ func (n *Node) Connect() *courier.Conn {
 // and may do anything. A wrong user name or password fails with a
 // [*wire.Error] of code [wire.CodeUnauthorized].
 func (n *Node) ConnectAs(user, password string) (*courier.Conn, error) {
+	// A failure is logged by the store, a line per 10 s.
 	name, err := n.users.Authenticate(user, password)
 	if err != nil {
-		n.cfg.Log.Warn("authentication failed", "peer", "embedded", "user", user, "err", err)
 		return nil, &wire.Error{Code: wire.CodeUnauthorized, Msg: "bad user name or password", Fatal: true}
 	}
 	return n.connect(name, n.users), nil

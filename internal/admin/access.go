@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"errors"
 	"net/http"
 	"slices"
 	"strings"
@@ -42,9 +43,14 @@ func (s *Server) guard(h http.Handler) http.Handler {
 			writeError(w, &apiError{http.StatusUnauthorized, "unauthorized", "credentials required: this node has users; use HTTP Basic authentication"})
 			return
 		}
-		user, err := users.Authenticate(name, pass)
+		// A failure is logged by the store, a line per source per 10 s.
+		user, err := users.Login(r.Context(), auth.Attempt{User: name, Password: pass, Peer: r.RemoteAddr, Via: "management"})
+		if errors.Is(err, auth.ErrBusy) {
+			w.Header().Set("Retry-After", "1")
+			writeError(w, &apiError{http.StatusServiceUnavailable, "busy", "too many logins in progress; try again later"})
+			return
+		}
 		if err != nil {
-			s.log.Warn("management API: authentication failed", "peer", r.RemoteAddr, "user", name, "path", r.URL.Path)
 			w.Header().Set("WWW-Authenticate", realm)
 			writeError(w, &apiError{http.StatusUnauthorized, "unauthorized", "bad user name or password"})
 			return

@@ -120,7 +120,7 @@ func (c *conn) serve() {
 		}
 	}()
 	if err := c.handshake(); err != nil {
-		log.Info("handshake failed", "err", err)
+		c.s.logHandshakeFailed(c.peer, err)
 		return
 	}
 	log.Info("connection open", "conn", c.sess.ID(), "name", c.sess.Name(), "user", c.sess.User())
@@ -131,7 +131,8 @@ func (c *conn) serve() {
 
 func (c *conn) handshake() error {
 	defer c.s.endHandshake(c)
-	c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.HandshakeTimeout))
+	deadline := time.Now().Add(c.s.cfg.HandshakeTimeout)
+	c.nc.SetReadDeadline(deadline)
 	f := wire.NewFrame(0)
 	defer f.Release()
 	if err := c.r.Next(f); err != nil {
@@ -188,15 +189,8 @@ func (c *conn) handshake() error {
 	var authed string // the session's user: "" while there are no users
 	if st := c.s.cfg.Users; st != nil {
 		var err error
-		authed, err = st.Authenticate(h.User, h.Password)
-		if err != nil {
-			e := wire.Errorf(wire.CodeUnauthorized, "bad user name or password")
-			if errors.Is(err, auth.ErrNoCredentials) {
-				e.Msg = "this server requires a user name and password (courier://user:password@host:port)"
-			}
-			c.s.log.Warn("authentication failed", "peer", c.peer, "user", h.User, "name", h.Name, "err", err)
-			c.fail(e, false)
-			return e
+		if authed, err = c.login(st, h, deadline); err != nil {
+			return err
 		}
 		if authed != "" {
 			user = authed

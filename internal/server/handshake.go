@@ -1,12 +1,15 @@
 package server
 
 import (
+	"context"
 	"crypto/tls"
+	"errors"
 	"log/slog"
 	"net"
 	"sync"
 	"time"
 
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -34,8 +37,9 @@ type admission struct {
 	live map[*conn]struct{}
 	// refusing holds a token per refusal being written over TLS.
 	refusing chan struct{}
-	// refusedLog samples the log of refused connections.
-	refusedLog sampler
+	// refusedLog and failedLog sample the logs of refused connections and
+	// of failed handshakes.
+	refusedLog, failedLog sampler
 }
 
 func newAdmission() admission {
@@ -45,22 +49,9 @@ func newAdmission() admission {
 	}
 }
 
-// addrKey is the source a handshake counts against: the IPv4 address, or
-// the /64 of an IPv6 address (what one host is usually given).
-func addrKey(a net.Addr) string {
-	ta, ok := a.(*net.TCPAddr)
-	if !ok {
-		host, _, err := net.SplitHostPort(a.String())
-		if err != nil {
-			return a.String()
-		}
-		return host
-	}
-	if ip4 := ta.IP.To4(); ip4 != nil {
-		return ip4.String()
-	}
-	return (&net.IPNet{IP: ta.IP.Mask(net.CIDRMask(64, 128)), Mask: net.CIDRMask(64, 128)}).String()
-}
+// addrKey is the source a handshake counts against: the IPv4 address,
+// or the /64 of an IPv6 address (see [auth.Source]).
+func addrKey(a net.Addr) string { return auth.Source(a.String()) }
 
 // admitHandshake counts a new connection from key in its handshake, or
 // refuses it past the node-wide or the per-address cap. s.mu is held.
@@ -166,6 +157,15 @@ func (s *Server) logRefused(nc net.Conn, e *wire.Error) {
 	}
 }
 
+// logHandshakeFailed logs a failed handshake (silence, bad input, bad
+// credentials), at most one line per refusedLogEvery with the count of
+// those not logged since: any client can fail handshakes at will.
+func (s *Server) logHandshakeFailed(peer string, err error) {
+	if n, ok := s.adm.failedLog.take(time.Now(), refusedLogEvery); ok {
+		s.log.Info("handshake failed", "peer", peer, "err", err, slog.Int("failed_since_last_line", n))
+	}
+}
+
 // refusedLogEvery is the least interval between two log lines about
 // refused connections.
 const refusedLogEvery = 10 * time.Second
@@ -188,4 +188,28 @@ func (l *sampler) take(now time.Time, every time.Duration) (skipped int, ok bool
 	}
 	skipped, l.skipped, l.last = l.skipped, 0, now
 	return skipped, true
+}
+
+// login checks the credentials of HELLO h before deadline, the end of
+// the handshake. On a failure it tells the client (the failure itself is
+// logged by st, a line per source per 10 s) and returns the error.
+func (c *conn) login(st *auth.Store, h wire.Hello, deadline time.Time) (string, error) {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	user, err := st.Login(ctx, auth.Attempt{User: h.User, Password: h.Password, Peer: c.peer, Via: "client"})
+	if err == nil {
+		return user, nil
+	}
+	var e *wire.Error
+	switch {
+	case errors.Is(err, auth.ErrBusy):
+		e = wire.Errorf(wire.CodeHandshakeLimit, "too many logins in progress; try again later")
+		c.s.logRefused(c.nc, e)
+	case errors.Is(err, auth.ErrNoCredentials):
+		e = wire.Errorf(wire.CodeUnauthorized, "this server requires a user name and password (courier://user:password@host:port)")
+	default:
+		e = wire.Errorf(wire.CodeUnauthorized, "bad user name or password")
+	}
+	c.fail(e, false)
+	return "", e
 }

@@ -1,8 +1,13 @@
 package server_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -131,4 +136,60 @@ func helloFrame(t *testing.T) []byte {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// msgCounter is a slog.Handler that counts the records of each message.
+type msgCounter struct {
+	mu sync.Mutex // guards n
+	n  map[string]int
+}
+
+func (h *msgCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (h *msgCounter) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *msgCounter) WithGroup(string) slog.Handler            { return h }
+func (h *msgCounter) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	h.n[r.Message]++
+	h.mu.Unlock()
+	return nil
+}
+
+func (h *msgCounter) count(msg string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n[msg]
+}
+
+// TestFailedLoginLogIsRateLimited: a burst of wrong passwords from one
+// address is logged once (the rest of the period goes into one summary
+// line at its end), and the right password still logs in.
+func TestFailedLoginLogIsRateLimited(t *testing.T) {
+	const guesses = 10
+	logs := &msgCounter{n: make(map[string]int)}
+	n := startNodeWith(t, func(c *node.Config) {
+		c.Log = slog.New(logs)
+		c.AdminUser, c.AdminPassword = "admin", "right"
+	})
+	var wg sync.WaitGroup
+	errs := make(chan error, guesses)
+	for i := range guesses {
+		wg.Go(func() {
+			_, err := client.Dial(testutil.Context(t, 30*time.Second), n.URL(), client.Options{User: "admin", Password: fmt.Sprint("guess", i)})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	for range guesses {
+		var we *wire.Error
+		if err := <-errs; !errors.As(err, &we) || we.Code != wire.CodeUnauthorized {
+			t.Fatalf("a wrong password: %v, want code %s", err, wire.CodeUnauthorized)
+		}
+	}
+	if got := logs.count("authentication failed"); got != 1 {
+		t.Fatalf("%d wrong passwords from one address logged %d lines, want 1", guesses, got)
+	}
+	c := dial(t, n, client.Options{User: "admin", Password: "right"})
+	if _, err := c.Exchanges(testutil.Context(t, 10*time.Second)); err != nil {
+		t.Fatalf("the right password after the guesses: %v", err)
+	}
 }
