@@ -126,6 +126,9 @@ type Limits struct {
 	// MaxHandshakesPerAddr bounds the connections in their handshake
 	// from one source address (IPv4 address or IPv6 /64). Default: 64.
 	MaxHandshakesPerAddr int `toml:"max_handshakes_per_address"`
+	// MaxHTTPConns bounds the management listener's open connections;
+	// past it new ones wait in the kernel's backlog. Default: 256.
+	MaxHTTPConns int `toml:"max_http_connections"`
 	// MaxConnsPerUser bounds the network connections of one user (the
 	// authenticated user; on a node without users, the user name of the
 	// client's HELLO). Default: 0, no limit.
@@ -175,6 +178,7 @@ func DefaultConfig() Config {
 		Limits: Limits{
 			MaxFrame: sd.MaxFrame, MaxConns: sd.MaxConns, MaxAttachments: 4096, MaxInflight: 65536,
 			MaxHandshakes: sd.MaxHandshakes, MaxHandshakesPerAddr: sd.MaxHandshakesPerAddr,
+			MaxHTTPConns:     admin.DefaultMaxConns,
 			HandshakeTimeout: sd.HandshakeTimeout, Credit: sd.Credit, OutboxBytes: sd.OutboxLimit,
 			SlowConsumerTimeout: sd.SlowTimeout,
 		},
@@ -197,6 +201,7 @@ func (c *Config) setDefaults() {
 	setDefault(&l.MaxConns, dl.MaxConns)
 	setDefault(&l.MaxHandshakes, dl.MaxHandshakes)
 	setDefault(&l.MaxHandshakesPerAddr, dl.MaxHandshakesPerAddr)
+	setDefault(&l.MaxHTTPConns, dl.MaxHTTPConns)
 	setDefault(&l.MaxAttachments, dl.MaxAttachments)
 	setDefault(&l.MaxInflight, dl.MaxInflight)
 	setDefault(&l.HandshakeTimeout, dl.HandshakeTimeout)
@@ -247,6 +252,7 @@ func (c Config) Validate() error {
 		{"limits.max_connections", l.MaxConns < 0},
 		{"limits.max_handshakes", l.MaxHandshakes < 0},
 		{"limits.max_handshakes_per_address", l.MaxHandshakesPerAddr < 0},
+		{"limits.max_http_connections", l.MaxHTTPConns < 0},
 		{"limits.max_connections_per_user", l.MaxConnsPerUser < 0},
 		{"limits.max_attachments", l.MaxAttachments < 0},
 		{"limits.max_inflight", l.MaxInflight < 0},
@@ -300,6 +306,9 @@ func Start(cfg Config) (*Node, error) {
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("node: data dir: %w", err)
+	}
+	if cfg.Listen != "" || cfg.HTTP != "" {
+		applyFDLimit(&cfg)
 	}
 	users, err := openUsers(cfg)
 	if err != nil {
@@ -498,7 +507,7 @@ func (n *Node) startAdmin() error {
 		Listen: n.cfg.HTTP, Broker: n.broker, Node: n.cfg.Name, Log: n.cfg.Log,
 		Describe: describe, Supervised: true, Components: n.components,
 		Queues: queueSource{n.broker},
-		Users:  n.users, TLS: httpTLS, MetricsAuth: n.cfg.MetricsAuth,
+		Users:  n.users, TLS: httpTLS, MetricsAuth: n.cfg.MetricsAuth, MaxConns: n.cfg.Limits.MaxHTTPConns,
 		Listeners: func() []admin.Listener {
 			if n.addr == nil {
 				return nil
