@@ -3,6 +3,7 @@ package node
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"testing"
@@ -107,4 +108,38 @@ func TestHTTPConnCap(t *testing.T) {
 		t.Fatalf("whoami: %s", resp.Status)
 	}
 	capHolds()
+}
+
+// TestUnauthenticatedSlowBodyIsClosed: a request refused for want of
+// credentials ends its connection once answered, without waiting for
+// the rest of a body sent slowly, so that it cannot hold a place of the
+// management listener.
+func TestUnauthenticatedSlowBodyIsClosed(t *testing.T) {
+	n, err := Start(Config{DataDir: t.TempDir(), Log: quiet, HTTP: "127.0.0.1:0", AdminUser: "admin", AdminPassword: "adminpw"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	for _, auth := range []string{"", "Authorization: Basic YWRtaW46d3Jvbmc=\r\n"} { // none; admin:wrong
+		c, err := net.DialTimeout("tcp", n.HTTPAddr().String(), 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "PUT /api/exchanges/x HTTP/1.1\r\nHost: x\r\n%sContent-Length: 1000\r\n\r\n{\"type\":", auth)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		r := bufio.NewReader(c)
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("answer %s, want 401", resp.Status)
+		}
+		if b, err := r.ReadByte(); err != io.EOF {
+			t.Fatalf("after the refusal: %q, %v; want the end of the connection", b, err)
+		}
+	}
 }
