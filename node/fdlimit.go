@@ -40,23 +40,34 @@ func fitFDs(limit uint64, l Limits, http bool) (Limits, bool) {
 	return l, true
 }
 
+// fewConns is the cap on logged-in connections under which a lowered
+// cap is worth a warning rather than a line of information.
+const fewConns = 1024
+
 // applyFDLimit fits cfg's caps to the process's descriptor limit and
-// logs the figures.
-func applyFDLimit(cfg *Config) {
+// returns a function that logs the figures, called once the node is up
+// (an error of Start is then the only thing it prints).
+func applyFDLimit(cfg *Config) (logFigures func()) {
 	soft, hard, ok := fdLimit()
 	if !ok {
-		return
+		return func() {}
 	}
 	l, lowered := fitFDs(soft, cfg.Limits, cfg.HTTP != "")
+	cfg.Limits = l
 	attrs := []any{"limit", soft, "hard_limit", hard, "reserve", fdReserve(soft),
 		"max_connections", l.MaxConns, "max_handshakes", l.MaxHandshakes}
 	if cfg.HTTP != "" {
 		attrs = append(attrs, "max_http_connections", l.MaxHTTPConns)
 	}
-	if lowered {
-		cfg.Log.Warn("file descriptor limit too low for the configured connection limits: lowered them to fit; raise the limit (ulimit -n, LimitNOFILE=) to keep them", attrs...)
-	} else {
-		cfg.Log.Info("file descriptors", attrs...)
+	log := cfg.Log
+	return func() {
+		switch {
+		case lowered && l.MaxConns < fewConns:
+			log.Warn("file descriptor limit too low for the configured connection limits: lowered them to fit; raise the limit (ulimit -n, LimitNOFILE=)", attrs...)
+		case lowered:
+			log.Info("file descriptors: connection limits lowered to fit the limit", attrs...)
+		default:
+			log.Info("file descriptors", attrs...)
+		}
 	}
-	cfg.Limits = l
 }

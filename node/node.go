@@ -307,8 +307,9 @@ func Start(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("node: data dir: %w", err)
 	}
+	logFDs := func() {}
 	if cfg.Listen != "" || cfg.HTTP != "" {
-		applyFDLimit(&cfg)
+		logFDs = applyFDLimit(&cfg)
 	}
 	users, err := openUsers(cfg)
 	if err != nil {
@@ -388,6 +389,7 @@ func Start(cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
+	logFDs()
 	n.sup.Start()
 	return n, nil
 }

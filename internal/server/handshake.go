@@ -196,6 +196,14 @@ func (l *sampler) take(now time.Time, every time.Duration) (skipped int, ok bool
 func (c *conn) login(st *auth.Store, h wire.Hello, deadline time.Time) (string, error) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	go func() {
+		// A shutdown does not wait out a failure's delay.
+		select {
+		case <-c.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	user, err := st.Login(ctx, auth.Attempt{User: h.User, Password: h.Password, Peer: c.peer, Via: "client"})
 	if err == nil {
 		return user, nil
