@@ -122,9 +122,19 @@ type Config struct {
 type Limits struct {
 	// MaxFrame bounds a network frame in bytes. Default: 4 MiB.
 	MaxFrame int `toml:"max_frame"`
-	// MaxConns bounds the network connections of the node. Default:
-	// 65536.
+	// MaxConns bounds the network connections of the node that have
+	// logged in (their HELLO succeeded). Default: 65536.
 	MaxConns int `toml:"max_connections"`
+	// MaxHandshakes bounds the network connections still in their
+	// handshake (accepted, no answered HELLO yet), which do not count
+	// against MaxConns. Default: 1024.
+	MaxHandshakes int `toml:"max_handshakes"`
+	// MaxHandshakesPerAddr bounds the connections in their handshake
+	// from one source address (IPv4 address or IPv6 /64). Default: 64.
+	MaxHandshakesPerAddr int `toml:"max_handshakes_per_address"`
+	// MaxHTTPConns bounds the management listener's open connections;
+	// past it new ones wait in the kernel's backlog. Default: 256.
+	MaxHTTPConns int `toml:"max_http_connections"`
 	// MaxConnsPerUser bounds the network connections of one user (the
 	// authenticated user; on a node without users, the user name of the
 	// client's HELLO). Default: 0, no limit.
@@ -185,6 +195,8 @@ func DefaultConfig() Config {
 		Limits: Limits{
 			MaxFrame: sd.MaxFrame, MaxConns: sd.MaxConns, MaxAttachments: 4096, MaxInflight: 65536,
 			MaxPatternsPerAttachment: 1000, MaxPatternsPerConnection: 10000,
+			MaxHandshakes: sd.MaxHandshakes, MaxHandshakesPerAddr: sd.MaxHandshakesPerAddr,
+			MaxHTTPConns:     admin.DefaultMaxConns,
 			HandshakeTimeout: sd.HandshakeTimeout, Credit: sd.Credit, OutboxBytes: sd.OutboxLimit,
 			SlowConsumerTimeout: sd.SlowTimeout,
 		},
@@ -206,6 +218,9 @@ func (c *Config) setDefaults() {
 	l, dl := &c.Limits, d.Limits
 	setDefault(&l.MaxFrame, dl.MaxFrame)
 	setDefault(&l.MaxConns, dl.MaxConns)
+	setDefault(&l.MaxHandshakes, dl.MaxHandshakes)
+	setDefault(&l.MaxHandshakesPerAddr, dl.MaxHandshakesPerAddr)
+	setDefault(&l.MaxHTTPConns, dl.MaxHTTPConns)
 	setDefault(&l.MaxAttachments, dl.MaxAttachments)
 	setDefault(&l.MaxInflight, dl.MaxInflight)
 	setDefault(&l.MaxPatternsPerAttachment, dl.MaxPatternsPerAttachment)
@@ -257,6 +272,9 @@ func (c Config) Validate() error {
 		{"heartbeat", c.Heartbeat < 0},
 		{"limits.max_frame", l.MaxFrame < 0 || l.MaxFrame > 1<<30},
 		{"limits.max_connections", l.MaxConns < 0},
+		{"limits.max_handshakes", l.MaxHandshakes < 0},
+		{"limits.max_handshakes_per_address", l.MaxHandshakesPerAddr < 0},
+		{"limits.max_http_connections", l.MaxHTTPConns < 0},
 		{"limits.max_connections_per_user", l.MaxConnsPerUser < 0},
 		{"limits.max_attachments", l.MaxAttachments < 0},
 		{"limits.max_inflight", l.MaxInflight < 0},
@@ -313,6 +331,10 @@ func Start(cfg Config) (*Node, error) {
 	if err := prepareDataDir(cfg.DataDir, cfg.Log); err != nil {
 		return nil, err
 	}
+	logFDs := func() {}
+	if cfg.Listen != "" || cfg.HTTP != "" {
+		logFDs = applyFDLimit(&cfg)
+	}
 	users, err := openUsers(cfg)
 	if err != nil {
 		return nil, err
@@ -363,6 +385,7 @@ func Start(cfg Config) (*Node, error) {
 		scfg := server.Config{
 			Listen: cfg.Listen, Heartbeat: cfg.Heartbeat, Log: cfg.Log,
 			MaxFrame: l.MaxFrame, MaxConns: l.MaxConns, MaxConnsPerUser: l.MaxConnsPerUser,
+			MaxHandshakes: l.MaxHandshakes, MaxHandshakesPerAddr: l.MaxHandshakesPerAddr,
 			HandshakeTimeout: l.HandshakeTimeout, Credit: l.Credit, OutboxLimit: l.OutboxBytes, SlowTimeout: l.SlowConsumerTimeout,
 			Users: users,
 		}
@@ -394,6 +417,7 @@ func Start(cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
+	logFDs()
 	n.sup.Start()
 	return n, nil
 }
@@ -514,7 +538,7 @@ func (n *Node) startAdmin() error {
 		Listen: n.cfg.HTTP, Broker: n.broker, Node: n.cfg.Name, Log: n.cfg.Log,
 		Describe: describe, Supervised: true, Components: n.components,
 		Queues: queueSource{n.broker},
-		Users:  n.users, TLS: httpTLS, MetricsAuth: n.cfg.MetricsAuth,
+		Users:  n.users, TLS: httpTLS, MetricsAuth: n.cfg.MetricsAuth, MaxConns: n.cfg.Limits.MaxHTTPConns,
 		Listeners: func() []admin.Listener {
 			if n.addr == nil {
 				return nil
@@ -635,9 +659,9 @@ func (n *Node) Connect() *courier.Conn {
 // and may do anything. A wrong user name or password fails with a
 // [*wire.Error] of code [wire.CodeUnauthorized].
 func (n *Node) ConnectAs(user, password string) (*courier.Conn, error) {
+	// A failure is logged by the store, a line per 10 s.
 	name, err := n.users.Authenticate(user, password)
 	if err != nil {
-		n.cfg.Log.Warn("authentication failed", "peer", "embedded", "user", user, "err", err)
 		return nil, &wire.Error{Code: wire.CodeUnauthorized, Msg: "bad user name or password", Fatal: true}
 	}
 	return n.connect(name, n.users), nil

@@ -1,9 +1,11 @@
 package admin
 
 import (
+	"errors"
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
@@ -63,13 +65,22 @@ func (s *Server) guard(h http.Handler) http.Handler {
 		}
 		name, pass, ok := r.BasicAuth()
 		if !ok {
+			endAfter(w)
 			w.Header().Set("WWW-Authenticate", realm)
 			writeError(w, &apiError{http.StatusUnauthorized, "unauthorized", "credentials required: this node has users; use HTTP Basic authentication"})
 			return
 		}
-		user, err := users.Authenticate(name, pass)
+		// A failure is logged by the store, a line per source per 10 s.
+		user, err := users.Login(r.Context(), auth.Attempt{User: name, Password: pass, Peer: r.RemoteAddr, Via: "management"})
 		if err != nil {
-			s.log.Warn("management API: authentication failed", "peer", r.RemoteAddr, "user", name, "path", r.URL.Path)
+			endAfter(w)
+		}
+		if errors.Is(err, auth.ErrBusy) {
+			w.Header().Set("Retry-After", "1")
+			writeError(w, &apiError{http.StatusServiceUnavailable, "busy", "too many logins in progress; try again later"})
+			return
+		}
+		if err != nil {
 			w.Header().Set("WWW-Authenticate", realm)
 			writeError(w, &apiError{http.StatusUnauthorized, "unauthorized", "bad user name or password"})
 			return
@@ -82,6 +93,15 @@ func (s *Server) guard(h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// endAfter closes the connection of a request refused before it was
+// authenticated once the answer is written, without reading the rest of
+// its body: a client that is not logged in must not hold a place of the
+// management listener by sending a body slowly.
+func endAfter(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	http.NewResponseController(w).SetReadDeadline(time.Now())
 }
 
 // mayAccess applies the table above.

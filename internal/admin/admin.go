@@ -26,6 +26,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,6 +58,10 @@ type Config struct {
 	MetricsAuth bool
 	// TLS, when set, serves HTTPS only. Default: nil (plain HTTP).
 	TLS *tls.Config
+	// MaxConns bounds the connections open at once; past it new ones
+	// wait in the kernel's backlog, costing no file descriptor, until one
+	// closes. Default: DefaultMaxConns (256).
+	MaxConns int
 	// Broker is the broker to manage. Required.
 	Broker *broker.Broker
 	// Describe tells what a session's transport knows of its peer (see
@@ -102,6 +107,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Version == "" {
 		c.Version = buildVersion()
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = DefaultMaxConns
 	}
 	if c.SampleInterval <= 0 {
 		c.SampleInterval = time.Second
@@ -178,6 +186,9 @@ type Server struct {
 	stop     chan struct{} // closed by Shutdown to stop the sampler
 	sampling chan struct{} // closed when the sampler has stopped
 	once     sync.Once
+
+	// httpConns counts the management listener's open connections.
+	httpConns atomic.Int64
 
 	mu   sync.Mutex // guards hs, ln, down
 	hs   *http.Server
@@ -289,7 +300,14 @@ func (s *Server) Addr() net.Addr {
 
 // Serve serves the management API on ln until Shutdown; it then returns
 // http.ErrServerClosed.
+//
+// At most Config.MaxConns connections are open at once. A request's
+// header must arrive within 10 s (TLS handshake included) and hold at
+// most 64 KiB; an idle keep-alive connection is closed after 2 minutes.
+// There is no ReadTimeout: net/http would cancel the context of
+// handlers that run longer (profiles and traces of /debug/pprof).
 func (s *Server) Serve(ln net.Listener) error {
+	ln = newLimitListener(ln, s.cfg.MaxConns, &s.httpConns)
 	if s.cfg.TLS != nil {
 		ln = tls.NewListener(ln, s.cfg.TLS)
 	}
@@ -297,6 +315,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	s.mu.Lock()
@@ -312,9 +331,13 @@ func (s *Server) Serve(ln net.Listener) error {
 		scheme = "https://"
 	}
 	s.log.Info("management API listening", "addr", ln.Addr().String(), "dashboard", scheme+ln.Addr().String()+"/",
-		"tls", s.cfg.TLS != nil, "users", s.cfg.Users != nil && s.cfg.Users.HasUsers())
+		"tls", s.cfg.TLS != nil, "users", s.cfg.Users != nil && s.cfg.Users.HasUsers(), "max_connections", s.cfg.MaxConns)
 	return hs.Serve(ln)
 }
+
+// Conns returns the number of open connections of the management
+// listener.
+func (s *Server) Conns() int { return int(s.httpConns.Load()) }
 
 // Shutdown stops the sampler and the HTTP server, waiting for requests
 // in progress until ctx ends.

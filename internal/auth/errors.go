@@ -8,6 +8,10 @@ var (
 	// ErrBadCredentials is a failed login: an unknown user or a wrong
 	// password (the two are not told apart).
 	ErrBadCredentials = errors.New("auth: bad user name or password")
+	// ErrBusy is a login refused because too many wait for a password
+	// check, or none was free before its deadline: the client may try
+	// again later.
+	ErrBusy = errors.New("auth: too many logins in progress")
 	// ErrNoCredentials is a login without a user name on a node that has
 	// users.
 	ErrNoCredentials = errors.New("auth: credentials required")

@@ -14,6 +14,7 @@
 package auth
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -28,6 +29,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // FileName is the users file in the data directory.
@@ -95,13 +97,22 @@ type Store struct {
 
 	state atomic.Pointer[state]
 
-	// hashing bounds the argon2 computations in progress: each takes
-	// about 19 MiB, and a storm of logins must not take the node's memory.
-	hashing chan struct{}
-	// dummy is verified against for unknown users, so that a login takes
-	// as long whether the user exists or not.
-	dummy     argonHash
-	dummyOnce sync.Once
+	// pool bounds the password checks in progress and the logins
+	// waiting for one: each check takes about 19 MiB and tens of
+	// milliseconds of a core, and a storm of logins must take neither the
+	// node's memory nor all its cores.
+	pool *hashPool
+	// throttle delays the answers to repeated failures and keeps their
+	// log short.
+	throttle *throttle
+	// dummy is checked against for unknown users (and oversized
+	// passwords), so that every failed login costs one password check and
+	// takes as long whether the user exists or not.
+	dummy argonHash
+	// wait waits out a failure's delay (sleep); onHash, when set, runs
+	// before each password check. Tests replace them.
+	wait   func(context.Context, time.Duration)
+	onHash func()
 
 	// verified remembers, per user, an HMAC of the hash and the password
 	// of the last successful login, so that reconnects and the dashboard's
@@ -131,13 +142,18 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	slots := HashSlots()
 	s := &Store{
 		path: filepath.Join(cfg.Dir, FileName), require: cfg.RequireUsers, log: cfg.Log,
-		hashing:  make(chan struct{}, max(1, runtime.GOMAXPROCS(0))),
+		pool: newHashPool(slots, hashWaitPerSlot*slots), throttle: newThrottle(cfg.Log), wait: sleep,
 		verified: make(map[string][32]byte),
 	}
 	if _, err := rand.Read(s.macKey[:]); err != nil {
 		return nil, fmt.Errorf("auth: key: %w", err)
+	}
+	s.dummy = argonHash{memory: argonMemory, time: argonTime, threads: argonThreads, salt: make([]byte, argonSaltLen), key: make([]byte, argonKeyLen)}
+	if _, err := rand.Read(s.dummy.salt); err != nil {
+		return nil, fmt.Errorf("auth: salt: %w", err)
 	}
 	users, err := readFile(s.path)
 	if err != nil {
@@ -200,48 +216,93 @@ func (s *Store) HasTag(user, tag string) bool {
 	return e != nil && slices.Contains(e.Tags, tag)
 }
 
-// Authenticate checks a login and returns the user's name. While the
-// store has no users every login succeeds, as the anonymous user "". It
-// fails with [ErrNoCredentials] without a user name, and with
-// [ErrBadCredentials] for an unknown user or a wrong password. It may
-// take tens of milliseconds (argon2id) and wait for other logins.
+// hashWaitPerSlot is how many logins may wait for a password check per
+// slot of the pool; past that a login fails at once with [ErrBusy].
+const hashWaitPerSlot = 32
+
+// HashSlots is how many password checks run at once: half the
+// processors Go uses (GOMAXPROCS), at least one, so that a flood of
+// logins leaves the other half to the clients that are logged in.
+func HashSlots() int { return max(1, runtime.GOMAXPROCS(0)/2) }
+
+// Attempt is one login.
+type Attempt struct {
+	// User and Password are the credentials given.
+	User, Password string
+	// Peer is where the login comes from, "host:port" ("" in-process):
+	// failures are counted and answered late per source address (see
+	// [Source]) and per user name.
+	Peer string
+	// Via names the listener for the log: "client", "management", ...
+	Via string
+}
+
+// Authenticate checks an in-process login; see [Store.Login].
 func (s *Store) Authenticate(user, password string) (string, error) {
+	return s.Login(context.Background(), Attempt{User: user, Password: password, Via: "embedded"})
+}
+
+// Login checks a login and returns the user's name. While the store has
+// no users every login succeeds, as the anonymous user "". It fails with
+// [ErrNoCredentials] without a user name, with [ErrBadCredentials] for an
+// unknown user or a wrong password, and with [ErrBusy] when no password
+// check is free before ctx ends or too many logins wait for one.
+//
+// A user's last good password is remembered (an HMAC), so its next login
+// costs no password check. Every other login waits for one of
+// [HashSlots] checks, behind the logins of sources without recent
+// failures; an unknown user is checked against a dummy hash, so it takes
+// as long as a wrong password. Past a few recent failures from the source
+// or for the user name, a failure is answered late (up to 2 s, or until
+// ctx ends); failures are logged in full once per source per 10 s, and
+// the rest of those 10 s in one line.
+func (s *Store) Login(ctx context.Context, a Attempt) (string, error) {
 	st := s.state.Load()
 	if len(st.users) == 0 {
 		return "", nil
 	}
-	if user == "" {
+	if a.User == "" {
+		s.wait(ctx, s.throttle.fail(Source(a.Peer), a.Peer, "", a.Via, ErrNoCredentials))
 		return "", ErrNoCredentials
 	}
-	e := st.users[user]
-	if e == nil {
-		s.dummyOnce.Do(func() {
-			h, _ := HashPassword("courier-dummy-password")
-			s.dummy, _ = parseHash(h)
-		})
-		s.slowVerify(s.dummy, password)
+	e := st.users[a.User]
+	var mac [32]byte
+	if e != nil {
+		mac = s.mac(e, a.Password)
+		s.vmu.Lock()
+		known, ok := s.verified[a.User]
+		s.vmu.Unlock()
+		if ok && hmac.Equal(known[:], mac[:]) {
+			return a.User, nil
+		}
+	}
+	source := Source(a.Peer)
+	lane := laneHigh
+	if s.throttle.suspect(source) {
+		lane = laneLow
+	}
+	if err := s.pool.acquire(ctx, lane); err != nil {
+		return "", err
+	}
+	h, password := s.dummy, a.Password
+	if e != nil && len(a.Password) <= MaxPassword {
+		h = e.hash
+	} else if len(password) > MaxPassword {
+		password = ""
+	}
+	if s.onHash != nil {
+		s.onHash()
+	}
+	ok := h.verify(password) && e != nil
+	s.pool.release()
+	if !ok {
+		s.wait(ctx, s.throttle.fail(source, a.Peer, a.User, a.Via, ErrBadCredentials))
 		return "", ErrBadCredentials
 	}
-	mac := s.mac(e, password)
 	s.vmu.Lock()
-	known, ok := s.verified[user]
+	s.verified[a.User] = mac
 	s.vmu.Unlock()
-	if ok && hmac.Equal(known[:], mac[:]) {
-		return user, nil
-	}
-	if len(password) > MaxPassword || !s.slowVerify(e.hash, password) {
-		return "", ErrBadCredentials
-	}
-	s.vmu.Lock()
-	s.verified[user] = mac
-	s.vmu.Unlock()
-	return user, nil
-}
-
-func (s *Store) slowVerify(h argonHash, password string) bool {
-	s.hashing <- struct{}{}
-	defer func() { <-s.hashing }()
-	return h.verify(password)
+	return a.User, nil
 }
 
 func (s *Store) mac(e *entry, password string) [32]byte {

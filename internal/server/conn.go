@@ -124,7 +124,7 @@ func (c *conn) serve() {
 		}
 	}()
 	if err := c.handshake(); err != nil {
-		log.Info("handshake failed", "err", err)
+		c.s.logHandshakeFailed(c.peer, err)
 		return
 	}
 	log.Info("connection open", "conn", c.sess.ID(), "name", c.sess.Name(), "user", c.sess.User())
@@ -134,7 +134,9 @@ func (c *conn) serve() {
 }
 
 func (c *conn) handshake() error {
-	c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.HandshakeTimeout))
+	defer c.s.endHandshake(c)
+	deadline := time.Now().Add(c.s.cfg.HandshakeTimeout)
+	c.nc.SetReadDeadline(deadline)
 	f := wire.NewFrame(0)
 	defer f.Release()
 	if err := c.r.Next(f); err != nil {
@@ -185,33 +187,31 @@ func (c *conn) handshake() error {
 	// user counts against the limit per user: the authenticated user, or
 	// without users the name the client gave.
 	user := h.User
+	if c.s.full() {
+		// Refused before it costs a password check.
+		e := tooManyConns(c.s.cfg.MaxConns)
+		c.s.logRefused(c.nc, e)
+		c.fail(e, false)
+		return e
+	}
 	var policy auth.Policy
 	var authed string // the session's user: "" while there are no users
 	if st := c.s.cfg.Users; st != nil {
 		var err error
-		authed, err = st.Authenticate(h.User, h.Password)
-		if err != nil {
-			e := wire.Errorf(wire.CodeUnauthorized, "bad user name or password")
-			if errors.Is(err, auth.ErrNoCredentials) {
-				e.Msg = "this server requires a user name and password (courier://user:password@host:port)"
-			}
-			c.s.log.Warn("authentication failed", "peer", c.peer, "user", h.User, "name", h.Name, "err", err)
-			c.fail(e, false)
-			return e
+		if authed, err = c.login(st, h, deadline); err != nil {
+			return err
 		}
 		if authed != "" {
 			user = authed
 		}
 		policy = st
 	}
-	if user != "" {
-		if err := c.s.addUser(user); err != nil {
-			c.s.log.Warn("connection refused: limit reached", "peer", c.peer, "user", user, "err", err)
-			c.fail(err.(*wire.Error), false)
-			return err
-		}
-		c.user = user
+	if e := c.s.establish(c, user); e != nil {
+		c.s.logRefused(c.nc, e)
+		c.fail(e, false)
+		return e
 	}
+	c.user = user
 	if policy != nil {
 		c.sess = c.s.b.OpenAs(c, name, authed, policy)
 	} else {

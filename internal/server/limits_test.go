@@ -82,15 +82,17 @@ func mustCode(t *testing.T, err error, code wire.Code) {
 	}
 }
 
-// TestConnectionFlood: a client that opens a thousand connections to a
-// node limited to 50 is refused past the limit, each refused connection
-// told why; a client connected before keeps working, and places freed
-// are taken again.
+// TestConnectionFlood: a client that opens a thousand connections and
+// logs each in, to a node limited to 50, is refused past the limit, each
+// refused HELLO told why; a client connected before keeps working, and
+// places freed are taken again.
 func TestConnectionFlood(t *testing.T) {
 	const max, flood = 50, 1000
 	n := startNodeWith(t, func(c *node.Config) {
 		c.Limits.MaxConns = max
-		c.Limits.HandshakeTimeout = time.Minute // the accepted ones hold their place
+		c.Limits.MaxHandshakes = 2 * flood // only max_connections in play
+		c.Limits.MaxHandshakesPerAddr = 2 * flood
+		c.Heartbeat = time.Minute // the accepted ones hold their place without answering PINGs
 	})
 	ex := echoService(t, n, "flood") // two connections
 	conns := make([]net.Conn, 0, flood)
@@ -99,21 +101,30 @@ func TestConnectionFlood(t *testing.T) {
 			c.Close()
 		}
 	}()
+	hello := helloFrame(t)
 	for range flood {
 		c, err := net.Dial("tcp", n.Addr().String())
 		if err != nil {
 			t.Fatalf("dial %d: %v", len(conns), err)
 		}
+		if _, err := c.Write(hello); err != nil {
+			t.Fatalf("HELLO %d: %v", len(conns), err)
+		}
 		conns = append(conns, c)
 	}
 	stillServes(t, ex)
-	// The refused ones get a fatal ERROR at once; the accepted ones
-	// nothing until they send HELLO.
+	// The refused ones get a fatal ERROR answering their HELLO; the
+	// accepted ones a WELCOME.
 	codes := make(chan wire.Code, flood)
+	welcomes := make(chan struct{}, flood)
 	for _, c := range conns {
 		go func() {
 			var f wire.Frame
-			if wire.NewReader(c, 1<<16).Next(&f) == nil && f.Type == wire.TypeError && f.Flags&wire.FlagFatal != 0 {
+			switch err := wire.NewReader(c, 1<<16).Next(&f); {
+			case err != nil:
+			case f.Type == wire.TypeWelcome:
+				welcomes <- struct{}{}
+			case f.Type == wire.TypeError && f.Flags&wire.FlagFatal != 0:
 				codes <- wire.Code(f.Aux)
 			}
 		}()
@@ -122,6 +133,9 @@ func TestConnectionFlood(t *testing.T) {
 		if code := testutil.Recv(t, codes, 20*time.Second); code != wire.CodeTooManyConns {
 			t.Fatalf("refusal %d has code %s, want %s", i, code, wire.CodeTooManyConns)
 		}
+	}
+	for range max - 2 {
+		testutil.Recv(t, welcomes, 20*time.Second)
 	}
 	select {
 	case code := <-codes:

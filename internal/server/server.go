@@ -46,9 +46,21 @@ type Config struct {
 	// SlowTimeout is how long data frames wait for a client that does not
 	// read before it is disconnected as a slow consumer. Default: 10s.
 	SlowTimeout time.Duration
-	// MaxConns bounds open connections; one more is refused with
-	// [wire.CodeTooManyConns]. Default: 65536.
+	// MaxConns bounds the connections whose handshake succeeded; the
+	// HELLO of one more is refused with [wire.CodeTooManyConns].
+	// Connections still in their handshake count against MaxHandshakes
+	// instead, so that sockets that never log in cannot lock users out.
+	// Default: 65536.
 	MaxConns int
+	// MaxHandshakes bounds the connections still in their handshake
+	// (accepted, HELLO not yet answered), node-wide; one more is refused
+	// at once with [wire.CodeHandshakeLimit]. Default: 1024.
+	MaxHandshakes int
+	// MaxHandshakesPerAddr bounds the connections still in their
+	// handshake from one source address (an IPv4 address, or an IPv6
+	// /64); one more is refused at once with [wire.CodeHandshakeLimit].
+	// Default: 64.
+	MaxHandshakesPerAddr int
 	// MaxConnsPerUser bounds the connections of one user; one more is
 	// refused with [wire.CodeTooManyConns] at its HELLO. Connections
 	// without a user name are not counted. Default: 0, no limit.
@@ -78,7 +90,10 @@ func DefaultConfig() Config {
 		OutboxLimit:      1 << 17,
 		SlowTimeout:      10 * time.Second,
 		MaxConns:         65536,
+		MaxHandshakes:    1024,
 		Version:          "courier",
+
+		MaxHandshakesPerAddr: 64,
 	}
 }
 
@@ -108,6 +123,12 @@ func (c *Config) setDefaults() {
 	if c.MaxConns <= 0 {
 		c.MaxConns = d.MaxConns
 	}
+	if c.MaxHandshakes <= 0 {
+		c.MaxHandshakes = d.MaxHandshakes
+	}
+	if c.MaxHandshakesPerAddr <= 0 {
+		c.MaxHandshakesPerAddr = d.MaxHandshakesPerAddr
+	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -133,10 +154,11 @@ type Server struct {
 	b   *broker.Broker
 	log *slog.Logger
 
-	mu       sync.Mutex // guards ln, conns, users, shutdown
+	mu       sync.Mutex // guards ln, conns, users, adm, shutdown
 	ln       net.Listener
-	conns    map[*conn]struct{}
-	users    map[string]int // connections by user name
+	conns    map[*conn]struct{} // every connection, in its handshake or not
+	users    map[string]int     // connections by user name
+	adm      admission
 	shutdown bool
 	wg       sync.WaitGroup
 }
@@ -147,7 +169,7 @@ func New(cfg Config, b *broker.Broker) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, b: b, log: cfg.Log, conns: make(map[*conn]struct{}), users: make(map[string]int)}, nil
+	return &Server{cfg: cfg, b: b, log: cfg.Log, conns: make(map[*conn]struct{}), users: make(map[string]int), adm: newAdmission()}, nil
 }
 
 // Listen opens the configured address; Serve then accepts on it.
@@ -206,37 +228,31 @@ func (s *Server) Serve(ln net.Listener) error {
 }
 
 func (s *Server) accept(nc net.Conn) {
+	key := addrKey(nc.RemoteAddr())
 	s.mu.Lock()
 	if s.shutdown {
 		s.mu.Unlock()
 		nc.Close()
 		return
 	}
+	if e := s.admitHandshake(key); e != nil {
+		s.mu.Unlock()
+		s.logRefused(nc, e)
+		s.refuseNew(nc, e)
+		return
+	}
 	if s.cfg.TLS != nil {
 		nc = tls.Server(nc, s.cfg.TLS)
 	}
-	if len(s.conns) >= s.cfg.MaxConns {
-		s.mu.Unlock()
-		s.log.Warn("connection refused: limit reached", "peer", nc.RemoteAddr().String(), "max_conns", s.cfg.MaxConns)
-		e := wire.Errorf(wire.CodeTooManyConns, "the server has %d connections, its limit", s.cfg.MaxConns)
-		if s.cfg.TLS != nil {
-			// The write runs the TLS handshake: not in the accept loop.
-			go refuse(nc, e)
-		} else {
-			refuse(nc, e)
-		}
-		return
-	}
 	c := newConn(s, nc)
 	s.conns[c] = struct{}{}
+	s.startHandshake(c, key)
 	s.wg.Add(1)
 	s.mu.Unlock()
 	go func() {
 		defer s.wg.Done()
 		c.serve()
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
+		s.forget(c)
 	}()
 }
 
@@ -249,23 +265,12 @@ func refuse(nc net.Conn, e *wire.Error) {
 	nc.Close()
 }
 
-// Conns returns the number of open connections.
+// Conns returns the number of open connections, in their handshake or
+// not.
 func (s *Server) Conns() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.conns)
-}
-
-// addUser counts a connection of user, or refuses it past
-// Config.MaxConnsPerUser.
-func (s *Server) addUser(user string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if max := s.cfg.MaxConnsPerUser; max > 0 && s.users[user] >= max {
-		return wire.Errorf(wire.CodeTooManyConns, "user %q has %d connections, the limit per user", user, max)
-	}
-	s.users[user]++
-	return nil
 }
 
 // dropUser forgets a connection of user.
