@@ -45,16 +45,18 @@ type exchangeOptionFunc func(*ExchangeSpec)
 func (f exchangeOptionFunc) applyExchange(e *ExchangeSpec) { f(e) }
 
 // KeyExpr sets the sticky-key expression of a [StickyFun] exchange. The
-// expression (expr-lang) sees key, headers, size, tag and members, and
-// yields a string.
+// expression, in CEL (https://cel.dev; docs/protocol.md §5.1 lists what
+// it may use and its limits), sees key, headers, size, tag and members,
+// and yields a string, e.g. `headers["user"]`.
 func KeyExpr(src string) ExchangeOption {
 	return exchangeOptionFunc(func(e *ExchangeSpec) { e.Strategy, e.KeyExpr = string(StickyFun), src })
 }
 
-// RouteExpr sets the routing expression of a [Fun] exchange. It sees key,
-// headers, size, tag and members, and yields nil (any handler), a member
-// id, or a map with "member", "tag", "redirect", "reject", "key" or
-// "headers", e.g. `size > 1000 ? {"reject": "too big"} : {"tag": "eu"}`.
+// RouteExpr sets the routing expression of a [Fun] exchange, in CEL
+// (https://cel.dev; docs/protocol.md §5.1). It sees key, headers, size,
+// tag and members, and yields null (any handler), a member id, or a map
+// with "member", "tag", "redirect", "reject", "key" or "headers", e.g.
+// `size > 1000 ? {"reject": "too big"} : {"tag": "eu"}`.
 func RouteExpr(src string) ExchangeOption {
 	return exchangeOptionFunc(func(e *ExchangeSpec) { e.Strategy, e.RouteExpr = string(Fun), src })
 }

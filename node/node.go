@@ -166,6 +166,15 @@ type Limits struct {
 	// SlowConsumerTimeout is how long data frames wait for a client that
 	// does not read before it is disconnected. Default: 10s.
 	SlowConsumerTimeout time.Duration `toml:"slow_consumer_timeout"`
+	// ExprCost bounds one evaluation of a key or route expression, in
+	// CEL cost units; it bounds what the evaluation allocates as well
+	// (1 MiB at the default). An expression whose estimated cost is over
+	// it is refused at declare. Default: 40000.
+	ExprCost uint64 `toml:"expr_cost"`
+	// ExprTime bounds the time of one evaluation of an expression with
+	// comprehensions, and never past the request's deadline. Default:
+	// 10ms.
+	ExprTime time.Duration `toml:"expr_time"`
 }
 
 // Supervision configures the node's supervisor: a component (the client
@@ -198,7 +207,7 @@ func DefaultConfig() Config {
 			MaxHandshakes: sd.MaxHandshakes, MaxHandshakesPerAddr: sd.MaxHandshakesPerAddr,
 			MaxHTTPConns:     admin.DefaultMaxConns,
 			HandshakeTimeout: sd.HandshakeTimeout, Credit: sd.Credit, OutboxBytes: sd.OutboxLimit,
-			SlowConsumerTimeout: sd.SlowTimeout,
+			SlowConsumerTimeout: sd.SlowTimeout, ExprCost: broker.DefaultExprCost, ExprTime: broker.DefaultExprTime,
 		},
 		Supervision: Supervision{MaxRestarts: 5, RestartWindow: time.Minute},
 	}
@@ -229,6 +238,8 @@ func (c *Config) setDefaults() {
 	setDefault(&l.Credit, dl.Credit)
 	setDefault(&l.OutboxBytes, dl.OutboxBytes)
 	setDefault(&l.SlowConsumerTimeout, dl.SlowConsumerTimeout)
+	setDefault(&l.ExprCost, dl.ExprCost)
+	setDefault(&l.ExprTime, dl.ExprTime)
 	setDefault(&c.Supervision.MaxRestarts, d.Supervision.MaxRestarts)
 	setDefault(&c.Supervision.RestartWindow, d.Supervision.RestartWindow)
 	if c.Log == nil {
@@ -285,6 +296,7 @@ func (c Config) Validate() error {
 		{"limits.credit", l.Credit == 1},
 		{"limits.outbox_bytes", l.OutboxBytes < 0},
 		{"limits.slow_consumer_timeout", l.SlowConsumerTimeout < 0},
+		{"limits.expr_time", l.ExprTime < 0},
 		{"supervision.max_restarts", c.Supervision.MaxRestarts < 0},
 		{"supervision.restart_window", c.Supervision.RestartWindow < 0},
 	} {
@@ -347,6 +359,7 @@ func Start(cfg Config) (*Node, error) {
 			Policy:      users,
 			MaxInflight: cfg.Limits.MaxInflight, MaxAttachments: cfg.Limits.MaxAttachments, MaxDeadline: cfg.Limits.MaxDeadline,
 			MaxPatternsPerAttachment: cfg.Limits.MaxPatternsPerAttachment, MaxPatternsPerConnection: cfg.Limits.MaxPatternsPerConnection,
+			ExprCost: cfg.Limits.ExprCost, ExprTime: cfg.Limits.ExprTime,
 		}),
 		sup: supervise.New(supervise.Config{
 			MaxRestarts: cfg.Supervision.MaxRestarts, Window: cfg.Supervision.RestartWindow, Log: cfg.Log,

@@ -386,8 +386,8 @@ func exchangesCmd() *cobra.Command {
 	cc.Flags().Int64Var(&spec.MaxLength, "max-length", 0, "tasks: most tasks the queue holds (0: no bound)")
 	cc.Flags().Int64Var(&spec.MaxBytes, "max-bytes", 0, "tasks: most body bytes the queue holds (0: no bound)")
 	cc.Flags().StringVar(&spec.Overflow, "overflow", "", "tasks: at the bound, reject-publish (default) or drop-head")
-	cc.Flags().StringVar(&spec.KeyExpr, "key-expr", "", "sticky-fun key expression")
-	cc.Flags().StringVar(&spec.RouteExpr, "route-expr", "", "fun routing expression")
+	cc.Flags().StringVar(&spec.KeyExpr, "key-expr", "", "sticky-fun key expression (CEL, docs/protocol.md §5.1)")
+	cc.Flags().StringVar(&spec.RouteExpr, "route-expr", "", "fun routing expression (CEL, docs/protocol.md §5.1)")
 	cc.Flags().BoolVar(&spec.Controlled, "controlled", false, "pub-sub: a controller decides on subscriptions")
 
 	dc := &cobra.Command{

@@ -598,7 +598,7 @@ func TestExchangeCreateDelete(t *testing.T) {
 	if code, _, body := h.do("PUT", "/api/exchanges/feed", `{"pattern":"pubsub","controlled":true}`); code != http.StatusCreated {
 		t.Errorf("create controlled pubsub: %d %s", code, body)
 	}
-	code, _, body = h.do("PUT", "/api/exchanges/routed", `{"pattern":"reqresp","strategy":"fun","route_expr":"nil"}`)
+	code, _, body = h.do("PUT", "/api/exchanges/routed", `{"pattern":"reqresp","strategy":"fun","route_expr":"null"}`)
 	if code != http.StatusCreated {
 		t.Errorf("create fun: %d %s", code, body)
 	}

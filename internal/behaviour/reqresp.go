@@ -323,7 +323,7 @@ func (s *suite) testFun(t *testing.T) {
 	})
 	t.Run("PickMember", func(t *testing.T) {
 		e := s.env(t)
-		ex := e.reqresp(courier.RouteExpr(`members[len(members)-1].id`))
+		ex := e.reqresp(courier.RouteExpr(`members[size(members)-1].id`))
 		hs := e.handlers(ex.Name(), 3)
 		got := e.counts(ex, 5, courier.Message{})
 		if got[hs[2].ID()] != 5 {
@@ -334,7 +334,7 @@ func (s *suite) testFun(t *testing.T) {
 		e := s.env(t)
 		target := e.reqresp(courier.RoundRobin)
 		th := e.handlers(target.Name(), 1)
-		ex := e.reqresp(courier.RouteExpr(fmt.Sprintf(`headers["to"] == "other" ? {"redirect": %q} : nil`, target.Name())))
+		ex := e.reqresp(courier.RouteExpr(fmt.Sprintf(`"to" in headers && headers["to"] == "other" ? {"redirect": %q} : null`, target.Name())))
 		own := e.handlers(ex.Name(), 1)
 		if got := e.ask(ex, courier.Message{Header: map[string]string{"to": "other"}}); got != th[0].ID() {
 			t.Fatalf("redirected request answered by %s, want %s of %s", got, th[0].ID(), target.Name())
@@ -357,7 +357,7 @@ func (s *suite) testFun(t *testing.T) {
 	})
 	t.Run("Reject", func(t *testing.T) {
 		e := s.env(t)
-		ex := e.reqresp(courier.RouteExpr(`headers["deny"] != "" ? {"reject": "denied: " + headers["deny"]} : nil`))
+		ex := e.reqresp(courier.RouteExpr(`"deny" in headers ? {"reject": "denied: " + headers["deny"]} : null`))
 		e.handlers(ex.Name(), 1)
 		_, err := ex.Request(e.ctx, courier.Message{Header: map[string]string{"deny": "over quota"}})
 		mustErr(t, err, courier.ErrRejected, "rejected request")
@@ -370,7 +370,7 @@ func (s *suite) testFun(t *testing.T) {
 	})
 	t.Run("Rewrite", func(t *testing.T) {
 		e := s.env(t)
-		ex := e.reqresp(courier.RouteExpr(`{"key": "rw-" + key, "headers": {"user": upper(headers["user"]), "via": "route"}}`))
+		ex := e.reqresp(courier.RouteExpr(`{"key": "rw-" + key, "headers": {"user": headers["user"].upperAscii(), "via": "route"}}`))
 		type seen struct {
 			key    string
 			header map[string]string

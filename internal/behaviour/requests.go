@@ -164,7 +164,7 @@ func (s *suite) testNoHandler(t *testing.T) {
 		{"leader-round-robin", courier.LeaderRoundRobin},
 		{"sticky", courier.Sticky},
 		{"sticky-fun", courier.KeyExpr(`key`)},
-		{"fun", courier.RouteExpr(`nil`)},
+		{"fun", courier.RouteExpr(`null`)},
 		{"least-busy", courier.LeastBusy},
 	}
 	for _, st := range strategies {

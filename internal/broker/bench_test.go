@@ -71,3 +71,69 @@ func BenchmarkPublishFanOut10(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*10)/b.Elapsed().Seconds(), "deliveries/s")
 }
+
+// BenchmarkRouteFun is BenchmarkRouteRequest on a fun exchange: the
+// evaluation of a typical route expression on each request (the first
+// two read the same in expr-lang, for a comparison with it), and one with
+// a loop, which runs under a deadline and in an evaluation slot.
+func BenchmarkRouteFun(b *testing.B) {
+	for _, src := range []string{
+		`{"key": key + "!"}`,
+		`size > 1000 ? {"reject": "too big"} : {"tag": "eu"}`,
+		`members.exists(m, m.tag == "eu") ? {"tag": "eu"} : {"reject": "no eu"}`,
+	} {
+		b.Run(src, func(b *testing.B) {
+			br := New(Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			defer br.Close()
+			reqSink, hSink := &holdSink{}, &holdSink{}
+			req, h := br.Open(reqSink, "requester"), br.Open(hSink, "handler")
+			cfg, _ := json.Marshal(wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: Fun, RouteExpr: src})
+			req.Handle(&wire.Frame{Type: wire.TypeDeclare, Ref: 1, Name: "ping", Body: cfg})
+			h.Handle(&wire.Frame{Type: wire.TypeAttach, Ref: 1, Attach: 1, Name: "ping", Aux: wire.RoleHandler, Tag: "eu"})
+			body := []byte("ping")
+			b.ReportAllocs()
+			for i := uint64(1); b.Loop(); i++ {
+				f := wire.NewFrame(wire.TypeRequest)
+				f.Ref, f.Name, f.Key, f.Body = i, "ping", "k", body
+				req.Handle(f)
+				in := hSink.last
+				if in == nil || in.Type != wire.TypeRequest {
+					b.Fatalf("handler got %+v, requester %+v", in, reqSink.last)
+				}
+				r := wire.NewFrame(wire.TypeResponse)
+				r.Ref, r.Body = in.Ref, body
+				h.Handle(r)
+				if out := reqSink.last; out == nil || out.Type != wire.TypeResponse || out.Ref != i {
+					b.Fatalf("requester got %+v", out)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkExprDeadline measures what the deadline costs an expression
+// with a loop: its evaluation as the broker runs it (a context with a
+// timeout, checked between iterations) and without.
+func BenchmarkExprDeadline(b *testing.B) {
+	e, err := compileExpr(`members.exists(m, m.tag == "eu") ? {"tag": "eu"} : {"reject": "no eu"}`, exprLimits{cost: DefaultExprCost, time: DefaultExprTime})
+	if err != nil {
+		b.Fatal(err)
+	}
+	in := &RouteInput{Key: "k", Members: []wire.Member{{ID: "c1.1", ServiceTag: "us"}, {ID: "c2.1", ServiceTag: "eu"}}}
+	b.Run("deadline", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := e.route(in, 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("none", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, err := e.prog.Eval(&exprVars{in: in}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,22 @@ type Config struct {
 	// fails with [wire.CodeDeadlineTooLong]; one with no deadline gets
 	// this one. Default: 0, no maximum.
 	MaxDeadline time.Duration
+	// ExprCost bounds the cost of one evaluation of a key or route
+	// expression, in CEL's cost units; past it the request fails with
+	// [wire.CodeExprLimit], and an expression whose estimated cost is
+	// over it is refused at declare. It bounds what an evaluation
+	// allocates too: about 10 bytes per unit. Default: 100,000
+	// ([DefaultExprCost]).
+	ExprCost uint64
+	// ExprTime bounds the time of one evaluation of an expression with
+	// comprehensions (and never past the request's deadline); past it the
+	// request fails with [wire.CodeExprLimit]. Default: 10ms.
+	ExprTime time.Duration
+	// ExprSlots bounds the costly evaluations (loops, patterns) running at
+	// once in the node; one more waits for a slot, at most 1s or its
+	// request's deadline, then fails with [wire.CodeExprLimit]. Default:
+	// GOMAXPROCS - 1, at least 1, which leaves a core to everything else.
+	ExprSlots int
 	// Supervised, when set, makes New start no goroutine: the caller runs
 	// [Broker.Sweep] itself, under a supervisor. Default: false.
 	Supervised bool
@@ -98,6 +115,49 @@ func (c *Config) setDefaults() {
 	if c.MaxDeadline < 0 {
 		c.MaxDeadline = 0
 	}
+	if c.ExprCost == 0 {
+		c.ExprCost = DefaultExprCost
+	}
+	if c.ExprTime <= 0 {
+		c.ExprTime = DefaultExprTime
+	}
+	if c.ExprSlots <= 0 {
+		c.ExprSlots = max(1, runtime.GOMAXPROCS(0)-1)
+	}
+}
+
+// maxSlotWait bounds the wait of a costly evaluation for a slot.
+const maxSlotWait = time.Second
+
+// takeSlot takes an evaluation slot for a costly expression, waiting at
+// most left (the request's deadline; 0: none) or maxSlotWait. Slots are
+// taken in turn: a goroutine blocked on a channel send waits in line.
+func (b *Broker) takeSlot(left time.Duration) *exprLimitError {
+	select {
+	case b.exprSlots <- struct{}{}:
+		return nil
+	default:
+	}
+	wait := maxSlotWait
+	if left != 0 && left < wait {
+		wait = left
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case b.exprSlots <- struct{}{}:
+		return nil
+	case <-t.C:
+		return &exprLimitError{fmt.Sprintf("found no evaluation slot free within %s: the node is busy with other costly expressions", wait.Round(time.Millisecond))}
+	}
+}
+
+// giveSlot gives back a slot takeSlot took.
+func (b *Broker) giveSlot() { <-b.exprSlots }
+
+// exprLimits returns the budgets of an expression's evaluation.
+func (b *Broker) exprLimits() exprLimits {
+	return exprLimits{cost: b.cfg.ExprCost, time: b.cfg.ExprTime}
 }
 
 // Sink delivers frames to a session's peer. Deliver takes ownership of f.
@@ -145,6 +205,8 @@ type Broker struct {
 	draining atomic.Bool
 	// maxDeadlineMS is Config.MaxDeadline in ms; 0 for none.
 	maxDeadlineMS uint64
+	// exprSlots holds a token per costly evaluation running.
+	exprSlots chan struct{}
 
 	closeOnce sync.Once
 	stop      chan struct{}
@@ -160,6 +222,7 @@ func New(cfg Config) *Broker {
 		members:       make(map[string]*Attachment),
 		sessions:      make(map[uint64]*Session),
 		maxDeadlineMS: uint64(cfg.MaxDeadline / time.Millisecond),
+		exprSlots:     make(chan struct{}, cfg.ExprSlots),
 		stop:          make(chan struct{}),
 		stopped:       make(chan struct{}),
 		sched:         queue.NewScheduler(queue.SchedulerOptions{}),
@@ -283,7 +346,7 @@ type Spec = courier.ExchangeSpec
 // matches spec. Fields left empty in spec match anything. The declarer
 // is trusted; see [Broker.DeclareAs].
 func (b *Broker) Declare(name string, spec Spec) (*Exchange, error) {
-	return b.declare(name, spec, Trusted(), nil)
+	return b.declare(name, spec, Trusted(), nil, nil)
 }
 
 // DeclareAs is [Broker.Declare] on behalf of by: a task exchange with a
@@ -291,13 +354,13 @@ func (b *Broker) Declare(name string, spec Spec) (*Exchange, error) {
 // keeps by as its declarer (see [Declarer]). The management API declares
 // as the user of the request.
 func (b *Broker) DeclareAs(name string, spec Spec, by Declarer) (*Exchange, error) {
-	return b.declare(name, spec, by, nil)
+	return b.declare(name, spec, by, nil, nil)
 }
 
 // declare is DeclareAs; rq, if not nil, is a task exchange's queue being
 // brought back from the store at restart, whose declarer its definition
-// holds.
-func (b *Broker) declare(name string, spec Spec, by Declarer, rq *recoveredQueue) (*Exchange, error) {
+// holds; vet, if not nil, may refuse a new exchange before it is added.
+func (b *Broker) declare(name string, spec Spec, by Declarer, rq *recoveredQueue, vet func(*Exchange) error) (*Exchange, error) {
 	if !ValidName(name) {
 		return nil, wire.Errorf(wire.CodeBadOptions, "invalid exchange name %q: use dot-separated words of letters, digits, '_', '-', ':'", name)
 	}
@@ -322,6 +385,11 @@ func (b *Broker) declare(name string, spec Spec, by Declarer, rq *recoveredQueue
 	ex, err := newExchange(b, name, spec)
 	if err != nil {
 		return nil, err
+	}
+	if vet != nil {
+		if err := vet(ex); err != nil {
+			return nil, err
+		}
 	}
 	if ex.cfg.Pattern == wire.PatternTasks {
 		if rq == nil {

@@ -281,7 +281,7 @@ func (d *durability) build() error {
 		if def.Sub == "" {
 			rq = &recoveredQueue{def: def, rb: r.rbs[id]}
 		}
-		ex, err := b.declare(def.Exchange, spec, Trusted(), rq)
+		ex, err := b.declare(def.Exchange, spec, Trusted(), rq, nil)
 		if err != nil {
 			b.log.Error("store: a durable exchange could not be brought back", "exchange", def.Exchange, "queue", def.Name, "err", err)
 			continue

@@ -33,6 +33,12 @@ type Exchange struct {
 	cfg   wire.ExchangeConfig
 	keyFn KeyFunc
 	route RouteFunc
+	// keyExpr and routeExpr are the compiled expressions of a network
+	// declaration; keyFn and route are then nil.
+	keyExpr, routeExpr *expr
+	// limited counts the evaluations stopped by a limit; limitLogged is
+	// when one was last logged (unix ns).
+	limited, limitLogged atomic.Int64
 
 	mu      sync.Mutex // guards members, closed, and event order
 	members []*Attachment
@@ -138,11 +144,11 @@ func (ex *Exchange) compileStrategy() error {
 		if cfg.KeyExpr == "" {
 			return wire.Errorf(wire.CodeBadOptions, "exchange %q: strategy sticky-fun needs a key expression or function", ex.name)
 		}
-		fn, err := compileKeyExpr(cfg.KeyExpr)
+		e, err := compileExpr(cfg.KeyExpr, ex.b.exprLimits())
 		if err != nil {
 			return wire.Errorf(wire.CodeBadOptions, "exchange %q: key_expr: %v", ex.name, err)
 		}
-		ex.keyFn = fn
+		ex.keyExpr = e
 	case Fun:
 		if ex.route != nil {
 			return nil
@@ -150,11 +156,11 @@ func (ex *Exchange) compileStrategy() error {
 		if cfg.RouteExpr == "" {
 			return wire.Errorf(wire.CodeBadOptions, "exchange %q: strategy fun needs a route expression or function", ex.name)
 		}
-		fn, err := compileRouteExpr(cfg.RouteExpr)
+		e, err := compileExpr(cfg.RouteExpr, ex.b.exprLimits())
 		if err != nil {
 			return wire.Errorf(wire.CodeBadOptions, "exchange %q: route_expr: %v", ex.name, err)
 		}
-		ex.route = fn
+		ex.routeExpr = e
 	}
 	return nil
 }

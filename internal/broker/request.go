@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -271,6 +272,12 @@ func (s *Session) request(f *wire.Frame) {
 			err = wire.Errorf(wire.CodeRejected, "request redirected more than %d times (last to %q)", maxRedirects, redirect)
 			break
 		}
+		if !s.allowed(auth.Write, redirect) {
+			// The routing function may be the requester's own: a
+			// redirect is a request to its target like any other.
+			err = s.deny("request redirected by "+ex.name, auth.Write, redirect)
+			break
+		}
 		ex, err = s.b.lookup(redirect)
 	}
 	if err != nil {
@@ -315,7 +322,11 @@ func (s *Session) dispatch(ex *Exchange, f *wire.Frame, start int64) (string, er
 	case Sticky:
 		one = g.ring.pick(f.Key)
 	case StickyFun:
-		one = g.ring.pick(ex.keyFn(routeInput(f, g)))
+		key, err := ex.stickyKey(f, g, start)
+		if err != nil {
+			return "", err
+		}
+		one = g.ring.pick(key)
 	case LeastBusy:
 		one = leastBusy(g)
 	case Fun:
@@ -346,9 +357,81 @@ func leastBusy(g *group) *Attachment {
 	return best
 }
 
+// stickyKey computes the key of a sticky-fun request. A key expression
+// that fails gives "", unless a limit stopped it: the request fails then.
+func (ex *Exchange) stickyKey(f *wire.Frame, g *group, start int64) (string, error) {
+	if ex.keyExpr == nil {
+		return ex.keyFn(routeInput(f, g)), nil
+	}
+	e, left := ex.keyExpr, timeLeft(f, start)
+	if e.costly {
+		if le := ex.b.takeSlot(left); le != nil {
+			return "", ex.exprLimited("key", le)
+		}
+		defer ex.b.giveSlot()
+	}
+	key, err := e.key(routeInput(f, g), left)
+	var le *exprLimitError
+	if errors.As(err, &le) {
+		return "", ex.exprLimited("key", le)
+	}
+	return key, nil
+}
+
+// timeLeft is what remains of request f's deadline, 0 for none; start is
+// when it arrived (monoNow).
+func timeLeft(f *wire.Frame, start int64) time.Duration {
+	if f.Aux == 0 {
+		return 0
+	}
+	return max(time.Duration(f.Aux)*time.Millisecond-time.Duration(monoNow()-start), 1)
+}
+
+// limitLogEvery is the least time between two logs of an exchange's
+// expression stopped by a limit.
+const limitLogEvery = 5 * time.Second
+
+// exprLimited counts and logs an evaluation of ex stopped by a limit, and
+// returns the error the request fails with.
+func (ex *Exchange) exprLimited(kind string, le *exprLimitError) error {
+	n := ex.limited.Add(1)
+	now := time.Now().UnixNano()
+	if last := ex.limitLogged.Load(); now-last >= int64(limitLogEvery) && ex.limitLogged.CompareAndSwap(last, now) {
+		ex.b.log.Warn("routing expression stopped by its limit", "exchange", ex.name, "expr", kind, "reason", le.msg, "stopped", n)
+	}
+	return wire.Errorf(wire.CodeExprLimit, "exchange %q: %s expression %s", ex.name, kind, le.msg)
+}
+
+// ExprLimited returns how many evaluations of the exchange's key or
+// route expression a limit stopped.
+func (ex *Exchange) ExprLimited() int64 { return ex.limited.Load() }
+
+// evalRoute evaluates the route expression, in an evaluation slot if it
+// is costly.
+func (ex *Exchange) evalRoute(in *RouteInput, left time.Duration) (Route, error) {
+	e := ex.routeExpr
+	if e.costly {
+		if le := ex.b.takeSlot(left); le != nil {
+			return Route{}, le
+		}
+		defer ex.b.giveSlot()
+	}
+	return e.route(in, left)
+}
+
 func (s *Session) routeFun(ex *Exchange, g *group, f *wire.Frame, start int64) (string, error) {
-	r, err := ex.route(routeInput(f, g))
+	var r Route
+	var err error
+	if ex.routeExpr != nil {
+		r, err = ex.evalRoute(routeInput(f, g), timeLeft(f, start))
+	} else {
+		r, err = ex.route(routeInput(f, g))
+	}
 	if err != nil {
+		var le *exprLimitError
+		if errors.As(err, &le) {
+			return "", ex.exprLimited("route", le)
+		}
 		return "", wire.Errorf(wire.CodeRejected, "routing function of %q failed: %v", ex.name, err)
 	}
 	if r.Key != nil {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"cel.dev/cel-go/common/types"
+
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -17,7 +19,7 @@ func TestRouteOf(t *testing.T) {
 		want Route
 		err  string // part of the error, "" for none
 	}{
-		{name: "nil is any handler", in: nil, want: Route{}},
+		{name: "null is any handler", in: nil, want: Route{}},
 		{name: "string is a member", in: "c1.2", want: Route{Member: "c1.2"}},
 		{name: "member", in: map[string]any{"member": "c3.1"}, want: Route{Member: "c3.1"}},
 		{name: "tag", in: map[string]any{"tag": "eu"}, want: Route{Tag: "eu"}},
@@ -31,12 +33,12 @@ func TestRouteOf(t *testing.T) {
 		{name: "unknown key", in: map[string]any{"shard": "1"}, err: `unknown route key "shard"`},
 		{name: "tag not a string", in: map[string]any{"tag": 3}, err: `route "tag" must be a string`},
 		{name: "reject not a string", in: map[string]any{"reject": true}, err: `route "reject" must be a string`},
-		{name: "number", in: 12, err: "want nil, a member id or a map"},
-		{name: "list", in: []any{"a"}, err: "want nil, a member id or a map"},
+		{name: "number", in: 12, err: "want null, a member id or a map"},
+		{name: "list", in: []any{"a"}, err: "want null, a member id or a map"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := routeOf(tc.in)
+			got, err := routeOf(types.DefaultTypeAdapter.NativeToValue(tc.in))
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("routeOf(%v) error %v, want one containing %q", tc.in, err, tc.err)
@@ -71,8 +73,37 @@ func showRoute(r Route) string {
 	return fmt.Sprintf("{member=%q tag=%q redirect=%q reject=%q key=%s headers=%v}", r.Member, r.Tag, r.Redirect, r.Reject, key, r.Header)
 }
 
+// defaultLimits are the broker's default budgets.
+var defaultLimits = exprLimits{cost: DefaultExprCost, time: DefaultExprTime}
+
+// compileRouteExpr compiles a route expression under the default limits.
+func compileRouteExpr(src string) (func(*RouteInput) (Route, error), error) {
+	e, err := compileExpr(src, defaultLimits)
+	if err != nil {
+		return nil, err
+	}
+	return func(in *RouteInput) (Route, error) { return e.route(in, 0) }, nil
+}
+
+// compileKeyExpr compiles a key expression under the default limits; an
+// error gives "", as on a sticky-fun exchange.
+func compileKeyExpr(src string) (func(*RouteInput) string, error) {
+	e, err := compileExpr(src, defaultLimits)
+	if err != nil {
+		return nil, err
+	}
+	return func(in *RouteInput) string {
+		k, _ := e.key(in, 0)
+		return k
+	}, nil
+}
+
 func TestRouteExpr(t *testing.T) {
-	fn, err := compileRouteExpr(`size > 10 ? {"reject": "too big"} : headers["region"] == "" ? nil : {"tag": headers["region"], "key": key + "!"}`)
+	fn, err := compileRouteExpr(`size > 10 ? {"reject": "too big"} : headers[?"region"].orValue("") == "" ? null : {"tag": headers["region"], "key": key + "!"}`)
+	if err == nil {
+		t.Fatal("optional syntax compiled; it is not enabled")
+	}
+	fn, err = compileRouteExpr(`size > 10 ? {"reject": "too big"} : !("region" in headers) ? null : {"tag": headers["region"], "key": key + "!"}`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +120,7 @@ func TestRouteExpr(t *testing.T) {
 		t.Fatalf("request for eu: %s, %v", showRoute(r), err)
 	}
 
-	pick, err := compileRouteExpr(`members[len(members)-1].id`)
+	pick, err := compileRouteExpr(`members[size(members)-1].id`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +129,17 @@ func TestRouteExpr(t *testing.T) {
 		t.Fatalf("pick the newest: %s, %v", showRoute(r), err)
 	}
 
-	for _, bad := range []string{`{"tag": `, `nosuch`, `headers[`} {
+	mixed, err := compileRouteExpr(`size == 0 ? null : size == 1 ? "c1.1" : size == 2 ? {"tag": "eu"} : {"headers": {"n": size}, "key": size}`)
+	if err != nil {
+		t.Fatalf("branches of different types: %v", err)
+	}
+	for size, want := range []Route{{}, {Member: "c1.1"}, {Tag: "eu"}, {Header: map[string]string{"n": "3"}, Key: new("3")}} {
+		if r, err := mixed(&RouteInput{Size: size}); err != nil || !sameRoute(r, want) {
+			t.Errorf("size %d: %s, %v; want %s", size, showRoute(r), err, showRoute(want))
+		}
+	}
+
+	for _, bad := range []string{`{"tag": `, `nosuch`, `headers[`, `nil`, `len(key)`} {
 		if err := CompileExpr(bad, true); err == nil {
 			t.Errorf("route expression %q compiled", bad)
 		}

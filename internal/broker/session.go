@@ -210,11 +210,27 @@ func (s *Session) declare(f *wire.Frame) ([]byte, error) {
 	if err := s.checkDeclare(f.Name, &spec); err != nil {
 		return nil, err
 	}
-	ex, err := s.b.DeclareAs(f.Name, spec, s.declarer())
+	ex, err := s.b.declare(f.Name, spec, s.declarer(), nil, s.vetRedirects)
 	if err != nil {
 		return nil, err
 	}
 	return jsonBody(ex.Info()), nil
+}
+
+// vetRedirects refuses a new exchange whose route expression redirects,
+// in so many words, to an exchange the session may not write to. A
+// redirect the expression computes, or a Go routing function's, is
+// checked when a request takes it (see request).
+func (s *Session) vetRedirects(ex *Exchange) error {
+	if s.policy == nil || ex.routeExpr == nil {
+		return nil
+	}
+	for _, to := range ex.routeExpr.redirects {
+		if !s.allowed(auth.Write, to) {
+			return s.deny("declare "+ex.name+", which redirects to it", auth.Write, to)
+		}
+	}
+	return nil
 }
 
 // checkDeclare lets a DECLARE through with the configure permission. A
@@ -268,7 +284,7 @@ func (s *Session) DeclareFuncs(name string, spec Spec) (wire.ExchangeInfo, error
 	if err := s.checkDeclare(name, &spec); err != nil {
 		return wire.ExchangeInfo{}, err
 	}
-	ex, err := s.b.DeclareAs(name, spec, s.declarer())
+	ex, err := s.b.declare(name, spec, s.declarer(), nil, s.vetRedirects)
 	if err != nil {
 		return wire.ExchangeInfo{}, err
 	}
