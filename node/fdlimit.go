@@ -16,7 +16,8 @@ func fdReserve(limit uint64) uint64 { return max(64, limit/10) }
 // fitFDs returns l with its connection caps lowered, if needed, so that
 // they fit in limit descriptors with the reserve: the management
 // listener (when http) gets at most a sixteenth of what is left, the
-// handshakes an eighth, the logged-in connections the rest. It reports
+// handshakes an eighth (one address a sixteenth of those), the
+// logged-in connections the rest. It reports
 // whether it lowered any.
 func fitFDs(limit uint64, l Limits, http bool) (Limits, bool) {
 	if limit < 2*fdReserve(limit) {
@@ -35,7 +36,9 @@ func fitFDs(limit uint64, l Limits, http bool) (Limits, bool) {
 		budget -= l.MaxHTTPConns
 	}
 	l.MaxHandshakes = min(l.MaxHandshakes, max(8, budget/8))
-	l.MaxHandshakesPerAddr = min(l.MaxHandshakesPerAddr, l.MaxHandshakes)
+	// One address keeps at most its default share, a sixteenth, so
+	// that it alone cannot take every handshake of a lowered cap.
+	l.MaxHandshakesPerAddr = min(l.MaxHandshakesPerAddr, max(1, l.MaxHandshakes/16))
 	l.MaxConns = min(l.MaxConns, max(1, budget-l.MaxHandshakes))
 	return l, true
 }
