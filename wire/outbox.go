@@ -18,9 +18,10 @@ var ErrOutboxFull = errors.New("wire: peer is not reading (outbox full)")
 // ErrOutboxClosed is returned by [Outbox.Put] after [Outbox.Close].
 var ErrOutboxClosed = errors.New("wire: connection closed")
 
-// ErrWriteStalled is returned by [Outbox.Flush] when what was buffered
-// could not be written within the write timeout ([Outbox.SetWriteTimeout]):
-// the peer does not read. It wraps [os.ErrDeadlineExceeded].
+// ErrWriteStalled is returned by [Outbox.Flush] when the peer took less
+// than a chunk of what was buffered within the write timeout
+// ([Outbox.SetWriteTimeout]): it does not read. It wraps
+// [os.ErrDeadlineExceeded].
 var ErrWriteStalled = fmt.Errorf("wire: peer is not reading (write stalled): %w", os.ErrDeadlineExceeded)
 
 // Mode says how [Outbox.Put] treats a frame.
@@ -78,8 +79,6 @@ type Outbox struct {
 	ready   chan struct{}
 	max     int
 	limit   int
-	// hard bounds the buffer for [Outbox.Offer]: 8 × limit.
-	hard int
 	// writeTimeout bounds every write of the write loop; pendingSince
 	// is when the oldest byte still buffered was first handed to a
 	// write that did not take it all (unix ns, 0: none); expiry, set by
@@ -99,14 +98,16 @@ type Outbox struct {
 // bytes, holding data frames back while more than limit bytes wait.
 func NewOutbox(w io.Writer, maxFrame, limit int) *Outbox {
 	_, fragile := w.(*tls.Conn)
-	return &Outbox{w: w, room: make(chan struct{}), ready: make(chan struct{}, 1), max: maxFrame, limit: limit, hard: 8 * limit, fragile: fragile}
+	return &Outbox{w: w, room: make(chan struct{}), ready: make(chan struct{}, 1), max: maxFrame, limit: limit, fragile: fragile}
 }
 
-// SetWriteTimeout bounds every write of the write loop ([Outbox.Flush])
-// to d, counted from when the oldest byte it writes was first handed to
-// a write: a write that has not taken everything by then fails with
-// [ErrWriteStalled], and so does every Flush after it. The writer must
-// have a SetWriteDeadline method (a net.Conn); zero means no bound.
+// SetWriteTimeout bounds the write loop's writes ([Outbox.Flush]): they
+// hand the writer at most 256 KiB at a time, and a piece it has not
+// taken in full d after it was first handed to a write fails the Flush
+// with [ErrWriteStalled], and every Flush after it. So a peer that reads
+// steadily is never cut, however large the buffer, and one that does
+// not is cut on time. The writer must have a SetWriteDeadline method (a
+// net.Conn); zero means no bound.
 func (o *Outbox) SetWriteTimeout(d time.Duration) {
 	o.mu.Lock()
 	o.writeTimeout = d
@@ -152,15 +153,26 @@ func (o *Outbox) PutCancel(f *Frame, mode Mode, cancel <-chan struct{}) error {
 // Offer is Put for a producer that must never wait for this peer (a
 // request on its way to a handler: its requester has other work): it
 // does not wait for room, and fails at once with [ErrOutboxFull] when
-// the outbox holds more than eight times its limit.
+// the outbox holds more than [Outbox.OfferLimit].
 func (o *Outbox) Offer(f *Frame, mode Mode) error {
 	return o.put(f, mode, -1, nil)
 }
 
+// OfferLimit is what an outbox may hold before [Outbox.Offer] refuses:
+// eight times its limit and two of the largest frames, so that a peer
+// that reads is never refused for the size of the frames it is sent.
+func (o *Outbox) OfferLimit() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.offerLimit()
+}
+
+func (o *Outbox) offerLimit() int { return 8*o.limit + 2*o.max }
+
 func (o *Outbox) put(f *Frame, mode Mode, timeout time.Duration, cancel <-chan struct{}) error {
 	o.mu.Lock()
 	if timeout < 0 {
-		if len(o.buf) > o.hard && !o.closed {
+		if len(o.buf) > o.offerLimit() && !o.closed {
 			o.mu.Unlock()
 			return ErrOutboxFull
 		}
@@ -291,22 +303,18 @@ func (o *Outbox) writeLocked(inline bool) {
 		close(o.room)
 		o.room = make(chan struct{})
 	}
-	start := time.Now()
-	deadline, why := o.deadline(start, inline)
-	d, hasDeadline := o.w.(deadliner)
-	if hasDeadline {
-		// Set (or cleared) every time: an earlier write's may linger.
-		d.SetWriteDeadline(deadline)
+	since := time.Now()
+	if o.pendingSince != 0 && !inline {
+		since = time.Unix(0, o.pendingSince)
 	}
-	o.writeStart.Store(start.UnixNano())
 	o.mu.Unlock()
-	n, err := o.w.Write(p)
+	n, why, last, err := o.writeChunks(p, inline, since)
 	end := time.Now()
 	o.writeStart.Store(0)
 	o.writes.Add(1)
 	o.lastWrite.Store(end.UnixNano())
 	o.mu.Lock()
-	if hasDeadline && errors.Is(err, os.ErrDeadlineExceeded) {
+	if _, ok := o.w.(deadliner); ok && errors.Is(err, os.ErrDeadlineExceeded) {
 		if !o.expiry.IsZero() && !end.Before(o.expiry) {
 			why = expiryBound // set by Expire during the write
 		}
@@ -322,7 +330,7 @@ func (o *Outbox) writeLocked(inline bool) {
 		o.written.Broadcast()
 	}
 	if n < len(p) && o.pendingSince == 0 {
-		o.pendingSince = start.UnixNano()
+		o.pendingSince = last.UnixNano()
 	} else if n == len(p) {
 		o.pendingSince = 0
 	}
@@ -358,6 +366,43 @@ func (o *Outbox) writeLocked(inline bool) {
 	}
 }
 
+// writeChunk is the most the write loop hands the socket at once when
+// it has a write timeout: each chunk gets the whole timeout, so that a
+// peer that reads slowly but steadily is not taken for one that stalled.
+const writeChunk = 256 << 10
+
+// writeChunks writes p, a chunk at a time for the write loop, each with
+// its deadline: the first counted from since, when its oldest byte was
+// first handed to a write, the others from the end of the chunk before.
+// It returns what the last deadline was and when its chunk began.
+func (o *Outbox) writeChunks(p []byte, inline bool, since time.Time) (n int, why bound, last time.Time, err error) {
+	dl, hasDeadline := o.w.(deadliner)
+	for {
+		chunk := p[n:]
+		o.mu.Lock()
+		if !inline && o.writeTimeout > 0 && len(chunk) > writeChunk {
+			chunk = chunk[:writeChunk]
+		}
+		var d time.Time
+		d, why = o.deadline(since, inline)
+		if hasDeadline {
+			// Set (or cleared) every time: an earlier write's may
+			// linger. Under mu, so that Expire is never overwritten.
+			dl.SetWriteDeadline(d)
+		}
+		o.mu.Unlock()
+		o.writeStart.Store(since.UnixNano())
+		last = since
+		var m int
+		m, err = o.w.Write(chunk)
+		n += m
+		if err != nil || n == len(p) {
+			return n, why, last, err
+		}
+		since = time.Now()
+	}
+}
+
 // deadliner is the part of net.Conn that bounds a write.
 type deadliner interface {
 	SetWriteDeadline(t time.Time) error
@@ -373,22 +418,17 @@ const (
 	expiryBound       // the connection is closing
 )
 
-// deadline returns when a write starting now must end (zero: never), and
-// what that deadline is; o.mu is held. A producer's inline write ends
-// after inlineLimit; the write loop's after the write timeout, counted
-// from when the oldest byte it carries was first handed to a write.
-// Neither passes the expiry.
-func (o *Outbox) deadline(now time.Time, inline bool) (time.Time, bound) {
+// deadline returns when a write whose bytes were first handed to a
+// write at since must end (zero: never), and what that deadline is; o.mu
+// is held. A producer's inline write ends after inlineLimit; the write
+// loop's after the write timeout. Neither passes the expiry.
+func (o *Outbox) deadline(since time.Time, inline bool) (time.Time, bound) {
 	var d time.Time
 	b := unbounded
 	switch {
 	case inline:
-		d, b = now.Add(inlineLimit), inlineBound
+		d, b = since.Add(inlineLimit), inlineBound
 	case o.writeTimeout > 0:
-		since := now
-		if o.pendingSince != 0 {
-			since = time.Unix(0, o.pendingSince)
-		}
 		d, b = since.Add(o.writeTimeout), stallBound
 	}
 	if !o.expiry.IsZero() && (d.IsZero() || !d.Before(o.expiry)) {

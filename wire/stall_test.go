@@ -114,13 +114,17 @@ func TestExpireEndsABlockedWrite(t *testing.T) {
 }
 
 // TestOfferNeverWaits: Offer adds past the limit without waiting, and
-// refuses at once past eight times the limit.
+// refuses at once past eight times the limit and two of the largest
+// frames.
 func TestOfferNeverWaits(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	const limit = 1 << 10
-	o := NewOutbox(a, DefaultMaxFrame, limit)
+	const limit, maxFrame = 1 << 10, 4 << 10
+	o := NewOutbox(a, maxFrame, limit)
+	if o.OfferLimit() != 8*limit+2*maxFrame {
+		t.Fatalf("offer limit %d, want %d", o.OfferLimit(), 8*limit+2*maxFrame)
+	}
 	body := make([]byte, 100)
 	var n int
 	for ; n < 1000; n++ {
@@ -135,7 +139,47 @@ func TestOfferNeverWaits(t *testing.T) {
 	o.mu.Lock()
 	held := len(o.buf)
 	o.mu.Unlock()
-	if n == 1000 || held < 8*limit || held > 8*limit+200 {
-		t.Fatalf("Offer took %d frames (%d bytes) before refusing; want the refusal just past %d bytes", n, held, 8*limit)
+	if n == 1000 || held < o.OfferLimit() || held > o.OfferLimit()+200 {
+		t.Fatalf("Offer took %d frames (%d bytes) before refusing; want the refusal just past %d bytes", n, held, o.OfferLimit())
 	}
+}
+
+// TestWriteTimeoutLetsSlowReadersThrough: the write timeout bounds a
+// stall, not a write: a peer that takes a 4 MiB buffer slowly but
+// steadily (a chunk in a fifth of the timeout, the whole in three
+// timeouts) is not cut. (It was, when the deadline bounded the whole
+// write.)
+func TestWriteTimeoutLetsSlowReadersThrough(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	o := NewOutbox(a, DefaultMaxFrame, 8<<20)
+	o.SetWriteTimeout(time.Second)
+	const size = 4 << 20
+	if err := o.Put(&Frame{Type: TypeMessage, Body: make([]byte, size-100)}, Data, 0); err != nil {
+		t.Fatal(err)
+	}
+	read := make(chan int, 1)
+	go func() {
+		buf := make([]byte, 64<<10)
+		n := 0
+		for {
+			m, err := io.ReadFull(b, buf)
+			n += m
+			if err != nil {
+				read <- n
+				return
+			}
+			time.Sleep(50 * time.Millisecond) // 64 KiB in 50 ms: a 256 KiB chunk in 200 ms
+		}
+	}()
+	start := time.Now()
+	if _, err := o.Flush(); err != nil {
+		t.Fatalf("Flush to a slow reader, after %s: %v", time.Since(start), err)
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Logf("the slow reader took the buffer in %s, within one timeout: the test proves less than it should", took)
+	}
+	a.Close()
+	<-read
 }

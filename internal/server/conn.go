@@ -361,14 +361,15 @@ func modeOf(t wire.Type) wire.Mode {
 // Deliver sends a frame from the broker to the client (broker.Sink).
 //
 // A REQUEST for a handler never waits for room: its requester's other
-// traffic must not wait for a handler that does not read. Past eight
-// times the outbox limit the request fails at once with code 19, and
-// the handler, if it reads nothing, is cut by the write timeout.
+// traffic must not wait for a handler that does not read. Past the
+// outbox's offer limit (eight times its limit and two of the largest
+// frames) the request fails at once with code 19, and the handler, if
+// it reads nothing, is cut by the write timeout.
 func (c *conn) Deliver(f *wire.Frame) {
 	var err error
 	if f.Type == wire.TypeRequest {
 		if err = c.out.Offer(f, wire.Urgent); errors.Is(err, wire.ErrOutboxFull) {
-			c.sess.Refuse(f, wire.Errorf(wire.CodeSlowConsumer, "the handler's connection is not reading: more than %d bytes wait for it", 8*c.s.cfg.OutboxLimit))
+			c.sess.Refuse(f, wire.Errorf(wire.CodeSlowConsumer, "the handler's connection is not reading: more than %d bytes wait for it", c.out.OfferLimit()))
 			return
 		}
 	} else {
@@ -463,7 +464,7 @@ func (c *conn) writeLoop() {
 			}
 			if _, err := c.out.Flush(); err != nil {
 				if errors.Is(err, wire.ErrWriteStalled) {
-					c.s.log.Warn("slow consumer disconnected: a write took nothing for the timeout", "peer", c.peer, "timeout", c.s.cfg.SlowTimeout)
+					c.s.log.Warn("slow consumer disconnected: it took nothing for the timeout", "peer", c.peer, "timeout", c.s.cfg.SlowTimeout)
 				}
 				// The peer is gone: producers waiting for room must not
 				// wait out the slow-consumer timeout for it.
