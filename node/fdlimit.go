@@ -35,10 +35,12 @@ func fitFDs(limit uint64, l Limits, http bool) (Limits, bool) {
 		l.MaxHTTPConns = min(l.MaxHTTPConns, max(4, budget/16))
 		budget -= l.MaxHTTPConns
 	}
-	l.MaxHandshakes = min(l.MaxHandshakes, max(8, budget/8))
-	// One address keeps at most its default share, a sixteenth, so
-	// that it alone cannot take every handshake of a lowered cap.
-	l.MaxHandshakesPerAddr = min(l.MaxHandshakesPerAddr, max(1, l.MaxHandshakes/16))
+	if h := max(8, budget/8); h < l.MaxHandshakes {
+		// One address keeps at most its default share, a sixteenth, so
+		// that it alone cannot take every handshake of a lowered cap.
+		l.MaxHandshakes = h
+		l.MaxHandshakesPerAddr = min(l.MaxHandshakesPerAddr, max(1, h/16))
+	}
 	l.MaxConns = min(l.MaxConns, max(1, budget-l.MaxHandshakes))
 	return l, true
 }
