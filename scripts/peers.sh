@@ -3,7 +3,9 @@
 # measured against, on loopback only, with their state in a scratch
 # directory:
 #
-#   nats-server      127.0.0.1:4222, JetStream on (-js)
+#   nats-server      127.0.0.1:4222, JetStream on (-js); with
+#                    NATS_MONITOR_PORT set (such as 8222), its monitoring
+#                    endpoint (/varz, /connz) on 127.0.0.1 too
 #   rabbitmq-server  127.0.0.1:5672 (AMQP), guest/guest; epmd and the
 #                    Erlang distribution port also bound to 127.0.0.1
 #
@@ -24,6 +26,7 @@ set -euo pipefail
 PEERS_DIR=${PEERS_DIR:-${TMPDIR:-/tmp}/courier-peers}
 NATS_BIN=${NATS_BIN:-nats-server}
 NATS_PORT=${NATS_PORT:-4222}
+NATS_MONITOR_PORT=${NATS_MONITOR_PORT:-}
 AMQP_PORT=${AMQP_PORT:-5672}
 RABBIT_NODE=${RABBIT_NODE:-courier-bench@localhost}
 RABBIT_BIN=/usr/lib/rabbitmq/bin
@@ -64,7 +67,9 @@ start_nats() {
 		return 1
 	fi
 	mkdir -p "$dir/jetstream"
-	setsid "$NATS_BIN" -js -a 127.0.0.1 -p "$NATS_PORT" -sd "$dir/jetstream" \
+	local monitor=()
+	if [ -n "$NATS_MONITOR_PORT" ]; then monitor=(-m "$NATS_MONITOR_PORT"); fi # on -a's address
+	setsid "$NATS_BIN" -js -a 127.0.0.1 -p "$NATS_PORT" "${monitor[@]}" -sd "$dir/jetstream" \
 		-P "$dir/nats.pid" -l "$dir/nats.log" </dev/null &
 	for _ in $(seq 1 100); do
 		if port_open "$NATS_PORT"; then

@@ -15,6 +15,13 @@
 // stalled client sends nothing either (the heartbeat timeout applies);
 // without, it keeps sending PINGs (only the slow-consumer timeout
 // applies).
+//
+// The subscriber scenario also runs against NATS and RabbitMQ, for
+// comparison (see peers.go):
+//
+//	scripts/peers.sh start   # NATS_MONITOR_PORT=8222 for /connz
+//	go run ./scripts/stallprobe --target nats://127.0.0.1:4222
+//	go run ./scripts/stallprobe --target amqp://guest:guest@127.0.0.1:5672/
 package main
 
 import (
@@ -27,6 +34,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -39,12 +47,29 @@ import (
 
 func main() {
 	url := flag.String("url", "courier://127.0.0.1:7400", "server URL")
+	target := flag.String("target", "", "server URL, overriding --url; nats://... or amqp://... runs the subscriber scenario on that broker")
+	monitor := flag.String("monitor", "http://127.0.0.1:8222", "NATS monitoring base URL (/connz, /varz)")
+	wait := flag.Duration("wait", 2*time.Minute, "NATS, RabbitMQ: how long to wait for the broker to cut the stalled client")
 	api := flag.String("http", "http://127.0.0.1:7480", "management API base URL")
 	scenario := flag.String("scenario", "subscriber", "subscriber or handler")
 	silent := flag.Bool("silent", false, "the stalled client sends nothing at all")
 	phase := flag.Duration("phase", 3*time.Second, "how long to measure before the stall and after the cut")
 	flag.Parse()
-	if err := run(*url, *api, *scenario, *silent, *phase); err != nil {
+	var err error
+	if *target != "" {
+		*url = *target
+	}
+	switch {
+	case strings.HasPrefix(*url, "nats://"), strings.HasPrefix(*url, "amqp://"):
+		if *scenario != "subscriber" {
+			err = fmt.Errorf("scenario %q runs on Courier only", *scenario)
+			break
+		}
+		err = runPeer(*url, *monitor, *silent, *phase, *wait)
+	default:
+		err = run(*url, *api, *scenario, *silent, *phase)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "stallprobe:", err)
 		os.Exit(1)
 	}
@@ -58,10 +83,13 @@ type probe struct {
 	lat     map[string][]time.Duration // by phase
 	started map[string]time.Time
 	ended   map[string]time.Time
+	pubs    map[string]int64         // the publisher's calls, by phase
+	pubMax  map[string]time.Duration // its longest call, by phase
 }
 
 func newProbe() *probe {
-	return &probe{ops: map[string]int64{}, lat: map[string][]time.Duration{}, started: map[string]time.Time{}, ended: map[string]time.Time{}}
+	return &probe{ops: map[string]int64{}, lat: map[string][]time.Duration{}, started: map[string]time.Time{}, ended: map[string]time.Time{},
+		pubs: map[string]int64{}, pubMax: map[string]time.Duration{}}
 }
 
 func (p *probe) enter(phase string) {
@@ -84,6 +112,28 @@ func (p *probe) op(lat time.Duration) {
 	p.mu.Unlock()
 }
 
+// pub counts one publish call that took d (the publisher in the
+// subscriber scenario).
+func (p *probe) pub(d time.Duration) {
+	p.mu.Lock()
+	p.pubs[p.phase]++
+	p.pubMax[p.phase] = max(p.pubMax[p.phase], d)
+	p.mu.Unlock()
+}
+
+// since is how long the current phase has lasted, and its name.
+func (p *probe) since() (string, time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.phase, time.Since(p.started[p.phase])
+}
+
+// event prints a line stamped with the phase and the time into it.
+func (p *probe) event(format string, args ...any) {
+	ph, d := p.since()
+	fmt.Printf("[%s +%.1fs] %s\n", ph, d.Seconds(), fmt.Sprintf(format, args...))
+}
+
 func (p *probe) report(what string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -97,6 +147,13 @@ func (p *probe) report(what string) {
 				l[len(l)*99/100].Round(time.Microsecond), l[len(l)-1].Round(time.Microsecond))
 		}
 		fmt.Println(line)
+	}
+	for _, ph := range []string{"before", "during", "after"} {
+		if n := p.pubs[ph]; n > 0 {
+			d := p.ended[ph].Sub(p.started[ph])
+			fmt.Printf("%-6s %6.1fs  publisher sent %9.0f/s  longest publish call %v\n", ph, d.Seconds(),
+				float64(n)/d.Seconds(), p.pubMax[ph].Round(time.Microsecond))
+		}
 	}
 }
 
@@ -200,9 +257,11 @@ func subscriberLoad(ctx context.Context, url, exchange string, p *probe) (func()
 				return
 			default:
 			}
+			start := time.Now()
 			if err := px.Publish(ctx, "k", body); err != nil {
 				return
 			}
+			p.pub(time.Since(start))
 		}
 	})
 	var once sync.Once
