@@ -27,6 +27,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -334,6 +335,11 @@ func handlerLoad(ctx context.Context, url, exchange string, p *probe) (func(), e
 				rctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
 				_, err := stuck.Request(rctx, courier.Message{Body: body})
 				cancel()
+				if errors.Is(err, courier.ErrNoHandler) {
+					// The stalled handler was cut: the flood is over, and
+					// "after" measures the requester alone again.
+					return
+				}
 				if err != nil {
 					time.Sleep(time.Millisecond)
 				}
