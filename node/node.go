@@ -148,6 +148,9 @@ type Limits struct {
 	// MaxPatternsPerConnection bounds the subscription patterns of one
 	// connection's subscribers together. Default: 10000.
 	MaxPatternsPerConnection int `toml:"max_patterns_per_connection"`
+	// MaxDurableSubscriptions bounds the durable subscriptions of the
+	// node, those of every pub-sub exchange together. Default: 10000.
+	MaxDurableSubscriptions int `toml:"max_durable_subscriptions"`
 	// MaxInflight bounds the requests one connection may have in flight
 	// as a requester. Default: 65536.
 	MaxInflight int `toml:"max_inflight"`
@@ -203,7 +206,7 @@ func DefaultConfig() Config {
 		ScrubRate: DefaultScrubRate,
 		Limits: Limits{
 			MaxFrame: sd.MaxFrame, MaxConns: sd.MaxConns, MaxAttachments: 4096, MaxInflight: 65536,
-			MaxPatternsPerAttachment: 1000, MaxPatternsPerConnection: 10000,
+			MaxPatternsPerAttachment: 1000, MaxPatternsPerConnection: 10000, MaxDurableSubscriptions: 10000,
 			MaxHandshakes: sd.MaxHandshakes, MaxHandshakesPerAddr: sd.MaxHandshakesPerAddr,
 			MaxHTTPConns:     admin.DefaultMaxConns,
 			HandshakeTimeout: sd.HandshakeTimeout, Credit: sd.Credit, OutboxBytes: sd.OutboxLimit,
@@ -234,6 +237,7 @@ func (c *Config) setDefaults() {
 	setDefault(&l.MaxInflight, dl.MaxInflight)
 	setDefault(&l.MaxPatternsPerAttachment, dl.MaxPatternsPerAttachment)
 	setDefault(&l.MaxPatternsPerConnection, dl.MaxPatternsPerConnection)
+	setDefault(&l.MaxDurableSubscriptions, dl.MaxDurableSubscriptions)
 	setDefault(&l.HandshakeTimeout, dl.HandshakeTimeout)
 	setDefault(&l.Credit, dl.Credit)
 	setDefault(&l.OutboxBytes, dl.OutboxBytes)
@@ -291,6 +295,7 @@ func (c Config) Validate() error {
 		{"limits.max_inflight", l.MaxInflight < 0},
 		{"limits.max_patterns_per_attachment", l.MaxPatternsPerAttachment < 0},
 		{"limits.max_patterns_per_connection", l.MaxPatternsPerConnection < 0},
+		{"limits.max_durable_subscriptions", l.MaxDurableSubscriptions < 0},
 		{"limits.max_request_deadline", l.MaxDeadline < 0 || l.MaxDeadline > 0 && l.MaxDeadline < time.Millisecond},
 		{"limits.handshake_timeout", l.HandshakeTimeout < 0},
 		{"limits.credit", l.Credit == 1},
@@ -359,7 +364,8 @@ func Start(cfg Config) (*Node, error) {
 			Policy:      users,
 			MaxInflight: cfg.Limits.MaxInflight, MaxAttachments: cfg.Limits.MaxAttachments, MaxDeadline: cfg.Limits.MaxDeadline,
 			MaxPatternsPerAttachment: cfg.Limits.MaxPatternsPerAttachment, MaxPatternsPerConnection: cfg.Limits.MaxPatternsPerConnection,
-			ExprCost: cfg.Limits.ExprCost, ExprTime: cfg.Limits.ExprTime,
+			MaxDurableSubscriptions: cfg.Limits.MaxDurableSubscriptions,
+			ExprCost:                cfg.Limits.ExprCost, ExprTime: cfg.Limits.ExprTime,
 		}),
 		sup: supervise.New(supervise.Config{
 			MaxRestarts: cfg.Supervision.MaxRestarts, Window: cfg.Supervision.RestartWindow, Log: cfg.Log,

@@ -57,6 +57,11 @@ type Config struct {
 	// session's subscribers together, those asked of a controller and
 	// not yet decided included; past it as above. Default: 10000.
 	MaxPatternsPerConnection int
+	// MaxDurableSubscriptions bounds the durable subscriptions of the
+	// broker, those of every pub-sub exchange together; an ATTACH that
+	// would create one more fails with [wire.CodeLimit]. Those brought
+	// back from the store count but are never refused. Default: 10000.
+	MaxDurableSubscriptions int
 	// MaxDeadline bounds a request's deadline. A request asking for more
 	// fails with [wire.CodeDeadlineTooLong]; one with no deadline gets
 	// this one. Default: 0, no maximum.
@@ -111,6 +116,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxPatternsPerConnection <= 0 {
 		c.MaxPatternsPerConnection = 10000
+	}
+	if c.MaxDurableSubscriptions <= 0 {
+		c.MaxDurableSubscriptions = 10000
 	}
 	if c.MaxDeadline < 0 {
 		c.MaxDeadline = 0
@@ -187,6 +195,8 @@ type Broker struct {
 	// creation and deletion.
 	queues sync.Map
 	qmu    sync.Mutex
+	// durableSubs counts the durable subscriptions among queues.
+	durableSubs atomic.Int64
 	// qVersion moves on after every queue added to or removed from
 	// queues (see [Broker.QueueVersion]).
 	qVersion atomic.Uint64

@@ -42,7 +42,7 @@ func TestCheckpointUnchangedQueues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.durableSub(ev, "audit", []string{"old.#"}); err != nil {
+	if _, err := b.durableSub(ev, "audit", []string{"old.#"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	enqueue := func(name string) {
@@ -74,7 +74,7 @@ func TestCheckpointUnchangedQueues(t *testing.T) {
 	if err := q.Ack(c, (<-got).ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.durableSub(ev, "audit", []string{"new.#"}); err != nil {
+	if _, err := b.durableSub(ev, "audit", []string{"new.#"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Checkpoint(); err != nil {

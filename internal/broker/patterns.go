@@ -157,3 +157,82 @@ func (ex *Exchange) closeSubs() []*Attachment {
 	ex.nsubs = 0
 	return subs
 }
+
+// A durable subscription's patterns are those of its binding (see
+// taskQueue.bind), which the subscription's queue holds whether a
+// subscriber is attached or not; they are bounded like one attachment's.
+// While attached, each of its subscribers counts them against its
+// connection too: Attachment.bound is how many it counted, kept equal to
+// the binding's by syncBounds whenever the binding changes. The number
+// of durable subscriptions is bounded node-wide
+// (Config.MaxDurableSubscriptions).
+
+// chargeBound counts n patterns, those of a durable subscription's
+// binding, for its subscriber a in place of those a counted before, or
+// fails with [wire.CodeTooManyPatterns] when that would take a's
+// connection past its limit. A nil a counts nothing. a is not yet a
+// consumer of its queue, or the queue's attachMu is held.
+func (b *Broker) chargeBound(a *Attachment, n int, what string) error {
+	if a == nil {
+		return nil
+	}
+	delta := int64(n - a.bound)
+	for {
+		have := a.s.patterns.Load()
+		if max := int64(b.cfg.MaxPatternsPerConnection); delta > 0 && have+delta > max {
+			return wire.Errorf(wire.CodeTooManyPatterns, "%s: the durable subscription's %d patterns would pass the connection's limit of %d (it has %d)",
+				what, n, max, have-int64(a.bound))
+		}
+		if a.s.patterns.CompareAndSwap(have, have+delta) {
+			a.bound = n
+			return nil
+		}
+	}
+}
+
+// uncharge gives back what a counted for its durable subscription's
+// binding; nil or not a durable subscriber, it does nothing. As for
+// chargeBound, a is not a consumer or its queue's attachMu is held.
+func uncharge(a *Attachment) {
+	if a != nil && a.bound != 0 {
+		a.s.patterns.Add(-int64(a.bound))
+		a.bound = 0
+	}
+}
+
+// syncBound makes a count n patterns for its durable subscription, the
+// binding's now, whatever its connection's limit: only the subscriber
+// that changes a binding is checked (chargeBound). The queue's attachMu
+// is held.
+func syncBound(a *Attachment, n int) {
+	a.s.patterns.Add(int64(n - a.bound))
+	a.bound = n
+}
+
+// syncBounds makes every subscriber attached to durable subscription tq
+// count its binding's patterns as they are now.
+func (tq *taskQueue) syncBounds() {
+	tq.attachMu.Lock()
+	defer tq.attachMu.Unlock()
+	n := tq.boundPatterns()
+	for a := range tq.consumers {
+		if a.role == wire.RoleSubscriber {
+			syncBound(a, n)
+		}
+	}
+}
+
+// boundPatterns returns the number of patterns of tq's binding.
+func (tq *taskQueue) boundPatterns() int {
+	tq.defMu.Lock()
+	defer tq.defMu.Unlock()
+	return len(tq.def.Patterns)
+}
+
+// releaseBound gives back what a, a durable subscriber that is not a
+// consumer of its queue, counted for the queue's binding.
+func (tq *taskQueue) releaseBound(a *Attachment) {
+	tq.attachMu.Lock()
+	uncharge(a)
+	tq.attachMu.Unlock()
+}

@@ -147,8 +147,9 @@ func TestPatternBytesEstimate(t *testing.T) {
 // controller count against the limits until it decides, and no longer
 // once it refuses or its decision would pass a limit; a deleted
 // exchange's patterns no longer count; a durable subscription's count
-// against the attachment's limit and the node's total, not the
-// connection's.
+// against the attachment's limit and the node's total, and against the
+// connection of each subscriber while it is attached, whoever changes
+// the binding.
 func TestPatternAccounting(t *testing.T) {
 	b := New(Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxPatternsPerAttachment: 3, MaxPatternsPerConnection: 4})
 	defer b.Close()
@@ -236,9 +237,29 @@ func TestPatternAccounting(t *testing.T) {
 	wantCode(t, reply(t, subSink), wire.TypeError, 8, wire.CodeTooManyPatterns)
 	s.Handle(&wire.Frame{Type: wire.TypeAttach, Ref: 9, Attach: 3, Name: "dx", Aux: wire.RoleSubscriber, Body: spec("p.1", "p.2", "p.3", "p.3")})
 	expectOK(t, subSink)
-	counts(0, 3)
+	counts(3, 3)
+	otherSink := newChanSink()
+	other := b.Open(otherSink, "other")
+	other.Handle(&wire.Frame{Type: wire.TypeAttach, Ref: 1, Attach: 1, Name: "dx", Aux: wire.RoleSubscriber, Body: spec()})
+	expectOK(t, otherSink)
+	body, _ := json.Marshal(wire.PatternsBody{Patterns: []string{"p.1", "p.2"}})
+	other.Handle(&wire.Frame{Type: wire.TypeUnsubscribe, Ref: 2, Attach: 1, Body: body})
+	expectOK(t, otherSink)
+	if other.Patterns() != 1 {
+		t.Fatalf("%d patterns counted for the other connection, want the binding's 1", other.Patterns())
+	}
+	counts(1, 1)
+	subscribe(10, 3, "q.1", "q.2")
+	expectOK(t, subSink)
+	counts(3, 3)
+	if other.Patterns() != 3 {
+		t.Fatalf("%d patterns counted for the other connection, want the binding's 3", other.Patterns())
+	}
 	if err := b.DeleteQueue("dx/d1"); err != nil {
 		t.Fatal(err)
 	}
 	counts(0, 0)
+	if other.Patterns() != 0 {
+		t.Fatalf("%d patterns counted for the other connection after the deletion", other.Patterns())
+	}
 }

@@ -392,6 +392,16 @@ func (s *Session) subscribe(f *wire.Frame) {
 		s.sendError(f.Ref, s.deny(strings.ToLower(f.Type.String()), need, ex.name))
 		return
 	}
+	if target.tq != nil {
+		// A durable subscriber: its patterns are its subscription's.
+		now, err := s.b.resubscribe(target, f.Type == wire.TypeSubscribe, pb.Patterns)
+		if err != nil {
+			s.sendError(f.Ref, err)
+			return
+		}
+		s.reply(f.Ref, jsonBody(wire.PatternsBody{Patterns: now}), nil)
+		return
+	}
 	if f.Type == wire.TypeSubscribe && target == self && ex.cfg.Controlled {
 		ex.requestSubscription(self, f.Ref, pb.Patterns, false)
 		return

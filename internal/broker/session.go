@@ -102,6 +102,10 @@ type Attachment struct {
 	tq       *taskQueue
 	tmu      sync.Mutex
 	consumer atomic.Pointer[queue.Consumer]
+	// bound is how many patterns of its durable subscription's binding a
+	// durable subscriber counts against its session (see chargeBound);
+	// guarded by tq.attachMu once it is a consumer.
+	bound int
 }
 
 func (a *Attachment) info() wire.Member {
@@ -341,7 +345,14 @@ func (s *Session) attach(f *wire.Frame) {
 		}
 	}
 	if err == nil && spec.Durable != "" {
-		a.tq, err = s.b.durableSub(ex, spec.Durable, spec.Patterns)
+		// Checked first as well, so that a refused ATTACH creates no
+		// durable subscription.
+		s.mu.Lock()
+		err = s.roomFor(a)
+		s.mu.Unlock()
+		if err == nil {
+			a.tq, err = s.b.durableSub(ex, spec.Durable, spec.Patterns, a)
+		}
 	}
 	if a.role == wire.RoleWorker {
 		a.tq = ex.tq
@@ -351,18 +362,14 @@ func (s *Session) attach(f *wire.Frame) {
 		return
 	}
 	s.mu.Lock()
-	if s.closed {
+	if err, closed := s.roomFor(a), s.closed; err != nil || closed {
 		s.mu.Unlock()
-		return
-	}
-	if max := s.b.cfg.MaxAttachments; len(s.attachments) >= max {
-		s.mu.Unlock()
-		s.sendError(f.Ref, wire.Errorf(wire.CodeTooManyAttachments, "attach %q: this connection has %d attachments, the limit", ex.name, max))
-		return
-	}
-	if _, dup := s.attachments[a.id]; dup {
-		s.mu.Unlock()
-		s.sendError(f.Ref, wire.Errorf(wire.CodeProtocol, "attach: attachment id %d already in use", a.id))
+		if a.tq != nil && a.role == wire.RoleSubscriber {
+			a.tq.releaseBound(a)
+		}
+		if !closed {
+			s.sendError(f.Ref, err)
+		}
 		return
 	}
 	s.attachments[a.id] = a
@@ -415,6 +422,18 @@ func (s *Session) attach(f *wire.Frame) {
 		return
 	}
 	s.reply(f.Ref, jsonBody(wire.AttachResult{Member: a.member}), nil)
+}
+
+// roomFor refuses a new attachment a past the session's limit, or with
+// an id in use; s.mu is held.
+func (s *Session) roomFor(a *Attachment) error {
+	if max := s.b.cfg.MaxAttachments; len(s.attachments) >= max {
+		return wire.Errorf(wire.CodeTooManyAttachments, "attach %q: this connection has %d attachments, the limit", a.ex.name, max)
+	}
+	if _, dup := s.attachments[a.id]; dup {
+		return wire.Errorf(wire.CodeProtocol, "attach: attachment id %d already in use", a.id)
+	}
+	return nil
 }
 
 // testHookBeforeJoin, set only by tests, runs between an ATTACH's

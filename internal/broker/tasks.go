@@ -317,12 +317,17 @@ func (b *Broker) Queue(name string) *queue.Queue {
 // before a walk and finds it unchanged later knows its walk saw the
 // whole set.
 func (b *Broker) putQueue(name string, tq *taskQueue) {
+	if tq.def.Sub != "" {
+		b.durableSubs.Add(1)
+	}
 	b.queues.Store(name, tq)
 	b.qVersion.Add(1)
 }
 
 func (b *Broker) removeQueue(name string) {
-	b.queues.Delete(name)
+	if v, ok := b.queues.LoadAndDelete(name); ok && v.(*taskQueue).def.Sub != "" {
+		b.durableSubs.Add(-1)
+	}
 	b.qVersion.Add(1)
 }
 
@@ -635,6 +640,7 @@ func (tq *taskQueue) attachConsumer(a *Attachment, prefetch int) error {
 	tq.attachMu.Lock()
 	defer tq.attachMu.Unlock()
 	if a.gone.Load() {
+		uncharge(a)
 		return wire.Errorf(wire.CodeCancelled, "attach: the connection closed")
 	}
 	member := a.role == wire.RoleWorker
@@ -657,13 +663,19 @@ func (tq *taskQueue) attachConsumer(a *Attachment, prefetch int) error {
 		if member {
 			tq.ex.leave(a)
 		}
+		uncharge(a)
 		return queueError("attach to "+tq.Name(), err)
+	}
+	if a.role == wire.RoleSubscriber {
+		// The binding may have changed since durableSub counted it.
+		syncBound(a, tq.boundPatterns())
 	}
 	return nil
 }
 
 // detachConsumer takes a's consumer off its queue: what it had in flight
-// is redelivered.
+// is redelivered, and a durable subscriber's binding no longer counts
+// against its connection.
 func (tq *taskQueue) detachConsumer(a *Attachment) {
 	tq.attachMu.Lock()
 	defer tq.attachMu.Unlock()
@@ -671,6 +683,7 @@ func (tq *taskQueue) detachConsumer(a *Attachment) {
 		tq.q.RemoveConsumer(c)
 	}
 	delete(tq.consumers, a)
+	uncharge(a)
 	if a.role == wire.RoleWorker {
 		tq.ex.leave(a)
 	}
@@ -758,15 +771,20 @@ func (tq *taskQueue) bind(patterns []string) {
 }
 
 // durableSub returns the durable subscription sub of pub-sub exchange ex,
-// created if new, bound to patterns.
-func (b *Broker) durableSub(ex *Exchange, sub string, patterns []string) (*taskQueue, error) {
+// created if new, bound to patterns. For a, the subscriber that attaches
+// (nil for none), the binding's patterns are counted against its
+// connection (see chargeBound); a refused ATTACH creates or changes
+// nothing, and counts nothing.
+func (b *Broker) durableSub(ex *Exchange, sub string, patterns []string, a *Attachment) (*taskQueue, error) {
 	if ex.cfg.Controlled {
 		return nil, wire.Errorf(wire.CodeNotAllowed, "exchange %q is controlled: durable subscriptions need an exchange without a controller", ex.name)
 	}
 	if !ValidName(sub) {
 		return nil, wire.Errorf(wire.CodeBadOptions, "invalid durable subscription name %q: use dot-separated words of letters, digits, '_', '-', ':'", sub)
 	}
+	patterns = distinct(patterns)
 	name := ex.name + "/" + sub
+	what := "attach " + name
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
 	if v, ok := b.queues.Load(name); ok {
@@ -778,21 +796,37 @@ func (b *Broker) durableSub(ex *Exchange, sub string, patterns []string) (*taskQ
 		same := slices.Equal(tq.def.Patterns, patterns)
 		def := tq.def
 		tq.defMu.Unlock()
+		n := len(def.Patterns)
+		if len(patterns) > 0 {
+			n = len(patterns)
+		}
+		if err := b.chargeBound(a, n, what); err != nil {
+			return nil, err
+		}
 		if len(patterns) == 0 || same {
 			return tq, nil
 		}
-		def.Patterns = slices.Clone(patterns)
+		def.Patterns = patterns
 		if err := b.defineQueue(def, func() { tq.bind(patterns) })(); err != nil {
+			uncharge(a)
 			return nil, err
 		}
+		tq.syncBounds()
 		return tq, nil
 	}
-	def := queueDef{Name: name, Exchange: ex.name, Config: ex.cfg, Sub: sub, Patterns: slices.Clone(patterns)}
+	if max := b.cfg.MaxDurableSubscriptions; b.durableSubs.Load() >= int64(max) {
+		return nil, wire.Errorf(wire.CodeLimit, "%s: the node has %d durable subscriptions, its limit: delete one first", what, max)
+	}
+	if err := b.chargeBound(a, len(patterns), what); err != nil {
+		return nil, err
+	}
+	def := queueDef{Name: name, Exchange: ex.name, Config: ex.cfg, Sub: sub, Patterns: patterns}
 	if b.dur != nil {
 		def.ID = b.dur.newID()
 	}
 	tq, err := b.newTaskQueue(ex, def, Trusted(), nil)
 	if err != nil {
+		uncharge(a)
 		return nil, err
 	}
 	err = b.defineQueue(def, func() {
@@ -800,10 +834,83 @@ func (b *Broker) durableSub(ex *Exchange, sub string, patterns []string) (*taskQ
 		b.putQueue(name, tq)
 	})()
 	if err != nil {
+		uncharge(a)
 		return nil, err
 	}
 	b.log.Info("durable subscription created", "queue", name, "patterns", patterns)
 	return tq, nil
+}
+
+// resubscribe handles a SUBSCRIBE (add) or an UNSUBSCRIBE of durable
+// subscriber a: it changes the binding of a's subscription, durably, and
+// returns the binding's patterns now. The binding is held to a's limits,
+// the attachment's and its connection's, as its own patterns would be.
+func (b *Broker) resubscribe(a *Attachment, add bool, patterns []string) ([]string, error) {
+	tq := a.tq
+	what := "unsubscribe " + a.member
+	if add {
+		what = "subscribe " + a.member
+	}
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	if v, ok := b.queues.Load(tq.Name()); !ok || v != tq {
+		return nil, wire.Errorf(wire.CodeNotFound, "%s: durable subscription %q was deleted", what, tq.Name())
+	}
+	tq.defMu.Lock()
+	def := tq.def
+	tq.defMu.Unlock()
+	want := changePatterns(def.Patterns, add, patterns)
+	if slices.Equal(want, def.Patterns) {
+		return want, nil
+	}
+	if max := b.cfg.MaxPatternsPerAttachment; add && len(want) > max {
+		return nil, wire.Errorf(wire.CodeTooManyPatterns, "%s: %d more patterns would pass the attachment's limit of %d (durable subscription %q has %d)",
+			what, len(want)-len(def.Patterns), max, tq.Name(), len(def.Patterns))
+	}
+	tq.attachMu.Lock()
+	var err error = wire.Errorf(wire.CodeNotFound, "%s: the attachment detached", what)
+	if _, attached := tq.consumers[a]; attached {
+		err = b.chargeBound(a, len(want), what)
+	}
+	tq.attachMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	def.Patterns = want
+	err = b.defineQueue(def, func() { tq.bind(want) })()
+	tq.syncBounds() // a's count is the binding's again, changed or not
+	if err != nil {
+		return nil, err
+	}
+	b.log.Info("durable subscription bound anew", "queue", tq.Name(), "patterns", len(want), "by", a.member)
+	return slices.Clone(want), nil
+}
+
+// changePatterns returns the patterns of have with those of patterns
+// added (add) or removed, without repeats.
+func changePatterns(have []string, add bool, patterns []string) []string {
+	if add {
+		return distinct(append(slices.Clone(have), patterns...))
+	}
+	drop := make(map[string]bool, len(patterns))
+	for _, p := range patterns {
+		drop[p] = true
+	}
+	return distinct(slices.DeleteFunc(slices.Clone(have), func(p string) bool { return drop[p] }))
+}
+
+// distinct returns patterns without repeats, in the order they come
+// first, in a new slice.
+func distinct(patterns []string) []string {
+	out := make([]string, 0, len(patterns))
+	seen := make(map[string]bool, len(patterns))
+	for _, p := range patterns {
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // DeleteQueue deletes a queue and its messages: a durable subscription,
