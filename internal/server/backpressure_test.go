@@ -19,7 +19,10 @@ import (
 // take the server for dead for it. (It did: the client closed its own
 // connection, and the messages behind it were lost.)
 func TestBackpressureIsNotSilence(t *testing.T) {
-	const hb = 250 * time.Millisecond // generous: -race on two loaded cores delays goroutines by tens of ms
+	// Generous: -race on two loaded cores (the whole suite runs its
+	// packages at once) has delayed a PING by several hundred ms; 250 ms
+	// (a 750 ms timeout) failed once in a full run.
+	const hb = 400 * time.Millisecond
 	n := startNode(t, hb)
 	ctx := testutil.Context(t, 60*time.Second)
 	for _, remoteSub := range []bool{false, true} {
@@ -80,7 +83,7 @@ func TestBackpressureIsNotSilence(t *testing.T) {
 				t.Fatalf("publisher closed while held by backpressure: %v", pc.Err())
 			case <-sc.Done():
 				t.Fatalf("subscriber closed while held by backpressure: %v", sc.Err())
-			case <-time.After(10 * hb):
+			case <-time.After(8 * hb): // over two timeouts
 			}
 			close(release)
 			if err := <-published; err != nil {
