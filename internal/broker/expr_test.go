@@ -117,7 +117,7 @@ func measure(e *expr, in *RouteInput, timed bool) measurement {
 	start := time.Now()
 	var m measurement
 	if timed {
-		_, m.err = e.eval(in, 0)
+		_, m.err = e.eval(&exprVars{in: in}, 0)
 	} else {
 		_, det, err := e.prog.Eval(&exprVars{in: in})
 		m.err = err
@@ -236,7 +236,7 @@ func TestExprTimeLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 		start := time.Now()
-		_, err = e.eval(in, tc.left)
+		_, err = e.eval(&exprVars{in: in}, tc.left)
 		took := time.Since(start)
 		var le *exprLimitError
 		if !errors.As(err, &le) || le.msg != tc.want {
@@ -261,7 +261,7 @@ func TestExprCostLimit(t *testing.T) {
 		}
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		_, err = e.eval(big, 0)
+		_, err = e.eval(&exprVars{in: big}, 0)
 		runtime.ReadMemStats(&after)
 		var le *exprLimitError
 		if !errors.As(err, &le) || le.msg != "went over its cost limit (40000)" {

@@ -370,7 +370,7 @@ func (ex *Exchange) stickyKey(f *wire.Frame, g *group, start int64) (string, err
 		}
 		defer ex.b.giveSlot()
 	}
-	key, err := e.key(routeInput(f, g), left)
+	key, err := e.key(exprVarsOf(f, g), left)
 	var le *exprLimitError
 	if errors.As(err, &le) {
 		return "", ex.exprLimited("key", le)
@@ -408,7 +408,7 @@ func (ex *Exchange) ExprLimited() int64 { return ex.limited.Load() }
 
 // evalRoute evaluates the route expression, in an evaluation slot if it
 // is costly.
-func (ex *Exchange) evalRoute(in *RouteInput, left time.Duration) (Route, error) {
+func (ex *Exchange) evalRoute(vars *exprVars, left time.Duration) (Route, error) {
 	e := ex.routeExpr
 	if e.costly {
 		if le := ex.b.takeSlot(left); le != nil {
@@ -416,14 +416,14 @@ func (ex *Exchange) evalRoute(in *RouteInput, left time.Duration) (Route, error)
 		}
 		defer ex.b.giveSlot()
 	}
-	return e.route(in, left)
+	return e.route(vars, left)
 }
 
 func (s *Session) routeFun(ex *Exchange, g *group, f *wire.Frame, start int64) (string, error) {
 	var r Route
 	var err error
 	if ex.routeExpr != nil {
-		r, err = ex.evalRoute(routeInput(f, g), timeLeft(f, start))
+		r, err = ex.evalRoute(exprVarsOf(f, g), timeLeft(f, start))
 	} else {
 		r, err = ex.route(routeInput(f, g))
 	}
