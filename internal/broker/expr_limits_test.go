@@ -2,10 +2,14 @@ package broker
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"runtime"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/courier-mq/courier/wire"
 )
@@ -67,5 +71,68 @@ func TestExprMembersNotBuiltPerRequest(t *testing.T) {
 	t.Logf("%d bytes a request with %d handlers", per, handlers)
 	if per > 16<<10 {
 		t.Fatalf("each request allocated %d bytes with %d handlers: the members are built per request", per, handlers)
+	}
+}
+
+// TestExprSlotsFairBetweenUsers: a user's costly evaluations wait for an
+// evaluation slot behind each other, not in front of another user's.
+// With one slot, one of "evil"'s evaluations holds it while three more,
+// from three other connections of the same user, wait; then "good"
+// asks. Before, the slot went in arrival order, so good came after every
+// evil evaluation in line (and, with enough connections looping, after
+// 1 s, code 27); now it comes next.
+func TestExprSlotsFairBetweenUsers(t *testing.T) {
+	b, _, _ := funBroker(t, Config{ExprSlots: 1}, `members.exists(m, m.id == key) ? null : null`)
+	b.slotWait = time.Minute // the test waits for the line to form
+	b.Open(dropSink{}, "handler").Handle(&wire.Frame{Type: wire.TypeAttach, Ref: 1, Attach: 1, Name: "fun", Aux: wire.RoleHandler})
+
+	var mu sync.Mutex
+	var order []string
+	holding, release := make(chan struct{}), make(chan struct{})
+	testHookSlotTaken = func(o slotOwner) {
+		mu.Lock()
+		order = append(order, o.user)
+		first := len(order) == 1
+		mu.Unlock()
+		if first {
+			close(holding)
+			<-release
+		}
+	}
+	defer func() { testHookSlotTaken = nil }()
+
+	var wg sync.WaitGroup
+	request := func(user string, n int) {
+		s := b.OpenAs(dropSink{}, fmt.Sprint(user, n), user, nil)
+		wg.Go(func() {
+			f := wire.NewFrame(wire.TypeRequest)
+			f.Ref, f.Name, f.Key = 1, "fun", "k"
+			s.Handle(f)
+		})
+	}
+	waiters := func(n int64) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); b.slotWaiters.Load() != n; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d evaluations wait for a slot, want %d", b.slotWaiters.Load(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	request("evil", 0)
+	<-holding
+	for i := range 3 {
+		request("evil", i+1)
+		waiters(int64(i + 1))
+	}
+	request("good", 0)
+	waiters(4)
+	close(release)
+	wg.Wait()
+	if want := []string{"evil", "good", "evil", "evil", "evil"}; !slices.Equal(order, want) {
+		t.Fatalf("slots taken in the order %v, want %v", order, want)
+	}
+	if n := len(b.shares); n != 0 {
+		t.Fatalf("%d shares left after every evaluation ended", n)
 	}
 }
