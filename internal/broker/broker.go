@@ -65,7 +65,8 @@ type Config struct {
 	// expression, in CEL's cost units; past it the request fails with
 	// [wire.CodeExprLimit], and an expression whose estimated cost is
 	// over it is refused at declare. It bounds what an evaluation
-	// allocates too: about 10 bytes per unit. Default: 100,000
+	// allocates too: at most about 25 bytes per unit (measured, see
+	// expr.go), so about 1 MiB at the default. Default: 40,000
 	// ([DefaultExprCost]).
 	ExprCost uint64
 	// ExprTime bounds the time of one evaluation of an expression with
