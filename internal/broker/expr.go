@@ -40,7 +40,12 @@ import (
 //     under a deadline, min(the time limit, the request's deadline), which
 //     CEL checks between iterations;
 //   - costly expressions (loops, patterns) run in one of the broker's
-//     evaluation slots, GOMAXPROCS - 1, so that they leave a core free.
+//     evaluation slots, GOMAXPROCS - 1, so that they leave a core free,
+//     taken fairly between users (see Broker.takeSlot).
+//
+// The members variable is built once per set of handlers and shared by
+// the evaluations (group.exprMembers): what an evaluation allocates is
+// bounded by its cost alone, whatever the number of handlers.
 
 // Default budgets of one evaluation. The cost limit is calibrated on the
 // worst expressions we found (expr_test.go, TestExprWorstCase): the
