@@ -123,7 +123,7 @@ func BenchmarkExprDeadline(b *testing.B) {
 	b.Run("deadline", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := e.route(in, 0); err != nil {
+			if _, err := e.route(&exprVars{in: in}, 0); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -70,7 +70,8 @@ type Config struct {
 	// expression, in CEL's cost units; past it the request fails with
 	// [wire.CodeExprLimit], and an expression whose estimated cost is
 	// over it is refused at declare. It bounds what an evaluation
-	// allocates too: about 10 bytes per unit. Default: 100,000
+	// allocates too: at most about 25 bytes per unit (measured, see
+	// expr.go), so about 1 MiB at the default. Default: 40,000
 	// ([DefaultExprCost]).
 	ExprCost uint64
 	// ExprTime bounds the time of one evaluation of an expression with
@@ -79,8 +80,11 @@ type Config struct {
 	ExprTime time.Duration
 	// ExprSlots bounds the costly evaluations (loops, patterns) running at
 	// once in the node; one more waits for a slot, at most 1s or its
-	// request's deadline, then fails with [wire.CodeExprLimit]. Default:
-	// GOMAXPROCS - 1, at least 1, which leaves a core to everything else.
+	// request's deadline, then fails with [wire.CodeExprLimit]. The wait
+	// is fair between users (sessions without a user count as one each):
+	// at most ExprSlots evaluations of one user hold a slot or wait in
+	// line for one, its others wait behind them. Default: GOMAXPROCS - 1,
+	// at least 1, which leaves a core to everything else.
 	ExprSlots int
 	// Supervised, when set, makes New start no goroutine: the caller runs
 	// [Broker.Sweep] itself, under a supervisor. Default: false.
@@ -137,31 +141,115 @@ func (c *Config) setDefaults() {
 // maxSlotWait bounds the wait of a costly evaluation for a slot.
 const maxSlotWait = time.Second
 
-// takeSlot takes an evaluation slot for a costly expression, waiting at
-// most left (the request's deadline; 0: none) or maxSlotWait. Slots are
-// taken in turn: a goroutine blocked on a channel send waits in line.
-func (b *Broker) takeSlot(left time.Duration) *exprLimitError {
-	select {
-	case b.exprSlots <- struct{}{}:
-		return nil
-	default:
+// slotOwner is who a costly evaluation counts against in the fair share
+// of the evaluation slots: its session's user, or, for a session without
+// one (a node without users, an embedded client), the session itself.
+type slotOwner struct {
+	user    string
+	session uint64
+}
+
+// slotOwner returns the owner of the session's evaluations.
+func (s *Session) slotOwner() slotOwner {
+	if s.user != "" {
+		return slotOwner{user: s.user}
 	}
-	wait := maxSlotWait
-	if left != 0 && left < wait {
-		wait = left
+	return slotOwner{session: s.n}
+}
+
+// slotShare is one owner's share of the evaluation slots: a token per
+// evaluation of its that holds a slot or waits for one, at most
+// ExprSlots. Its other evaluations wait for a token, in turn, so that
+// they queue behind each other rather than in front of other owners'.
+type slotShare struct {
+	tokens chan struct{}
+	refs   int // evaluations holding or waiting for a token; Broker.shareMu
+}
+
+// share returns owner's share of the slots, counting one more user of it.
+func (b *Broker) share(owner slotOwner) *slotShare {
+	b.shareMu.Lock()
+	defer b.shareMu.Unlock()
+	sh := b.shares[owner]
+	if sh == nil {
+		sh = &slotShare{tokens: make(chan struct{}, b.cfg.ExprSlots)}
+		b.shares[owner] = sh
 	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case b.exprSlots <- struct{}{}:
-		return nil
-	case <-t.C:
-		return &exprLimitError{fmt.Sprintf("found no evaluation slot free within %s: the node is busy with other costly expressions", wait.Round(time.Millisecond))}
+	sh.refs++
+	return sh
+}
+
+// unshare counts one user of owner's share less, and forgets the share
+// once it has none, so that the map holds only owners with evaluations
+// running or waiting.
+func (b *Broker) unshare(owner slotOwner, sh *slotShare) {
+	b.shareMu.Lock()
+	defer b.shareMu.Unlock()
+	if sh.refs--; sh.refs == 0 {
+		delete(b.shares, owner)
 	}
 }
 
-// giveSlot gives back a slot takeSlot took.
-func (b *Broker) giveSlot() { <-b.exprSlots }
+// takeSlot takes an evaluation slot for a costly expression of owner,
+// waiting at most left (the request's deadline; 0: none) or maxSlotWait
+// in all. It first takes a token of owner's share, then a slot: slots
+// and tokens are taken in turn (a goroutine blocked on a channel send
+// waits in line), and an owner's evaluations in line for a slot are never
+// more than the slots, so that another owner's evaluation waits behind at
+// most one per slot of each owner. It returns the share to give back.
+func (b *Broker) takeSlot(owner slotOwner, left time.Duration) (*slotShare, *exprLimitError) {
+	wait := b.slotWait
+	if left != 0 && left < wait {
+		wait = left
+	}
+	var timer *time.Timer // made on the first wait
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	take := func(ch chan struct{}) bool {
+		select {
+		case ch <- struct{}{}:
+			return true
+		default:
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		}
+		b.slotWaiters.Add(1)
+		defer b.slotWaiters.Add(-1)
+		select {
+		case ch <- struct{}{}:
+			return true
+		case <-timer.C:
+			return false
+		}
+	}
+	sh := b.share(owner)
+	if take(sh.tokens) {
+		if take(b.exprSlots) {
+			if testHookSlotTaken != nil {
+				testHookSlotTaken(owner)
+			}
+			return sh, nil
+		}
+		<-sh.tokens
+	}
+	b.unshare(owner, sh)
+	return nil, &exprLimitError{fmt.Sprintf("found no evaluation slot free within %s: the node is busy with other costly expressions", wait.Round(time.Millisecond))}
+}
+
+// giveSlot gives back a slot, and the token of sh, takeSlot took.
+func (b *Broker) giveSlot(owner slotOwner, sh *slotShare) {
+	<-b.exprSlots
+	<-sh.tokens
+	b.unshare(owner, sh)
+}
+
+// testHookSlotTaken, set only by tests, runs once an evaluation of owner
+// holds a slot.
+var testHookSlotTaken func(owner slotOwner)
 
 // exprLimits returns the budgets of an expression's evaluation.
 func (b *Broker) exprLimits() exprLimits {
@@ -217,6 +305,13 @@ type Broker struct {
 	maxDeadlineMS uint64
 	// exprSlots holds a token per costly evaluation running.
 	exprSlots chan struct{}
+	// shares are the owners' shares of the slots (see takeSlot).
+	shareMu sync.Mutex
+	shares  map[slotOwner]*slotShare
+	// slotWaiters counts the evaluations waiting for a token or a slot.
+	slotWaiters atomic.Int64
+	// slotWait is maxSlotWait; tests lengthen it.
+	slotWait time.Duration
 
 	closeOnce sync.Once
 	stop      chan struct{}
@@ -233,6 +328,8 @@ func New(cfg Config) *Broker {
 		sessions:      make(map[uint64]*Session),
 		maxDeadlineMS: uint64(cfg.MaxDeadline / time.Millisecond),
 		exprSlots:     make(chan struct{}, cfg.ExprSlots),
+		shares:        make(map[slotOwner]*slotShare),
+		slotWait:      maxSlotWait,
 		stop:          make(chan struct{}),
 		stopped:       make(chan struct{}),
 		sched:         queue.NewScheduler(queue.SchedulerOptions{}),

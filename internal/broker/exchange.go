@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"cel.dev/cel-go/common/types/ref"
+
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -77,6 +79,10 @@ type group struct {
 	members []*Attachment
 	ring    *ring
 	next    atomic.Uint64
+	// exprList is members as expressions see them, built once, by the
+	// first evaluation that reads it (see group.exprMembers).
+	exprOnce sync.Once
+	exprList ref.Val
 }
 
 func newExchange(b *Broker, name string, spec Spec) (*Exchange, error) {

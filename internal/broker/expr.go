@@ -40,7 +40,12 @@ import (
 //     under a deadline, min(the time limit, the request's deadline), which
 //     CEL checks between iterations;
 //   - costly expressions (loops, patterns) run in one of the broker's
-//     evaluation slots, GOMAXPROCS - 1, so that they leave a core free.
+//     evaluation slots, GOMAXPROCS - 1, so that they leave a core free,
+//     taken fairly between users (see Broker.takeSlot).
+//
+// The members variable is built once per set of handlers and shared by
+// the evaluations (group.exprMembers): what an evaluation allocates is
+// bounded by its cost alone, whatever the number of handlers.
 
 // Default budgets of one evaluation. The cost limit is calibrated on the
 // worst expressions we found (expr_test.go, TestExprWorstCase): the
@@ -531,9 +536,41 @@ func (sizeEstimator) EstimateCallCost(function, overloadID string, target *cost.
 
 // exprVars is the activation of one evaluation. Each variable is made a
 // CEL value on its first read, once: a loop reads them again and again.
+// members comes from g, the handlers the request may go to, when set
+// (the broker's requests); else from in.Members (tests).
 type exprVars struct {
 	in                         *RouteInput
+	g                          *group
 	key, headers, tag, members ref.Val
+}
+
+// exprVarsOf is the activation of an evaluation on request f, which may
+// go to the handlers of g. Unlike [routeInput] it lists no members: the
+// expression reads g's, built once for all requests.
+func exprVarsOf(f *wire.Frame, g *group) *exprVars {
+	return &exprVars{in: &RouteInput{Key: f.Key, Header: f.Header, Size: len(f.Body), Tag: f.Tag}, g: g}
+}
+
+// exprMembers returns the handlers of g as the members variable of an
+// expression: a list of maps of id, tag and conn_tag. It is built by the
+// first evaluation that reads it (about 400 bytes a handler), and shared
+// by the others, read-only, until the handlers change and a new view
+// replaces g: a request allocates nothing for it, however many handlers
+// the exchange has.
+func (g *group) exprMembers() ref.Val {
+	g.exprOnce.Do(func() {
+		list := make([]ref.Val, len(g.members))
+		for i, m := range g.members {
+			list[i] = memberVal(m.member, m.serviceTag, m.connTag)
+		}
+		g.exprList = types.NewRefValList(types.DefaultTypeAdapter, list)
+	})
+	return g.exprList
+}
+
+// memberVal is one element of the members variable.
+func memberVal(id, tag, connTag string) ref.Val {
+	return types.NewStringStringMap(types.DefaultTypeAdapter, map[string]string{"id": id, "tag": tag, "conn_tag": connTag})
 }
 
 // ResolveName implements [interpreter.Activation].
@@ -561,10 +598,12 @@ func (v *exprVars) ResolveName(name string) (any, bool) {
 		}
 		return v.tag, true
 	case "members":
-		if v.members == nil {
+		if v.members == nil && v.g != nil {
+			v.members = v.g.exprMembers()
+		} else if v.members == nil {
 			list := make([]ref.Val, len(v.in.Members))
 			for i, m := range v.in.Members {
-				list[i] = types.NewStringStringMap(types.DefaultTypeAdapter, map[string]string{"id": m.ID, "tag": m.ServiceTag, "conn_tag": m.ConnTag})
+				list[i] = memberVal(m.ID, m.ServiceTag, m.ConnTag)
 			}
 			v.members = types.NewRefValList(types.DefaultTypeAdapter, list)
 		}
@@ -576,11 +615,10 @@ func (v *exprVars) ResolveName(name string) (any, bool) {
 // Parent implements [interpreter.Activation].
 func (*exprVars) Parent() interpreter.Activation { return nil }
 
-// eval evaluates e on in. left is what remains of the request's own
+// eval evaluates e on vars. left is what remains of the request's own
 // deadline (0: none). An evaluation stopped by a limit fails with an
 // *exprLimitError.
-func (e *expr) eval(in *RouteInput, left time.Duration) (ref.Val, error) {
-	vars := &exprVars{in: in}
+func (e *expr) eval(vars *exprVars, left time.Duration) (ref.Val, error) {
 	if !e.loops {
 		out, _, err := e.prog.Eval(vars)
 		return out, e.limitErr(err)
@@ -611,8 +649,8 @@ func (e *expr) limitErr(err error) error {
 }
 
 // key evaluates a key expression: a string, or a scalar printed as one.
-func (e *expr) key(in *RouteInput, left time.Duration) (string, error) {
-	out, err := e.eval(in, left)
+func (e *expr) key(vars *exprVars, left time.Duration) (string, error) {
+	out, err := e.eval(vars, left)
 	if err != nil {
 		return "", err
 	}
@@ -630,8 +668,8 @@ func (e *expr) key(in *RouteInput, left time.Duration) (string, error) {
 }
 
 // route evaluates a route expression.
-func (e *expr) route(in *RouteInput, left time.Duration) (Route, error) {
-	out, err := e.eval(in, left)
+func (e *expr) route(vars *exprVars, left time.Duration) (Route, error) {
+	out, err := e.eval(vars, left)
 	if err != nil {
 		return Route{}, err
 	}

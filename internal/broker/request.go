@@ -322,7 +322,7 @@ func (s *Session) dispatch(ex *Exchange, f *wire.Frame, start int64) (string, er
 	case Sticky:
 		one = g.ring.pick(f.Key)
 	case StickyFun:
-		key, err := ex.stickyKey(f, g, start)
+		key, err := ex.stickyKey(s, f, g, start)
 		if err != nil {
 			return "", err
 		}
@@ -359,18 +359,20 @@ func leastBusy(g *group) *Attachment {
 
 // stickyKey computes the key of a sticky-fun request. A key expression
 // that fails gives "", unless a limit stopped it: the request fails then.
-func (ex *Exchange) stickyKey(f *wire.Frame, g *group, start int64) (string, error) {
+func (ex *Exchange) stickyKey(s *Session, f *wire.Frame, g *group, start int64) (string, error) {
 	if ex.keyExpr == nil {
 		return ex.keyFn(routeInput(f, g)), nil
 	}
 	e, left := ex.keyExpr, timeLeft(f, start)
 	if e.costly {
-		if le := ex.b.takeSlot(left); le != nil {
+		owner := s.slotOwner()
+		sh, le := ex.b.takeSlot(owner, left)
+		if le != nil {
 			return "", ex.exprLimited("key", le)
 		}
-		defer ex.b.giveSlot()
+		defer ex.b.giveSlot(owner, sh)
 	}
-	key, err := e.key(routeInput(f, g), left)
+	key, err := e.key(exprVarsOf(f, g), left)
 	var le *exprLimitError
 	if errors.As(err, &le) {
 		return "", ex.exprLimited("key", le)
@@ -406,24 +408,26 @@ func (ex *Exchange) exprLimited(kind string, le *exprLimitError) error {
 // route expression a limit stopped.
 func (ex *Exchange) ExprLimited() int64 { return ex.limited.Load() }
 
-// evalRoute evaluates the route expression, in an evaluation slot if it
-// is costly.
-func (ex *Exchange) evalRoute(in *RouteInput, left time.Duration) (Route, error) {
+// evalRoute evaluates the route expression for a request of s, in an
+// evaluation slot if it is costly.
+func (ex *Exchange) evalRoute(s *Session, vars *exprVars, left time.Duration) (Route, error) {
 	e := ex.routeExpr
 	if e.costly {
-		if le := ex.b.takeSlot(left); le != nil {
+		owner := s.slotOwner()
+		sh, le := ex.b.takeSlot(owner, left)
+		if le != nil {
 			return Route{}, le
 		}
-		defer ex.b.giveSlot()
+		defer ex.b.giveSlot(owner, sh)
 	}
-	return e.route(in, left)
+	return e.route(vars, left)
 }
 
 func (s *Session) routeFun(ex *Exchange, g *group, f *wire.Frame, start int64) (string, error) {
 	var r Route
 	var err error
 	if ex.routeExpr != nil {
-		r, err = ex.evalRoute(routeInput(f, g), timeLeft(f, start))
+		r, err = ex.evalRoute(s, exprVarsOf(f, g), timeLeft(f, start))
 	} else {
 		r, err = ex.route(routeInput(f, g))
 	}

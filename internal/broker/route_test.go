@@ -82,7 +82,7 @@ func compileRouteExpr(src string) (func(*RouteInput) (Route, error), error) {
 	if err != nil {
 		return nil, err
 	}
-	return func(in *RouteInput) (Route, error) { return e.route(in, 0) }, nil
+	return func(in *RouteInput) (Route, error) { return e.route(&exprVars{in: in}, 0) }, nil
 }
 
 // compileKeyExpr compiles a key expression under the default limits; an
@@ -93,7 +93,7 @@ func compileKeyExpr(src string) (func(*RouteInput) string, error) {
 		return nil, err
 	}
 	return func(in *RouteInput) string {
-		k, _ := e.key(in, 0)
+		k, _ := e.key(&exprVars{in: in}, 0)
 		return k
 	}, nil
 }

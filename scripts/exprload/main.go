@@ -7,6 +7,13 @@
 //
 //	go run ./scripts/exprload                       # 4 attackers, 30 s
 //	go run ./scripts/exprload -duration 10s -attackers 8 -expr '...'
+//	go run ./scripts/exprload -users -good-expr '...' # a costly legitimate expression
+//
+// With -good-expr the well-behaved client's exchange is a fun exchange
+// with that route expression instead, which waits for evaluation slots
+// like the attackers'; with -users the node has users, and the attackers
+// all log in as one ("evil"), the well-behaved client as another
+// ("good"), so that the slots are shared between them fairly.
 //
 // The node runs in this process, on 127.0.0.1, with its default limits.
 package main
@@ -27,6 +34,7 @@ import (
 
 	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/client"
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/node"
 )
 
@@ -37,6 +45,8 @@ func main() {
 	baseline := flag.Duration("baseline", 5*time.Second, "how long the well-behaved client runs alone first")
 	expr := flag.String("expr", `headers.all(a, [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28].all(i, a != "x")) ? null : null`, "the attackers' route expression")
 	headers := flag.Int("headers", 256, "headers on each attack request")
+	goodExpr := flag.String("good-expr", "", "the well-behaved client's route expression (default: a round-robin exchange)")
+	users := flag.Bool("users", false, "log the attackers in as one user and the well-behaved client as another")
 	flag.Parse()
 
 	dir, err := os.MkdirTemp("", "exprload")
@@ -44,21 +54,30 @@ func main() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
+	if *users {
+		if err := addUsers(dir, "good", "evil"); err != nil {
+			log.Fatal(err)
+		}
+	}
 	n, err := node.Start(node.Config{DataDir: dir, Listen: "127.0.0.1:0", Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer n.Close()
 	ctx := context.Background()
-	dial := func(name string) *courier.Conn {
-		c, err := client.Dial(ctx, n.URL(), client.Options{Name: name})
+	dial := func(user, name string) *courier.Conn {
+		opts := client.Options{Name: name}
+		if *users {
+			opts.User, opts.Password = user, user+"-pw"
+		}
+		c, err := client.Dial(ctx, n.URL(), opts)
 		if err != nil {
 			log.Fatal(err)
 		}
 		return c
 	}
 	handle := func(name string, opts ...courier.ExchangeOption) {
-		ex, err := dial("handler-"+name).ReqResp(ctx, name, opts...)
+		ex, err := dial(name, "handler-"+name).ReqResp(ctx, name, opts...)
 		if err != nil {
 			log.Fatalf("declare %s: %v", name, err)
 		}
@@ -66,18 +85,28 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	handle("good", courier.RoundRobin)
+	if *goodExpr != "" {
+		handle("good", courier.RouteExpr(*goodExpr))
+	} else {
+		handle("good", courier.RoundRobin)
+	}
 	handle("evil", courier.RouteExpr(*expr))
 
-	good, err := dial("good").ReqResp(ctx, "good")
+	good, err := dial("good", "good").ReqResp(ctx, "good")
 	if err != nil {
 		log.Fatal(err)
 	}
+	var goodLimited int64
 	measure := func(d time.Duration) *hdrhistogram.Histogram {
 		h := hdrhistogram.New(1, int64(10*time.Second), 3)
 		for end := time.Now().Add(d); time.Now().Before(end); {
 			start := time.Now()
-			if _, err := good.Request(ctx, courier.Message{Body: []byte("hi")}); err != nil {
+			_, err := good.Request(ctx, courier.Message{Body: []byte("hi")})
+			switch {
+			case err == nil:
+			case strings.Contains(err.Error(), "expression limit"):
+				goodLimited++
+			default:
 				log.Fatalf("the well-behaved request failed: %v", err)
 			}
 			h.RecordValue(int64(time.Since(start)))
@@ -86,7 +115,8 @@ func main() {
 	}
 	report := func(what string, h *hdrhistogram.Histogram) {
 		q := func(p float64) time.Duration { return time.Duration(h.ValueAtQuantile(p)) }
-		fmt.Printf("%-14s %7d requests  p50 %-10s p99 %-10s p99.9 %-10s max %s\n", what, h.TotalCount(), q(50), q(99), q(99.9), time.Duration(h.Max()))
+		fmt.Printf("%-14s %7d requests  p50 %-10s p99 %-10s p99.9 %-10s max %-10s %d stopped by a limit\n", what, h.TotalCount(), q(50), q(99), q(99.9), time.Duration(h.Max()), goodLimited)
+		goodLimited = 0
 	}
 	report("alone", measure(*baseline))
 
@@ -97,7 +127,7 @@ func main() {
 	stop := make(chan struct{})
 	var sent, limited, failed atomic.Int64
 	for i := range *attackers {
-		ex, err := dial(fmt.Sprint("attacker-", i)).ReqResp(ctx, "evil")
+		ex, err := dial("evil", fmt.Sprint("attacker-", i)).ReqResp(ctx, "evil")
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -127,4 +157,20 @@ func main() {
 	report("under attack", h)
 	fmt.Printf("attack: %d requests answered in %s (%d stopped by a limit, %d failed otherwise)\n", sent.Load(), time.Since(start).Round(time.Millisecond), limited.Load(), failed.Load())
 	close(stop) // the attackers' requests in flight are left to the node's close
+}
+
+// addUsers creates, in the users file of dir, users with full access and
+// the password name + "-pw".
+func addUsers(dir string, names ...string) error {
+	st, err := auth.Open(auth.Config{Dir: dir, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		p := auth.FullAccess()
+		if _, err := st.PutUser(name, auth.UserChange{Password: name + "-pw", Permissions: &p}); err != nil {
+			return fmt.Errorf("user %s: %w", name, err)
+		}
+	}
+	return nil
 }
