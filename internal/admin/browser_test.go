@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -122,13 +123,28 @@ func TestDashboardInBrowser(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
+	// readText reads the text of sel in one step of the page's own
+	// script: the dashboard re-renders its tables on every poll, and a
+	// node found in one DevTools call can be gone by the next ("No node
+	// with given id found"; it failed a run of .ci/run so).
+	readText := func(sel string) (string, error) {
+		q, _ := json.Marshal(sel)
+		s, err := chromedp.Run(ctx, chromedp.Evaluate[*string](`(() => { const e = document.querySelector(`+string(q)+`); return e ? e.innerText : null; })()`))
+		if err == nil && s == nil {
+			err = fmt.Errorf("no element matches %s", sel)
+		}
+		if err != nil {
+			return "", err
+		}
+		return strings.TrimSpace(*s), nil
+	}
 	text := func(sel string) string {
 		t.Helper()
-		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		s, err := readText(sel)
 		if err != nil {
 			t.Fatalf("read %s: %v", sel, err)
 		}
-		return strings.TrimSpace(s)
+		return s
 	}
 	eval := func(what, js string) int {
 		t.Helper()
@@ -143,11 +159,11 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Helper()
 		var last string
 		ok := testutil.Eventually(30*time.Second, func() bool {
-			s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+			s, err := readText(sel)
 			if err != nil {
 				return false
 			}
-			last = strings.TrimSpace(s)
+			last = s
 			return cond(last)
 		})
 		if !ok {
