@@ -60,7 +60,8 @@ const (
 type Outbox struct {
 	w      io.Writer
 	writes atomic.Uint64 // completed writes, for heartbeat decisions
-	// writeStart is when the write in progress began (unix ns; 0: none).
+	// writeStart is when the chunk being written was first handed to a
+	// write (unix ns; 0: no write in progress).
 	writeStart atomic.Int64
 	// lastWrite is when the last write ended (unix ns): a connection that
 	// wrote within busyGap is busy, and urgent frames batch instead.
@@ -448,7 +449,8 @@ func (o *Outbox) Pending() int {
 	return len(o.buf)
 }
 
-// Blocked returns how long the write in progress has lasted (0: none).
+// Blocked returns how long the write in progress has gone without
+// taking a chunk (0: no write in progress).
 func (o *Outbox) Blocked() time.Duration {
 	if s := o.writeStart.Load(); s != 0 {
 		return max(time.Since(time.Unix(0, s)), 1)
