@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -106,15 +105,7 @@ func TestExprTimeLimitOverWire(t *testing.T) {
 // computed one at request time, both with code 17; the handler of b.rr
 // sees nothing. Redirects within a.* still work.
 func TestRedirectNeedsWrite(t *testing.T) {
-	dir := t.TempDir()
-	n, err := node.Start(node.Config{
-		DataDir: dir, Listen: "127.0.0.1:0", AdminUser: "admin", AdminPassword: "adminpw",
-		Log: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n, dir := startWithUsers(t, false)
 	ctx := testutil.Context(t, 10*time.Second)
 	victim := countingHandler(t, n.Connect(), "b.rr", courier.RoundRobin)
 	all := auth.Patterns{"a.*"}

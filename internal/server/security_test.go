@@ -116,15 +116,7 @@ func TestAuthRefusesBadCredentials(t *testing.T) {
 // fails alone; the connection, its attachments and its allowed operations
 // go on.
 func TestPermissionDeniedKeepsConnection(t *testing.T) {
-	dir := t.TempDir()
-	n, err := node.Start(node.Config{
-		DataDir: dir, Listen: "127.0.0.1:0", AdminUser: "admin", AdminPassword: "adminpw",
-		Log: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n, dir := startWithUsers(t, false)
 	ctx := testutil.Context(t, 10*time.Second)
 	trusted := n.Connect()
 	for _, name := range []string{"news", "secret"} {
