@@ -37,6 +37,9 @@ type Heartbeat struct {
 // Start starts watching, with first as the interval until Interval gives
 // one; stop ends it.
 func (h *Heartbeat) Start(first time.Duration) (stop func()) {
+	if first < 10*time.Millisecond {
+		first = 10 * time.Millisecond // a peer's zero must not make a busy loop
+	}
 	now := time.Now()
 	h.lastSeen, h.lastWrite, h.writes = now, now, h.Out.Writes()
 	t := time.AfterFunc(time.Hour, func() { h.check(first) })
@@ -72,5 +75,6 @@ func (h *Heartbeat) check(first time.Duration) {
 	if hb == 0 {
 		hb = first
 	}
-	h.t.Load().Reset(hb / 2)
+	// Never more often than every 5 ms, whatever a peer agreed to.
+	h.t.Load().Reset(max(hb, 10*time.Millisecond) / 2)
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -182,4 +183,32 @@ func TestWriteTimeoutLetsSlowReadersThrough(t *testing.T) {
 	}
 	a.Close()
 	<-read
+}
+
+// TestHeartbeatZeroInterval: a peer that agrees to no interval at all
+// (a hostile server's WELCOME with heartbeat_ms 0) does not make the
+// watch fire in a busy loop.
+func TestHeartbeatZeroInterval(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	var checks atomic.Int64
+	done := make(chan struct{})
+	h := Heartbeat{
+		Out:      NewOutbox(a, DefaultMaxFrame, 1<<10),
+		Interval: func() time.Duration { return 0 },
+		Timeout:  func(hb time.Duration) time.Duration { return 3 * hb },
+		Heard:    func() bool { checks.Add(1); return false },
+		Silent:   func(time.Duration) {},
+		Done:     done,
+	}
+	stop := h.Start(0)
+	time.Sleep(100 * time.Millisecond)
+	close(done)
+	stop()
+	// At most one check every 5 ms: 20 in 100 ms, and room for a loaded
+	// machine's late timers to bunch up.
+	if n := checks.Load(); n > 40 {
+		t.Fatalf("%d checks in 100 ms with a zero interval: a busy loop", n)
+	}
 }
