@@ -356,7 +356,10 @@ func checkUsers(t *testing.T, cfg bench.Config) *bench.UsersResult {
 	if res.Requests == 0 || res.RequestErrors != 0 || res.Published == 0 || res.Delivered != res.Published {
 		t.Errorf("requests %d (%d failed), published %d, delivered %d", res.Requests, res.RequestErrors, res.Published, res.Delivered)
 	}
-	if len(res.Samples) < 3 {
+	// One per interval on a quiet machine (six here); a loaded one can
+	// starve the sampler's ticker (two samples were seen at a load
+	// average of 25), so the test asks for the table, not the count.
+	if len(res.Samples) < 2 {
 		t.Errorf("%d samples, want one per interval", len(res.Samples))
 	}
 	var maxUsers int64

@@ -196,7 +196,9 @@ func TestBadInput(t *testing.T) {
 // writes, socket left open) is found by heartbeats and the group gets a
 // new leader.
 func TestHalfOpen(t *testing.T) {
-	const hb = 50 * time.Millisecond
+	// Every connection here lives by this interval: 50 ms (a 150 ms
+	// timeout) cut the healthy member too on a loaded machine.
+	const hb = 250 * time.Millisecond
 	n := startNode(t, hb)
 	ctx := context.Background()
 

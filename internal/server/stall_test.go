@@ -247,10 +247,14 @@ func TestSilentPeerCutWhileWriteBlocked(t *testing.T) {
 // requester's read loop waited for room in the handler's outbox, the
 // slow-consumer timeout for every request.)
 func TestStalledHandlerDoesNotHoldRequester(t *testing.T) {
-	const slow = 4 * time.Second
+	const slow = 5 * time.Second
 	n := startNodeWith(t, func(c *node.Config) {
 		c.Limits.OutboxBytes = 16 << 10
 		c.Limits.SlowConsumerTimeout = slow
+		// The offer limit is 8 × 16 KiB + 2 × (this + 64 KiB): small, so
+		// that the flood passes it long before the timeout however
+		// loaded the machine (with 4 MiB frames, 9 MiB, it did not once).
+		c.Limits.MaxFrame = 64 << 10
 	})
 	ctx := testutil.Context(t, 90*time.Second)
 	fast := echoService(t, n, "fast") // its own requester connection...
