@@ -46,10 +46,17 @@ type conn struct {
 	user string
 	// wentAway is set once the client was sent CLOSE by [conn.goAway].
 	wentAway atomic.Bool
+	// abrupt is set by [conn.cut]: the read loop is not given time to
+	// see the peer close its end.
+	abrupt atomic.Bool
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed when the connection is to end
 	wdone     chan struct{} // closed when the write loop ended
+
+	// watch runs the heartbeat apart from the write loop, which a peer
+	// that does not read may hold in a write.
+	watch wire.Heartbeat
 
 	// used is owned by the read loop; granted grows there and, for a
 	// connection held by flow control, in a timer's goroutine.
@@ -70,6 +77,17 @@ func newConn(s *Server, nc net.Conn) *conn {
 	// Every write has a deadline: a peer that takes nothing for the
 	// slow-consumer timeout is cut, however the write loop got there.
 	c.out.SetWriteTimeout(s.cfg.SlowTimeout)
+	c.watch = wire.Heartbeat{
+		Out:      c.out,
+		Interval: func() time.Duration { return time.Duration(c.heartbeat.Load()) },
+		Timeout:  func(hb time.Duration) time.Duration { return 3 * hb },
+		// A read loop held in the broker by backpressure is not silence.
+		Heard: func() bool { return c.seen.Swap(false) || c.handling.Load() },
+		Silent: func(timeout time.Duration) {
+			c.cut(wire.Errorf(wire.CodeHeartbeat, "nothing received for %s", timeout))
+		},
+		Done: c.closing,
+	}
 	return c
 }
 
@@ -228,6 +246,7 @@ func (c *conn) handshake() error {
 	c.out.SetMax(maxFrame + FrameSlack)
 	c.r.SetMax(maxFrame)
 	c.heartbeat.Store(int64(heartbeat))
+	c.watch.Kick() // the agreed interval applies from now
 	return nil
 }
 
@@ -381,7 +400,7 @@ func (c *conn) Deliver(f *wire.Frame) {
 	case err == nil, errors.Is(err, wire.ErrOutboxClosed):
 	case errors.Is(err, wire.ErrOutboxFull):
 		c.s.log.Warn("slow consumer disconnected", "peer", c.peer, "waited", c.s.cfg.SlowTimeout)
-		c.fail(wire.Errorf(wire.CodeSlowConsumer, "not reading for %s", c.s.cfg.SlowTimeout), false)
+		c.cut(wire.Errorf(wire.CodeSlowConsumer, "not reading for %s", c.s.cfg.SlowTimeout))
 	default:
 		c.s.log.Warn("frame dropped", "peer", c.peer, "type", t, "err", err)
 	}
@@ -432,6 +451,16 @@ func (c *conn) fail(e *wire.Error, graceful bool) {
 	})
 }
 
+// cut ends the connection as fail does, and its session at once: the
+// peer is silent or does not read, so the read loop does not wait for
+// it to close its end before the attachments go (and a new leader is
+// appointed).
+func (c *conn) cut(e *wire.Error) {
+	c.abrupt.Store(true) // before fail closes closing: lastWrites sees it
+	c.fail(e, false)
+	c.nc.SetReadDeadline(time.Now())
+}
+
 // closeGrace is how long a closing connection's last writes may take.
 const closeGrace = time.Second
 
@@ -440,18 +469,7 @@ const closeGrace = time.Second
 // handshake ends, HandshakeTimeout applies.)
 func (c *conn) writeLoop() {
 	defer close(c.wdone)
-	hb := wire.Heartbeat{
-		Out:      c.out,
-		Interval: func() time.Duration { return time.Duration(c.heartbeat.Load()) },
-		Timeout:  func(hb time.Duration) time.Duration { return 3 * hb },
-		// A read loop held in the broker by backpressure is not silence.
-		Heard: func() bool { return c.seen.Swap(false) || c.handling.Load() },
-		Silent: func(timeout time.Duration) {
-			c.fail(wire.Errorf(wire.CodeHeartbeat, "nothing received for %s", timeout), false)
-		},
-		Done: c.closing,
-	}
-	defer hb.Start(c.s.cfg.Heartbeat)()
+	defer c.watch.Start(c.s.cfg.Heartbeat)()
 	for {
 		select {
 		case <-c.out.Ready():
@@ -492,5 +510,9 @@ func (c *conn) lastWrites() {
 	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
 	}
-	c.nc.SetReadDeadline(time.Now().Add(closeGrace))
+	grace := closeGrace
+	if c.abrupt.Load() {
+		grace = 0
+	}
+	c.nc.SetReadDeadline(time.Now().Add(grace))
 }
