@@ -213,6 +213,16 @@ func (s *suite) testPatterns(t *testing.T) {
 		{"a.*.#", []string{"a.b", "a.b.c", "a.b.c.d"}, []string{"a", "b.c"}},
 		{"#.b.#", []string{"b", "a.b", "b.c", "a.b.c"}, []string{"a", "a.c"}},
 		{"*.#.*", []string{"a.b", "a.b.c"}, []string{"a"}},
+		// Keys split into words as in RabbitMQ: the empty key is zero
+		// words; each '.' separates two words, empty ones included, and
+		// '*' matches an empty word.
+		{"*", nil, []string{"", ".", "a."}},
+		{"#", []string{"", ".", "a..b", ".a", "a."}, nil},
+		{"*.*", []string{".", "a.", ".a"}, []string{"", "..", "a"}},
+		{"a.*.b", []string{"a..b"}, []string{"a.b", "a...b"}},
+		{"a.b", nil, []string{"a..b", "a.b.", ".a.b"}},
+		{"a.#", []string{"a", "a.", "a..b"}, []string{"", ".a"}},
+		{"#.a", []string{"a", ".a"}, []string{"", "a."}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.pattern, func(t *testing.T) {

@@ -8,7 +8,9 @@ import (
 
 // topicTree matches routing keys against AMQP-style patterns: words are
 // separated by '.', '*' matches exactly one word and '#' any number of
-// words, zero included. A node no pattern uses any more is pruned, so
+// words, zero included. Keys split into words as RabbitMQ's topic
+// exchange splits them (see [keyWords]). A node no pattern uses any more
+// is pruned, so
 // that the tree's memory follows the patterns subscribed now, not the
 // most it ever held.
 type topicTree struct {
@@ -227,9 +229,21 @@ func (t *topicTree) remove(pattern string, a *Attachment) bool {
 
 // match appends the attachments whose patterns match key, each once.
 func (t *topicTree) match(key string, out []*Attachment) []*Attachment {
-	words := strings.Split(key, ".")
-	out = t.root.match(words, out)
+	out = t.root.match(keyWords(key), out)
 	return dedupe(out)
+}
+
+// keyWords splits a routing key into its words as RabbitMQ's topic
+// exchange does: the empty key is zero words, so '*' does not match it
+// and '#' does; any other key is cut at every '.', and the words between
+// two dots, before a leading dot or after a trailing one are empty words,
+// which '*' matches. So "a..b" is the three words "a", "" and "b", ".a"
+// is "" and "a", and "." is two empty words.
+func keyWords(key string) []string {
+	if key == "" {
+		return nil
+	}
+	return strings.Split(key, ".")
 }
 
 func (n *topicNode) match(words []string, out []*Attachment) []*Attachment {

@@ -54,6 +54,32 @@ func TestTopicMatch(t *testing.T) {
 		{"*.#.*", "a.b.c.d", true},
 		{"a.#.#.b", "a.b", true},
 		{"a.#.#.b", "a.x.y.z.b", true},
+		// Keys split as RabbitMQ splits them (see keyWords): the empty
+		// key is zero words, and every '.' separates two words, empty
+		// ones included.
+		{"*", "", false},
+		{"#", "", true},
+		{"#.#", "", true},
+		{"a.#", "", false},
+		{"#.a", "", false},
+		{"*.#", "", false},
+		{"*", ".", false},
+		{"*.*", ".", true},
+		{"#", ".", true},
+		{"*.*", "..", false},
+		{"*.*.*", "..", true},
+		{"a.*.b", "a..b", true},
+		{"a.b", "a..b", false},
+		{"a.#.b", "a..b", true},
+		{"*.*.*", "a..b", true},
+		{"a.*", "a.", true},
+		{"a.#", "a.", true},
+		{"a", "a.", false},
+		{"*.a", ".a", true},
+		{"#.a", ".a", true},
+		{"a", ".a", false},
+		{"a.#", ".a", false},
+		{"*", "ab", true},
 	}
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("%s~%s", tc.pattern, tc.key), func(t *testing.T) {
@@ -131,6 +157,27 @@ func TestTopicRemove(t *testing.T) {
 	}
 }
 
+func TestKeyWords(t *testing.T) {
+	cases := []struct {
+		key  string
+		want []string
+	}{
+		{"", nil},
+		{"a", []string{"a"}},
+		{"a.b", []string{"a", "b"}},
+		{".", []string{"", ""}},
+		{"a..b", []string{"a", "", "b"}},
+		{".a", []string{"", "a"}},
+		{"a.", []string{"a", ""}},
+		{"..", []string{"", "", ""}},
+	}
+	for _, tc := range cases {
+		if got := keyWords(tc.key); !slices.Equal(got, tc.want) || len(got) != len(tc.want) {
+			t.Errorf("keyWords(%q) = %q (%d words), want %q", tc.key, got, len(got), tc.want)
+		}
+	}
+}
+
 func TestCheckPattern(t *testing.T) {
 	good := []string{"a", "a.b", "*", "#", "a.*.#", "#.#.#.#", "a-b_c:d"}
 	for _, p := range good {
@@ -142,7 +189,7 @@ func TestCheckPattern(t *testing.T) {
 	for range 33 {
 		long += "w."
 	}
-	bad := []string{"", "a*", "a.b#", "#a", "*.x*", "#.#.#.#.#", long + "w", string(make([]byte, 256))}
+	bad := []string{"", "a..b", ".a", "a.", ".", "a*", "a.b#", "#a", "*.x*", "#.#.#.#.#", long + "w", string(make([]byte, 256))}
 	for _, p := range bad {
 		if err := checkPattern(p); !errors.Is(err, errBadPattern) {
 			t.Errorf("checkPattern(%q) = %v, want errBadPattern", p, err)
