@@ -116,9 +116,9 @@ const (
 	// Aux the task id, once the task is durable (a publisher confirm).
 	FlagReply Flags = 1 << 5
 	// FlagWatch on a SUBMIT: after its OK, TASKEVENT frames with its Ref
-	// report the task's progress through to completion or failure. On a
-	// TASK: the submitter or someone else is watching, so PROGRESS is
-	// worth sending.
+	// report the task's progress through to completion or failure. On
+	// an OK: TASKEVENT frames with its Ref follow (answering a SUBMIT
+	// with FlagWatch, or a WATCH).
 	FlagWatch Flags = 1 << 6
 
 	allFlags = FlagFatal | FlagChunk | FlagEnd | FlagError | FlagLast | FlagReply | FlagWatch
