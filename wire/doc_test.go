@@ -477,3 +477,78 @@ func TestProtocolDocLinks(t *testing.T) {
 		}
 	}
 }
+
+// TestProtocolDocTables compares the tables of fields (§2.1), flags
+// (§2.4) and frame types (§3) of docs/protocol.md with the constants,
+// and the list of undefined types with Type.Valid.
+func TestProtocolDocTables(t *testing.T) {
+	lines := readDoc(t, protocolDoc)
+	fieldRow := regexp.MustCompile(`^\| (\d) +\| 0x([0-9a-f]{2}) \| (\w+) +\|`)
+	flagRow := regexp.MustCompile(`^\| ([A-Z][a-z]+) +\| 0x([0-9a-f]{2}) \| [A-Z]`)
+	typeRow := regexp.MustCompile(`^\| 0x([0-9a-f]{2}) \| ([A-Z]+) \|`)
+	undefined := regexp.MustCompile(`^Types (.*) are not defined`)
+	fields, flags, types := map[string]bool{}, map[string]bool{}, map[Type]bool{}
+	var undefinedLine string
+	for i, l := range lines {
+		if m := fieldRow.FindStringSubmatch(l.text); m != nil {
+			bit, _ := strconv.Atoi(m[1])
+			mask, _ := strconv.ParseUint(m[2], 16, 8)
+			if f, ok := fieldByName[m[3]]; !ok || f != 1<<bit || uint64(f) != mask {
+				t.Errorf("%s:%d: field %s is bit %d, mask 0x%s; the codec's is 0x%02x", protocolDoc, l.no, m[3], bit, m[2], f)
+			}
+			fields[m[3]] = true
+		}
+		if m := flagRow.FindStringSubmatch(l.text); m != nil {
+			bit, _ := strconv.ParseUint(m[2], 16, 8)
+			if f, ok := flagByName[m[1]]; !ok || uint64(f) != bit {
+				t.Errorf("%s:%d: flag %s is 0x%s; wire's is 0x%02x", protocolDoc, l.no, m[1], m[2], f)
+			}
+			flags[m[1]] = true
+		}
+		if m := typeRow.FindStringSubmatch(l.text); m != nil {
+			v, _ := strconv.ParseUint(m[1], 16, 8)
+			if got := Type(v).String(); got != m[2] {
+				t.Errorf("%s:%d: type 0x%s is %s; wire's is %s", protocolDoc, l.no, m[1], m[2], got)
+			}
+			types[Type(v)] = true
+		}
+		if strings.HasPrefix(l.text, "Types 0x") && i+1 < len(lines) {
+			if m := undefined.FindStringSubmatch(l.text + " " + lines[i+1].text); m != nil {
+				undefinedLine = m[1]
+			}
+		}
+	}
+	if len(fields) != len(fieldByName) || len(flags) != len(flagByName) {
+		t.Errorf("the document lists fields %v and flags %v, the codec has %d and %d", fields, flags, len(fieldByName), len(flagByName))
+	}
+	if undefinedLine == "" {
+		t.Fatalf("no list of undefined types in %s", protocolDoc)
+	}
+	if allFlags&0x80 != 0 {
+		t.Error("the document says flag bit 0x80 is unused")
+	}
+	// "Types 0x00, 0x09–0x0f, ... and from 0x37 up are not defined".
+	notDefined := map[Type]bool{}
+	for _, r := range regexp.MustCompile(`(from )?0x([0-9a-f]{2})(?:–0x([0-9a-f]{2}))?( up)?`).FindAllStringSubmatch(undefinedLine, -1) {
+		lo, _ := strconv.ParseUint(r[2], 16, 8)
+		hi := lo
+		switch {
+		case r[3] != "":
+			hi, _ = strconv.ParseUint(r[3], 16, 8)
+		case r[4] != "":
+			hi = 255
+		}
+		for v := lo; v <= hi; v++ {
+			notDefined[Type(v)] = true
+		}
+	}
+	for v := range 256 {
+		typ := Type(v)
+		switch {
+		case types[typ] == notDefined[typ]:
+			t.Errorf("type 0x%02x is listed %s", v, map[bool]string{true: "both as a frame type and as undefined", false: "neither as a frame type nor as undefined"}[types[typ]])
+		case types[typ] != typ.Valid():
+			t.Errorf("type 0x%02x: the document says defined=%v, Type.Valid says %v", v, types[typ], typ.Valid())
+		}
+	}
+}

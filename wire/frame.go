@@ -39,7 +39,7 @@ const (
 	TypeClose   Type = 0x05 // either way: Aux is a Code, Tag the reason
 	TypeError   Type = 0x06 // server → client: Ref of the failed op, Aux Code, Tag message
 	TypeOK      Type = 0x07 // server → client: Ref of the op, optional JSON Body
-	TypeCredit  Type = 0x08 // server → client: Aux more frames of publish/request credit
+	TypeCredit  Type = 0x08 // server → client: Aux more frames of publish/request/submit credit
 
 	TypeDeclare     Type = 0x10 // Ref, Name, Body JSON exchange config
 	TypeDelete      Type = 0x11 // Ref, Name
