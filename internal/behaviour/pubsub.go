@@ -183,6 +183,17 @@ func (s *suite) testPubSub(t *testing.T) {
 			t.Fatalf("PublishSync with no subscriber: %v", err)
 		}
 	})
+	t.Run("EmptyWordPatterns", func(t *testing.T) {
+		// Keys may have empty words; patterns may not (protocol.md §7):
+		// '#' matches the empty key and '*' an empty word. (Subscribe's
+		// own pattern "" means none; Patterns("") sends it.)
+		e := s.env(t)
+		ps := e.openPubSub(e.pubsub().Name())
+		for _, p := range []string{"", "a..b", ".a", "a.", "."} {
+			_, err := ps.Subscribe(e.ctx, "x", func(*courier.Delivery) {}, courier.Patterns(p))
+			mustErr(t, err, courier.ErrBadOptions, fmt.Sprintf("subscribe to %q", p))
+		}
+	})
 	t.Run("Passive", func(t *testing.T) {
 		e := s.env(t)
 		_, err := e.c.PubSub(e.ctx, e.name(), courier.Passive())
