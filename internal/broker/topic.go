@@ -234,8 +234,13 @@ func (t *topicTree) remove(pattern string, a *Attachment) bool {
 // words it may take, so patterns with several '#' against a key of many
 // words make it polynomial (four '#' against 200 words took 10 s); past
 // a budget of nodes visited, match starts again with [topicTree.scan],
-// which visits each node at most once per word of the key.
+// which visits each node at most once per word of the key. A key longer
+// than maxCachedKey goes to the scan at once, without the walk's slice
+// of words.
 func (t *topicTree) match(key string, out []*Attachment) []*Attachment {
+	if len(key) > maxCachedKey {
+		return dedupe(t.scan(key, out))
+	}
 	n0 := len(out)
 	budget := maxWalk
 	var ok bool

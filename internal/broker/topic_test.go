@@ -258,10 +258,22 @@ func TestTopicManyWords(t *testing.T) {
 	if _, ok := tr.root.walk(keyWords(key), nil, &budget); ok {
 		t.Fatal("the walk of 20,001 words stayed within its budget: this test no longer tests the scan")
 	}
-	got := names(tr.match(key, nil))
-	slices.Sort(got)
-	if !slices.Equal(got, []string{"all", "bs", "stars"}) {
-		t.Fatalf("matched %v, want all, bs and stars", got)
+	// A key over maxCachedKey goes to the scan at once; a shorter one
+	// after the walk ran out of its budget.
+	short := strings.Repeat("b.", 99) + "b"
+	if len(short) > maxCachedKey {
+		t.Fatalf("the short key has %d bytes", len(short))
+	}
+	budget = maxWalk
+	if _, ok := tr.root.walk(keyWords(short), nil, &budget); ok {
+		t.Fatal("the walk of 100 words stayed within its budget")
+	}
+	for _, k := range []string{key, short} {
+		got := names(tr.match(k, nil))
+		slices.Sort(got)
+		if !slices.Equal(got, []string{"all", "bs", "stars"}) {
+			t.Fatalf("key of %d bytes matched %v, want all, bs and stars", len(k), got)
+		}
 	}
 }
 
