@@ -160,8 +160,8 @@ type Limits struct {
 	// HandshakeTimeout bounds the wait for a new connection's HELLO.
 	// Default: 5s.
 	HandshakeTimeout time.Duration `toml:"handshake_timeout"`
-	// Credit is the window of PUBLISH and REQUEST frames a client may
-	// send ahead of the server. Default: 65536.
+	// Credit is the window of PUBLISH, REQUEST and SUBMIT frames a
+	// client may send ahead of the server. Default: 65536.
 	Credit uint64 `toml:"credit"`
 	// OutboxBytes is what the server buffers for a client before data
 	// frames wait for it to read. Default: 128 KiB.

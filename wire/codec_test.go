@@ -192,8 +192,9 @@ func TestDecodeReplacesFrame(t *testing.T) {
 	}
 }
 
-// TestExampleFrames pins the byte layout of the examples in
-// docs/protocol.md; change both together.
+// TestExampleFrames pins the byte layout of the examples of
+// docs/protocol.md §2.5 from the Go side; TestProtocolDocExamples reads
+// them from the document itself.
 func TestExampleFrames(t *testing.T) {
 	cases := []struct {
 		name string

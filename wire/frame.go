@@ -39,7 +39,7 @@ const (
 	TypeClose   Type = 0x05 // either way: Aux is a Code, Tag the reason
 	TypeError   Type = 0x06 // server → client: Ref of the failed op, Aux Code, Tag message
 	TypeOK      Type = 0x07 // server → client: Ref of the op, optional JSON Body
-	TypeCredit  Type = 0x08 // server → client: Aux more frames of publish/request credit
+	TypeCredit  Type = 0x08 // server → client: Aux more frames of publish/request/submit credit
 
 	TypeDeclare     Type = 0x10 // Ref, Name, Body JSON exchange config
 	TypeDelete      Type = 0x11 // Ref, Name
@@ -116,9 +116,9 @@ const (
 	// Aux the task id, once the task is durable (a publisher confirm).
 	FlagReply Flags = 1 << 5
 	// FlagWatch on a SUBMIT: after its OK, TASKEVENT frames with its Ref
-	// report the task's progress through to completion or failure. On a
-	// TASK: the submitter or someone else is watching, so PROGRESS is
-	// worth sending.
+	// report the task's progress through to completion or failure. On
+	// an OK: TASKEVENT frames with its Ref follow (answering a SUBMIT
+	// with FlagWatch, or a WATCH).
 	FlagWatch Flags = 1 << 6
 
 	allFlags = FlagFatal | FlagChunk | FlagEnd | FlagError | FlagLast | FlagReply | FlagWatch

@@ -183,6 +183,17 @@ func (s *suite) testPubSub(t *testing.T) {
 			t.Fatalf("PublishSync with no subscriber: %v", err)
 		}
 	})
+	t.Run("EmptyWordPatterns", func(t *testing.T) {
+		// Keys may have empty words; patterns may not (protocol.md §7):
+		// '#' matches the empty key and '*' an empty word. (Subscribe's
+		// own pattern "" means none; Patterns("") sends it.)
+		e := s.env(t)
+		ps := e.openPubSub(e.pubsub().Name())
+		for _, p := range []string{"", "a..b", ".a", "a.", "."} {
+			_, err := ps.Subscribe(e.ctx, "x", func(*courier.Delivery) {}, courier.Patterns(p))
+			mustErr(t, err, courier.ErrBadOptions, fmt.Sprintf("subscribe to %q", p))
+		}
+	})
 	t.Run("Passive", func(t *testing.T) {
 		e := s.env(t)
 		_, err := e.c.PubSub(e.ctx, e.name(), courier.Passive())
@@ -213,6 +224,16 @@ func (s *suite) testPatterns(t *testing.T) {
 		{"a.*.#", []string{"a.b", "a.b.c", "a.b.c.d"}, []string{"a", "b.c"}},
 		{"#.b.#", []string{"b", "a.b", "b.c", "a.b.c"}, []string{"a", "a.c"}},
 		{"*.#.*", []string{"a.b", "a.b.c"}, []string{"a"}},
+		// Keys split into words as in RabbitMQ: the empty key is zero
+		// words; each '.' separates two words, empty ones included, and
+		// '*' matches an empty word.
+		{"*", nil, []string{"", ".", "a."}},
+		{"#", []string{"", ".", "a..b", ".a", "a."}, nil},
+		{"*.*", []string{".", "a.", ".a"}, []string{"", "..", "a"}},
+		{"a.*.b", []string{"a..b"}, []string{"a.b", "a...b"}},
+		{"a.b", nil, []string{"a..b", "a.b.", ".a.b"}},
+		{"a.#", []string{"a", "a.", "a..b"}, []string{"", ".a"}},
+		{"#.a", []string{"a", ".a"}, []string{"", "a."}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.pattern, func(t *testing.T) {

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -136,4 +137,35 @@ func BenchmarkExprDeadline(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkTopicMatch measures the topic tree alone, without the
+// exchange's cache of matches per key: 1,000 subscribers with a pattern
+// each among literal, '*' and '#' ones, matched against keys of one to
+// four words, the empty key and keys with empty words among them.
+func BenchmarkTopicMatch(b *testing.B) {
+	tr := newTopicTree()
+	for i := range 1000 {
+		a := fakeMember(fmt.Sprint(i))
+		switch i % 4 {
+		case 0:
+			tr.insert(fmt.Sprintf("eu.c%d.city", i), a)
+		case 1:
+			tr.insert(fmt.Sprintf("eu.*.c%d", i), a)
+		case 2:
+			tr.insert(fmt.Sprintf("c%d.#", i), a)
+		default:
+			tr.insert(fmt.Sprintf("#.c%d", i), a)
+		}
+	}
+	tr.insert("#", fakeMember("all"))
+	keys := []string{"eu.c4.city", "eu.x.c5", "c6.a.b.c", "a.b.c7", "", "eu..c9", "x"}
+	var out []*Attachment
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		out = tr.match(keys[i%len(keys)], out[:0])
+		if len(out) == 0 {
+			b.Fatal("no match")
+		}
+	}
 }

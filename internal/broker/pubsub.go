@@ -70,10 +70,17 @@ func (ex *Exchange) fanout(f *wire.Frame) (durable *taskQueue) {
 	return durable
 }
 
+// maxCachedKey is the longest routing key the cache keeps: the cache's
+// memory is bounded by maxCache times it, not by the frame size.
+const maxCachedKey = 256
+
 // match returns the subscribers for key; the slice is shared, read-only.
 func (ex *Exchange) match(key string) []*Attachment {
 	ex.subMu.RLock()
 	subs, ok := ex.cache[key]
+	if !ok && len(key) > maxCachedKey {
+		subs, ok = ex.subs.match(key, nil), true
+	}
 	ex.subMu.RUnlock()
 	if ok {
 		return subs

@@ -8,7 +8,9 @@ import (
 
 // topicTree matches routing keys against AMQP-style patterns: words are
 // separated by '.', '*' matches exactly one word and '#' any number of
-// words, zero included. A node no pattern uses any more is pruned, so
+// words, zero included. Keys split into words as RabbitMQ's topic
+// exchange splits them (see [keyWords]). A node no pattern uses any more
+// is pruned, so
 // that the tree's memory follows the patterns subscribed now, not the
 // most it ever held.
 type topicTree struct {
@@ -226,32 +228,156 @@ func (t *topicTree) remove(pattern string, a *Attachment) bool {
 }
 
 // match appends the attachments whose patterns match key, each once.
+//
+// It walks the tree word by word first, which is fastest for the keys
+// and patterns of real use. That walk explores a '#' once per number of
+// words it may take, so patterns with several '#' against a key of many
+// words make it polynomial (four '#' against 200 words took 10 s); past
+// a budget of nodes visited, match starts again with [topicTree.scan],
+// which visits each node at most once per word of the key. A key longer
+// than maxCachedKey goes to the scan at once, without the walk's slice
+// of words.
 func (t *topicTree) match(key string, out []*Attachment) []*Attachment {
-	words := strings.Split(key, ".")
-	out = t.root.match(words, out)
+	if len(key) > maxCachedKey {
+		return dedupe(t.scan(key, out))
+	}
+	n0 := len(out)
+	budget := maxWalk
+	var ok bool
+	if out, ok = t.root.walk(keyWords(key), out, &budget); !ok {
+		out = t.scan(key, out[:n0])
+	}
 	return dedupe(out)
 }
 
-func (n *topicNode) match(words []string, out []*Attachment) []*Attachment {
+// maxWalk bounds the nodes [topicNode.walk] visits before [topicTree.scan]
+// takes over.
+const maxWalk = 4096
+
+// keyWords splits a routing key into its words as RabbitMQ's topic
+// exchange does: the empty key is zero words, so '*' does not match it
+// and '#' does; any other key is cut at every '.', and the words between
+// two dots, before a leading dot or after a trailing one are empty words,
+// which '*' matches. So "a..b" is the three words "a", "" and "b", ".a"
+// is "" and "a", and "." is two empty words.
+func keyWords(key string) []string {
+	if key == "" {
+		return nil
+	}
+	return strings.Split(key, ".")
+}
+
+// walk appends the subscribers of the patterns under n that match words;
+// it reports false, with a partial out, once it visited budget nodes.
+func (n *topicNode) walk(words []string, out []*Attachment, budget *int) ([]*Attachment, bool) {
+	if *budget--; *budget < 0 {
+		return out, false
+	}
+	ok := true
 	if len(words) == 0 {
 		out = append(out, n.subs...)
 		if n.hash != nil {
-			out = n.hash.match(words, out)
+			out, ok = n.hash.walk(words, out, budget)
 		}
-		return out
+		return out, ok
 	}
 	if c := n.get(words[0]); c != nil {
-		out = c.match(words[1:], out)
+		out, ok = c.walk(words[1:], out, budget)
 	}
-	if n.star != nil {
-		out = n.star.match(words[1:], out)
+	if n.star != nil && ok {
+		out, ok = n.star.walk(words[1:], out, budget)
 	}
 	if n.hash != nil {
-		for k := 0; k <= len(words); k++ {
-			out = n.hash.match(words[k:], out)
+		for k := 0; k <= len(words) && ok; k++ {
+			out, ok = n.hash.walk(words[k:], out, budget)
 		}
 	}
+	return out, ok
+}
+
+// scanState is a node that the words of a key read so far lead to; hash
+// is set for a '#' node, which may take the next word too.
+type scanState struct {
+	n    *topicNode
+	hash bool
+}
+
+// scan matches key as a set of states advanced one word at a time (the
+// tree as a nondeterministic automaton): each state is kept once per
+// word, so the work is at most the nodes of the tree times the words of
+// the key, and the memory two sets of nodes.
+func (t *topicTree) scan(key string, out []*Attachment) []*Attachment {
+	var cur, next scanSet
+	cur.add(scanState{n: t.root})
+	rest, more := key, key != ""
+	for more && len(cur.list) > 0 {
+		var w string
+		w, rest, more = strings.Cut(rest, ".")
+		next.reset()
+		for _, s := range cur.list {
+			if c := s.n.get(w); c != nil {
+				next.add(scanState{n: c})
+			}
+			if s.n.star != nil {
+				next.add(scanState{n: s.n.star})
+			}
+			if s.hash {
+				next.add(s)
+			}
+		}
+		cur, next = next, cur
+	}
+	for _, s := range cur.list {
+		out = append(out, s.n.subs...)
+	}
 	return out
+}
+
+// scanSet is a set of states. Only '#' states can be reached twice in
+// one word (by taking it, and from their parent taking none), so only
+// they are looked up.
+type scanSet struct {
+	list []scanState
+	seen map[*topicNode]struct{} // the '#' states, once there are many
+}
+
+func (ss *scanSet) reset() {
+	ss.list = ss.list[:0]
+	clear(ss.seen)
+}
+
+// add adds s and, as a '#' may take no word, the '#' below it.
+func (ss *scanSet) add(s scanState) {
+	for {
+		if s.hash && ss.has(s.n) {
+			return
+		}
+		ss.list = append(ss.list, s)
+		if s.n.hash == nil {
+			return
+		}
+		s = scanState{n: s.n.hash, hash: true}
+	}
+}
+
+// has reports whether the '#' node n is in the set, and puts it there.
+func (ss *scanSet) has(n *topicNode) bool {
+	if ss.seen == nil && len(ss.list) < 32 {
+		return slices.ContainsFunc(ss.list, func(s scanState) bool { return s.n == n })
+	}
+	if ss.seen == nil {
+		ss.seen = make(map[*topicNode]struct{}, len(ss.list))
+		for _, s := range ss.list {
+			if s.hash {
+				ss.seen[s.n] = struct{}{}
+			}
+		}
+	}
+	if _, ok := ss.seen[n]; ok {
+		return true
+	}
+	ss.seen[n] = struct{}{}
+	return false
 }
 
 func dedupe(list []*Attachment) []*Attachment {
