@@ -10,7 +10,7 @@ import (
 // courier_alarm{kind} for every kind (1 while one is on), and the
 // dashboard shows a banner.
 const (
-	// AlarmMemory: the queues reached the node's memory budget
+	// AlarmMemory: the queues reached the node's memory high watermark
 	// (queue.Memory): every publisher waits for credit until the queues
 	// are back under 95% of it.
 	AlarmMemory = "memory"
