@@ -86,9 +86,18 @@ func (b *ByteSize) Set(s string) error { return b.UnmarshalText([]byte(s)) }
 // Type names the flag's type in help texts.
 func (b *ByteSize) Type() string { return "size" }
 
-// DefaultMemoryShare is the share of the machine's memory a node's memory
-// budget takes when none is configured.
+// DefaultMemoryBudget is the default [Config.MemoryBudget]: what durable
+// queues keep in RAM before they page. A server with it holds under 100
+// MB of RSS however deep its queues (docs/queues.md, "Figures").
+const DefaultMemoryBudget ByteSize = 32 << 20
+
+// DefaultMemoryShare is the share of the machine's memory the default
+// [Config.MemoryHighWatermark] takes.
 const DefaultMemoryShare = 0.4
+
+// noWatermark is the limit of a budget without a high watermark: never
+// reached.
+const noWatermark = 1 << 62
 
 // MachineMemory returns the memory the process may use: the machine's,
 // or its cgroup's limit if lower; 0 if unknown.
@@ -113,11 +122,44 @@ func MachineMemory() int64 {
 	return total
 }
 
-// defaultMemoryBudget is DefaultMemoryShare of the machine's memory, or
+// defaultHighWatermark is DefaultMemoryShare of the machine's memory, or
 // 1 GiB if that is unknown.
-func defaultMemoryBudget() ByteSize {
+func defaultHighWatermark() ByteSize {
 	if m := MachineMemory(); m > 0 {
 		return ByteSize(float64(m) * DefaultMemoryShare)
 	}
 	return 1 << 30
+}
+
+// memorySizes returns the limit (the high watermark) and the budget of a
+// node's queues from its configuration (defaults applied; -1 is none): a
+// watermark under the budget is raised to it; without a budget, queues
+// page from half the watermark; without either, limit is 0 (no budget).
+func memorySizes(budget, watermark ByteSize) (limit, pageBudget int64) {
+	switch {
+	case budget <= 0 && watermark <= 0:
+		return 0, 0
+	case watermark <= 0:
+		return noWatermark, int64(budget)
+	case budget <= 0:
+		return int64(watermark), int64(watermark)
+	}
+	return int64(max(watermark, budget)), int64(budget)
+}
+
+// GoMemoryLimit is the soft memory limit `courier server` gives the Go
+// runtime (debug.SetMemoryLimit) for a node with this
+// [Config.MemoryBudget] and [Config.MemoryHighWatermark] (0: the
+// default), unless GOMEMLIMIT sets one: 1.5 × the watermark + 32 MiB; 0
+// for none.
+func GoMemoryLimit(budget, watermark ByteSize) int64 {
+	setDefault(&budget, DefaultMemoryBudget)
+	if watermark == 0 {
+		watermark = defaultHighWatermark()
+	}
+	limit, _ := memorySizes(budget, watermark)
+	if limit <= 0 || limit == noWatermark {
+		return 0
+	}
+	return limit + limit/2 + 32<<20
 }

@@ -84,14 +84,23 @@ type Config struct {
 	// default): fewer syncs, and publisher confirms that wait longer. A
 	// confirmed task survives a crash either way.
 	SyncInterval time.Duration `toml:"sync_interval"`
-	// MemoryBudget bounds what the node's queues keep in RAM: past half
-	// of it durable queues page message bodies, then the index of deep
-	// queues, to disk, more the fuller it is; past 85% the publishers of
-	// the queues holding the most are slowed; at 100% (the memory alarm)
-	// every publisher waits until it falls under 95%. It does not count
-	// connections' buffers: leave room for them. -1: no budget. Default:
-	// 40% of the machine's memory (or its cgroup limit).
+	// MemoryBudget is what the node's durable queues may keep in RAM by
+	// choice: past half of it they page message bodies, then the index of
+	// deep queues, to disk, more the fuller it is, down to a small working
+	// set at the budget; reads of paged messages come back from the page
+	// cache. Raise it to keep more in RAM (docs/queues.md has the
+	// trade-off, measured). -1: none (queues page only as they near the
+	// high watermark, past half of it). Default: [DefaultMemoryBudget].
 	MemoryBudget ByteSize `toml:"memory_budget"`
+	// MemoryHighWatermark is what the node's queues may hold in RAM at
+	// all, including what cannot page (transient queues; keyed, delayed
+	// and retried messages; those in flight): past 85% of it the
+	// publishers of the queues holding the most are slowed; at 100% (the
+	// memory alarm) every publisher waits until it falls under 95%. It is
+	// at least MemoryBudget. It does not count connections' buffers:
+	// leave room for them. -1: none. Default: 40% of the machine's memory
+	// (or its cgroup limit), as RabbitMQ's vm_memory_high_watermark.
+	MemoryHighWatermark ByteSize `toml:"memory_high_watermark"`
 	// MinFreeDisk is the free space of the data directory's file system
 	// under which the disk alarm goes on: publishers of durable queues get
 	// no credit until it is back (consumers go on, and their acks free
@@ -224,8 +233,9 @@ func (c *Config) setDefaults() {
 	setDefault(&c.Heartbeat, d.Heartbeat)
 	setDefault(&c.DrainTimeout, d.DrainTimeout)
 	setDefault(&c.ScrubRate, d.ScrubRate)
-	if c.MemoryBudget == 0 {
-		c.MemoryBudget = defaultMemoryBudget()
+	setDefault(&c.MemoryBudget, DefaultMemoryBudget)
+	if c.MemoryHighWatermark == 0 {
+		c.MemoryHighWatermark = defaultHighWatermark()
 	}
 	l, dl := &c.Limits, d.Limits
 	setDefault(&l.MaxFrame, dl.MaxFrame)
@@ -282,6 +292,7 @@ func (c Config) Validate() error {
 	}{
 		{"drain_timeout", c.DrainTimeout < 0},
 		{"memory_budget", c.MemoryBudget < -1},
+		{"memory_high_watermark", c.MemoryHighWatermark < -1},
 		{"min_free_disk", c.MinFreeDisk < -1},
 		{"scrub_rate", c.ScrubRate < -1},
 		{"heartbeat", c.Heartbeat < 0},
@@ -314,10 +325,13 @@ func (c Config) Validate() error {
 
 // memory returns the node's budget, nil for none.
 func (c *Config) memory() *queue.Memory {
-	if c.MemoryBudget <= 0 {
+	limit, budget := memorySizes(c.MemoryBudget, c.MemoryHighWatermark)
+	if limit <= 0 {
 		return nil
 	}
-	return queue.NewMemory(int64(c.MemoryBudget))
+	m := queue.NewMemory(limit)
+	m.SetBudget(budget)
+	return m
 }
 
 // Node is an embedded broker.

@@ -94,7 +94,7 @@ rabbitmqctl() { HOME="${PEERS_DIR:-${TMPDIR:-/tmp}/courier-peers}/rabbitmq" /usr
 	dd if=/dev/zero of="$out/dd.test" bs=1M count=256 oflag=direct 2>&1 | tail -n1 | sed 's/^/dd 1 MiB oflag=direct x256: /'
 	rm -f "$out/dd.test"
 	echo "go: $(go version | awk '{print $3}')"
-	echo "courier server: default --memory-budget (40% of the machine)${MEMORY_BUDGET:+, and --memory-budget $MEMORY_BUDGET}"
+	echo "courier server: default --memory-budget (32 MiB; high watermark 40% of the machine)${MEMORY_BUDGET:+, and --memory-budget $MEMORY_BUDGET}"
 	echo "$(nats-server --version) (JetStream: -js -sd, default sync_interval)"
 	echo "rabbitmq-server: $(dpkg-query -W -f='${Version}' rabbitmq-server), erlang $(dpkg-query -W -f='${Version}' erlang-base)"
 } | tee "$out/machine.txt"

@@ -17,6 +17,8 @@ name = "from-file"
 listen = "127.0.0.1:7411"
 http = "off"
 drain_timeout = "3s"
+memory_budget = "64MiB"
+memory_high_watermark = "1GiB"
 
 [log]
 level = "warn"
@@ -48,7 +50,8 @@ restart_window = "10s"
 		sc.Limits.MaxConnsPerUser != 2 || sc.Limits.MaxDeadline != 90*time.Second ||
 		sc.Limits.MaxInflight != 65536 || sc.Limits.MaxFrame != 4<<20 ||
 		sc.Limits.MaxPatternsPerAttachment != 50 || sc.Limits.MaxPatternsPerConnection != 10000 ||
-		sc.Supervision.MaxRestarts != 3 || sc.Supervision.RestartWindow != 10*time.Second {
+		sc.Supervision.MaxRestarts != 3 || sc.Supervision.RestartWindow != 10*time.Second ||
+		sc.MemoryBudget != 64<<20 || sc.MemoryHighWatermark != 1<<30 {
 		t.Errorf("file not read as written, or defaults lost: %+v", sc)
 	}
 }

@@ -118,10 +118,7 @@ manage users with 'courier users'.`,
 			if cfg.HTTP == "off" {
 				cfg.HTTP = ""
 			}
-			if cfg.MemoryBudget == 0 {
-				cfg.MemoryBudget = node.ByteSize(float64(node.MachineMemory()) * node.DefaultMemoryShare)
-			}
-			setMemoryLimit(log, cfg.MemoryBudget)
+			setMemoryLimit(log, cfg.MemoryBudget, cfg.MemoryHighWatermark)
 			if err := adminPassword(cfg, adminPasswordFile); err != nil {
 				return err
 			}
@@ -182,7 +179,8 @@ manage users with 'courier users'.`,
 	f.DurationVar(&cfg.Heartbeat, "heartbeat", d.Heartbeat, "heartbeat interval; silent clients are cut after three")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "on SIGTERM, how long requests in flight may take to finish")
 	f.Var(&cfg.MinFreeDisk, "min-free-disk", "free disk space under which publishers of durable queues are held (default 1GiB; -1: no check)")
-	f.Var(&cfg.MemoryBudget, "memory-budget", "what queues may keep in RAM before they page to disk and slow publishers: 64MiB, 2GB, 40% of the machine (default 40%; -1: none)")
+	f.Var(&cfg.MemoryBudget, "memory-budget", "what durable queues keep in RAM before they page to disk: 64MiB, 2GB, 10% of the machine (default 32MiB; -1: none, page only near the high watermark)")
+	f.Var(&cfg.MemoryHighWatermark, "memory-high-watermark", "what queues may hold in RAM at all before publishers are slowed, then held: 4GiB, 40% of the machine (default 40%; -1: none)")
 	f.Var(&cfg.ScrubRate, "scrub-rate", "bytes a second the store's background check reads after start, to find damaged records (default 64MiB; -1: no check)")
 	f.DurationVar(&cfg.SyncInterval, "sync-interval", d.SyncInterval, "fsync durable queues at most this often instead of group commit (0: group commit, the default)")
 	l, dl := &cfg.Limits, d.Limits
@@ -226,16 +224,17 @@ func newLogger(level, format string) (*slog.Logger, error) {
 }
 
 // setMemoryLimit gives the Go runtime a soft memory limit above the
-// node's memory budget, unless GOMEMLIMIT sets one: the budget bounds what
-// the queues keep, and the limit keeps garbage from doubling the heap on
-// top of it.
-func setMemoryLimit(log *slog.Logger, budget node.ByteSize) {
-	if os.Getenv("GOMEMLIMIT") != "" || budget <= 0 {
+// node's memory high watermark (node.GoMemoryLimit), unless GOMEMLIMIT
+// sets one: the watermark bounds what the queues hold, and the limit
+// keeps garbage from doubling the heap on top of it when they hold that
+// much.
+func setMemoryLimit(log *slog.Logger, budget, watermark node.ByteSize) {
+	limit := node.GoMemoryLimit(budget, watermark)
+	if os.Getenv("GOMEMLIMIT") != "" || limit <= 0 {
 		return
 	}
-	limit := int64(budget) + int64(budget)/2 + 32<<20
 	debug.SetMemoryLimit(limit)
-	log.Debug("Go memory limit set from the memory budget", "budget", budget.String(), "limit", node.ByteSize(limit).String())
+	log.Debug("Go memory limit set from the memory high watermark", "budget", budget.String(), "watermark", watermark.String(), "limit", node.ByteSize(limit).String())
 }
 
 // adminPassword sets the first administrator's password from

@@ -707,6 +707,9 @@ func TestNodes(t *testing.T) {
 		n.num("processors") <= 0 || n.num("patterns") != 0 || n.num("mem_patterns") != 0 {
 		t.Errorf("node %v", n)
 	}
+	if b, l := n.num("mem_budget"), n.num("mem_budget_limit"); b <= 0 || b > l {
+		t.Errorf("memory budget %v, high watermark %v", b, l)
+	}
 	var o obj
 	h.get("/api/nodes/n1?columns=name,uptime", &o)
 	if k := o.keys(); !slices.Equal(k, []string{"name", "uptime"}) {

@@ -10,7 +10,7 @@ import (
 // courier_alarm{kind} for every kind (1 while one is on), and the
 // dashboard shows a banner.
 const (
-	// AlarmMemory: the queues reached the node's memory budget
+	// AlarmMemory: the queues reached the node's memory high watermark
 	// (queue.Memory): every publisher waits for credit until the queues
 	// are back under 95% of it.
 	AlarmMemory = "memory"
@@ -43,14 +43,14 @@ type Alarm struct {
 	Message string
 }
 
-// alarms returns the alarms on now: the memory budget's and the store's
+// alarms returns the alarms on now: the memory watermark's and the store's
 // from their atomics, the components' from the supervisor's status
 // (comps, read by the caller).
 func (s *Server) alarms(comps []Component) []Alarm {
 	var out []Alarm
 	if m := s.b.Memory(); m != nil && m.Alarm() {
 		out = append(out, Alarm{Kind: AlarmMemory, Message: fmt.Sprintf(
-			"the queues hold %s of the %s memory budget: publishers wait for credit until they are under 95%% of it",
+			"the queues hold %s, the memory high watermark of %s: publishers wait for credit until they are under 95%% of it",
 			bytesText(m.Used()), bytesText(m.Limit()))})
 	}
 	if l := s.b.Store(); l != nil {

@@ -276,12 +276,12 @@ func TestDashboardInBrowser(t *testing.T) {
 	shot("queues.png")
 
 	// An alarm shows as a banner on every page while it is on: the queues
-	// fill a memory budget cut to one byte.
+	// fill a memory high watermark cut to one byte.
 	mem := n.Broker().Memory()
 	limit := mem.Limit()
 	mem.SetLimit(1)
 	banner := waitText("#alarms", "memory alarm banner", func(s string) bool { return strings.Contains(s, "memory") })
-	if !strings.Contains(banner, "memory budget") {
+	if !strings.Contains(banner, "memory high watermark") {
 		t.Errorf("alarm banner %q", banner)
 	}
 	if v := eval("banner shown", `document.getElementById("alarms").hidden ? 0 : 1`); v != 1 {

@@ -36,8 +36,9 @@ var (
 	mQPublishes   = desc("courier_queue_publishes_total", "Messages enqueued on every queue, deleted queues included.")
 	mQDeliveries  = desc("courier_queue_deliveries_total", "Messages delivered from every queue (redeliveries included), deleted queues included.")
 	mReqLatency   = desc("courier_request_duration_seconds", "Time from a request's arrival at the broker to its last response, over every request-response exchange; requests that found no handler or timed out are not counted.")
-	mAlarm        = desc("courier_alarm", "1 while an alarm of the kind is on: memory (the memory budget is full), disk (the store's disk is under its minimum free space), store (the store failed), component (a supervised component was given up).", "kind")
-	mMemLimit     = desc("courier_memory_budget_bytes", "The node's memory budget for the queues.")
+	mAlarm        = desc("courier_alarm", "1 while an alarm of the kind is on: memory (the queues reached the memory high watermark), disk (the store's disk is under its minimum free space), store (the store failed), component (a supervised component was given up).", "kind")
+	mMemLimit     = desc("courier_memory_budget_bytes", "The node's memory budget: what durable queues keep in RAM before they page to disk.")
+	mMemHigh      = desc("courier_memory_high_watermark_bytes", "The node's memory high watermark: what the queues may hold in RAM before publishers are slowed, then held (the memory alarm).")
 	mMemUsed      = desc("courier_memory_budget_used_bytes", "Bytes the queues account against the memory budget: messages and index entries in RAM.")
 	mMemPaged     = desc("courier_memory_paged_out_messages", "Messages whose body is only on disk (their index entry is in RAM).")
 	mMemSpilled   = desc("courier_memory_spilled_messages", "Messages whose index entry is on disk too.")
@@ -123,7 +124,7 @@ type nodeCollector struct{ s *Server }
 
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{mInfo, mConns, mExchanges, mQueues, mAttachments, mPatterns, mPatternMem, mReady, mUnacked, mCompUp, mCompFailed, mCompRestarts,
-		mQPublishes, mQDeliveries, mReqLatency, mAlarm, mMemLimit, mMemUsed, mMemPaged, mMemSpilled, mMemPage, mMemThrottle,
+		mQPublishes, mQDeliveries, mReqLatency, mAlarm, mMemLimit, mMemHigh, mMemUsed, mMemPaged, mMemSpilled, mMemPage, mMemThrottle,
 		mStoreSync, mStoreSegs, mStoreDisk, mStoreLive, mStoreLiveB, mStoreRecs, mStoreApp, mStoreWrit, mStoreCkpt, mStoreRuns, mStoreFree,
 		mStoreDamR, mStoreDamB, mStoreScrub, mStoreScrubD} {
 		ch <- d
@@ -173,7 +174,8 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if m := c.s.b.Memory(); m != nil {
 		st := m.Stats()
-		gauge(mMemLimit, float64(st.Limit))
+		gauge(mMemLimit, float64(st.Budget))
+		gauge(mMemHigh, float64(st.Limit))
 		gauge(mMemUsed, float64(st.Used))
 		gauge(mMemPaged, float64(st.PagedOut))
 		gauge(mMemSpilled, float64(st.Spilled))

@@ -59,6 +59,7 @@ func TestMetricsRequestsStoreMemory(t *testing.T) {
 		`courier_request_duration_seconds_bucket{le="1e-06"}`:    func(v float64) bool { return v <= 7 },
 		"courier_request_duration_seconds_sum":                   func(v float64) bool { return v > 0 },
 		"courier_memory_budget_bytes":                            func(v float64) bool { return v > 0 },
+		"courier_memory_high_watermark_bytes":                    func(v float64) bool { return v > 0 },
 		"courier_memory_budget_used_bytes":                       func(v float64) bool { return v > 0 },
 		"courier_memory_throttle_level":                          func(v float64) bool { return v == 0 },
 		"courier_store_sync_duration_seconds_count":              func(v float64) bool { return v >= 1 },

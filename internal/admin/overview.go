@@ -219,9 +219,10 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 // nodeInfo is one node of GET /api/nodes.
 type nodeInfo struct {
 	o *overview
-	// The memory budget's limit and use (0 without one), and the free
-	// space of the store's disk (-1 when unknown).
-	memLimit, memBudget, diskFree int64
+	// The memory budget's limit (high watermark), use and budget (0
+	// without one), and the free space of the store's disk (-1 when
+	// unknown).
+	memLimit, memBudget, memPage, diskFree int64
 }
 
 var runtimeMetrics = []string{
@@ -270,6 +271,7 @@ var nodeSchema = newSchema("name",
 	intField("mem_patterns", func(n *nodeInfo) int64 { return n.o.patterns.Bytes }),
 	intField("mem_budget_limit", func(n *nodeInfo) int64 { return n.memLimit }),
 	intField("mem_budget_used", func(n *nodeInfo) int64 { return n.memBudget }),
+	intField("mem_budget", func(n *nodeInfo) int64 { return n.memPage }),
 	boolField("mem_alarm", func(n *nodeInfo) bool { return n.o.has(AlarmMemory) }),
 	intField("disk_free", func(n *nodeInfo) int64 { return n.diskFree }),
 	boolField("disk_free_alarm", func(n *nodeInfo) bool { return n.o.has(AlarmDisk) }),
@@ -293,7 +295,7 @@ func (s *Server) readNode() *nodeInfo {
 	o.readRuntime()
 	n := &nodeInfo{o: o, diskFree: -1}
 	if m := s.b.Memory(); m != nil {
-		n.memLimit, n.memBudget = m.Limit(), m.Used()
+		n.memLimit, n.memBudget, n.memPage = m.Limit(), m.Used(), m.Budget()
 	}
 	if l := s.b.Store(); l != nil {
 		n.diskFree = l.DiskFree()

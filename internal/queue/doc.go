@@ -80,7 +80,8 @@
 // drains, so that its RAM stays bounded whatever its depth. Messages
 // with a key, delayed, backing off or in flight keep their index in RAM.
 // [Queue.Pressure] tells the broker how hard to slow each queue's
-// publishers; consumers are never slowed. Transient queues do not page:
+// publishers as the memory's limit, above the budget, fills; consumers
+// are never slowed. Transient queues do not page:
 // their bytes count, and their publishers are slowed first. See
 // spill.go and docs/queues.md.
 //

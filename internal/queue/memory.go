@@ -12,20 +12,31 @@ import (
 // All its methods read or write atomics: the broker may call them as
 // often as it likes, from any goroutine, without waiting on a queue.
 //
-// As the accounted bytes fill the limit, durable queues page (see the
-// package doc, "Memory and paging"):
+// It has two sizes. The budget ([Memory.Budget]) is what durable queues
+// may keep in RAM by choice: as the accounted bytes fill it they page
+// (see the package doc, "Memory and paging"). The limit ([Memory.Limit],
+// at least the budget) is what the queues may hold at all, paged or not
+// (transient queues, keyed and delayed messages cannot page): as the
+// accounted bytes fill it, publishers are slowed, then stopped.
+//
+//	page fill = Used / Budget
+//	0 ─────────── PageAt (0.5) ───────────────────────── 1
+//	  all in RAM    │ bodies, then the index of deep queues go to disk,
+//	                │ more the fuller; at 1 a small working set only
 //
 //	fill = Used / Limit
-//	0 ─────────── PageAt (0.5) ─────────── ThrottleAt (0.85) ──── 1 (alarm)
-//	  all in RAM    │ bodies, then the index    │ publishers of the     │ every publisher
-//	                │ of deep queues go to disk,│ queues that hold the  │ waits (Pressure 1)
-//	                │ more the fuller           │ memory slowed first   │ until fill < 0.95
+//	0 ───────────────────────── ThrottleAt (0.85) ──── 1 (alarm)
+//	  publishers not slowed        │ publishers of the     │ every publisher
+//	                               │ queues that hold the  │ waits (Pressure 1)
+//	                               │ memory slowed first   │ until fill < 0.95
 //
-// Transient queues cannot page (their messages are nowhere else): their
-// bytes stay counted, so they are the first their publishers' flow
-// control slows ([Queue.Pressure]).
+// With the budget equal to the limit ([NewMemory]'s default), paging
+// starts at half the limit. Transient queues cannot page (their messages
+// are nowhere else): their bytes stay counted, so they are the first
+// their publishers' flow control slows ([Queue.Pressure]).
 type Memory struct {
 	limit    atomic.Int64
+	budget   atomic.Int64 // at most limit
 	used     atomic.Int64 // bytes the queues keep in RAM
 	pagedOut atomic.Int64 // messages whose index is in RAM and body only on disk
 	spilled  atomic.Int64 // messages whose index too is only on disk
@@ -35,9 +46,10 @@ type Memory struct {
 
 // Fill thresholds of a [Memory] budget, as fractions of its limit.
 const (
-	// PageAt is the fill from which durable queues page message bodies,
-	// then the index of deep queues, out to disk, smoothly: the share
-	// kept in RAM falls from all at PageAt to a small working set at 1.
+	// PageAt is the fill of the budget from which durable queues page
+	// message bodies, then the index of deep queues, out to disk,
+	// smoothly: the share kept in RAM falls from all at PageAt to a small
+	// working set at 1.
 	PageAt = 0.5
 	// ThrottleAt is the fill from which [Queue.Pressure] asks the broker
 	// to slow publishers, those of the queues that hold the most memory
@@ -53,22 +65,39 @@ const (
 // its map entry and list links (measured by TestMessageOverhead).
 const MessageOverhead = 232
 
-// NewMemory returns a budget of limit bytes (at least 1). The broker
-// picks the limit (a fraction of the machine's memory).
+// NewMemory returns a budget whose limit and budget are both limit bytes
+// (at least 1): durable queues page from half of it. [Memory.SetBudget]
+// makes them page sooner.
 func NewMemory(limit int64) *Memory {
 	m := &Memory{}
 	m.SetLimit(limit)
 	return m
 }
 
-// SetLimit changes the limit; queues follow at their next operation.
+// SetLimit changes the limit, and the budget with it if the budget was
+// the limit or is now above it; queues follow at their next operation.
 func (m *Memory) SetLimit(limit int64) {
-	m.limit.Store(max(limit, 1))
+	limit = max(limit, 1)
+	if old := m.limit.Swap(limit); m.budget.Load() == old || m.budget.Load() > limit {
+		m.budget.Store(limit)
+	}
 	m.checkAlarm()
 }
 
-// Limit returns the limit in bytes.
+// SetBudget changes the budget, what durable queues keep in RAM before
+// they page, to budget bytes (at least 1, at most the limit); queues
+// follow at their next operation.
+func (m *Memory) SetBudget(budget int64) {
+	m.budget.Store(min(max(budget, 1), m.limit.Load()))
+}
+
+// Limit returns the limit in bytes: the alarm goes on when the queues
+// hold that much.
 func (m *Memory) Limit() int64 { return m.limit.Load() }
+
+// Budget returns the budget in bytes: durable queues page as the queues
+// fill it.
+func (m *Memory) Budget() int64 { return m.budget.Load() }
 
 // Used returns the bytes the queues account in RAM.
 func (m *Memory) Used() int64 { return m.used.Load() }
@@ -84,9 +113,11 @@ func (m *Memory) Fill() float64 {
 func (m *Memory) Alarm() bool { return m.alarm.Load() }
 
 // PageLevel is how hard durable queues page, from 0 (keep everything in
-// RAM) to 1 (keep only a small working set): 0 up to [PageAt], rising
-// linearly to 1 at the limit.
-func (m *Memory) PageLevel() float64 { return ramp(m.Fill(), PageAt, 1) }
+// RAM) to 1 (keep only a small working set): 0 up to [PageAt] of the
+// budget, rising linearly to 1 at the budget.
+func (m *Memory) PageLevel() float64 {
+	return ramp(float64(m.used.Load())/float64(m.budget.Load()), PageAt, 1)
+}
 
 // ThrottleLevel is how hard the broker should slow publishers, from 0 to
 // 1: 0 up to [ThrottleAt], rising linearly to 1 at the limit, 1 while
@@ -100,19 +131,19 @@ func (m *Memory) ThrottleLevel() float64 {
 
 // MemoryStats are a budget's counters.
 type MemoryStats struct {
-	Limit, Used int64
-	PagedOut    int64 // messages whose body is only on disk, index in RAM
-	Spilled     int64 // messages whose index is on disk too
-	Queues      int64 // open queues on the budget
-	Alarm       bool
-	PageLevel   float64
-	Throttle    float64
+	Limit, Budget, Used int64
+	PagedOut            int64 // messages whose body is only on disk, index in RAM
+	Spilled             int64 // messages whose index is on disk too
+	Queues              int64 // open queues on the budget
+	Alarm               bool
+	PageLevel           float64
+	Throttle            float64
 }
 
 // Stats returns the budget's counters, without locks.
 func (m *Memory) Stats() MemoryStats {
 	return MemoryStats{
-		Limit: m.limit.Load(), Used: m.used.Load(), PagedOut: m.pagedOut.Load(),
+		Limit: m.limit.Load(), Budget: m.budget.Load(), Used: m.used.Load(), PagedOut: m.pagedOut.Load(),
 		Spilled: m.spilled.Load(), Queues: m.queues.Load(), Alarm: m.alarm.Load(),
 		PageLevel: m.PageLevel(), Throttle: m.ThrottleLevel(),
 	}

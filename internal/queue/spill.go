@@ -178,16 +178,16 @@ func (q *Queue) pageLevel() float64 {
 
 // bodyAllowance is how many body bytes a durable queue keeps in RAM at
 // page level p > 0: an eighth of the budget at the start of paging,
-// nothing at the limit.
+// nothing at the budget.
 func (q *Queue) bodyAllowance(p float64) int64 {
-	return int64((1 - p) * float64(q.mem.Limit()) / 8)
+	return int64((1 - p) * float64(q.mem.Budget()) / 8)
 }
 
 // indexAllowance is how many messages a level's head keeps in RAM
 // before its middle spills, at page level p > 0: a sixteenth of the
-// budget's worth at the start of paging, keepMin at the limit.
+// budget's worth at the start of paging, keepMin at the budget.
 func (q *Queue) indexAllowance(p float64) int {
-	n := (1 - p) * float64(q.mem.Limit()) / 16 / MessageOverhead
+	n := (1 - p) * float64(q.mem.Budget()) / 16 / MessageOverhead
 	return max(keepMin, int(min(n, 1<<30)))
 }
 

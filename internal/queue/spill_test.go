@@ -224,6 +224,63 @@ func TestPagingGrowsWithFill(t *testing.T) {
 	}
 }
 
+// TestBudgetBelowLimit: with a budget under the limit, a durable queue
+// pages from half the budget and keeps to it however deep it grows,
+// without slowing its publishers (the limit is far), while a transient
+// queue on the same Memory holds past the budget up to the limit, where
+// the alarm stops every publisher.
+func TestBudgetBelowLimit(t *testing.T) {
+	e := newEnv(t)
+	const budget, limit = 4 << 20, 24 << 20
+	mem := NewMemory(limit)
+	mem.SetBudget(budget)
+	if mem.Budget() != budget || mem.Limit() != limit {
+		t.Fatalf("budget %d, limit %d", mem.Budget(), mem.Limit())
+	}
+	durable := e.queue(func(c *Config) { c.Memory = mem })
+	msg := Message{Body: make([]byte, 1024)}
+	for i := range 30_000 { // 30 MiB of bodies
+		mustEnqueue(t, durable, msg)
+		if used := mem.Used(); used > budget {
+			t.Fatalf("message %d: %d bytes in RAM, budget %d", i, used, budget)
+		}
+	}
+	s := durable.Stats()
+	t.Logf("durable: %d messages, %d paged out, %d spilled, %d bytes in RAM", s.Messages(), s.PagedOut, s.Spilled, mem.Used())
+	if s.PagedOut+s.Spilled < 25_000 || durable.Pressure() != 0 || mem.Alarm() {
+		t.Fatalf("paged %d, spilled %d, pressure %.3f, alarm %v", s.PagedOut, s.Spilled, durable.Pressure(), mem.Alarm())
+	}
+	transient := e.queue(func(c *Config) { c.Memory, c.Journal = mem, nil })
+	for mem.Used() < 2*budget {
+		mustEnqueue(t, transient, msg)
+	}
+	if mem.Alarm() || transient.Pressure() != 0 {
+		t.Fatalf("at %d bytes, twice the budget and under the limit: alarm %v, pressure %.3f", mem.Used(), mem.Alarm(), transient.Pressure())
+	}
+	for n := 0; !mem.Alarm(); n++ {
+		if n > limit/1024 {
+			t.Fatalf("no alarm at %d bytes", mem.Used())
+		}
+		mustEnqueue(t, transient, msg)
+	}
+	if mem.Used() < limit || durable.Pressure() != 1 || transient.Pressure() != 1 {
+		t.Fatalf("alarm at %d bytes, limit %d; pressure %.3f / %.3f", mem.Used(), limit, durable.Pressure(), transient.Pressure())
+	}
+	// SetLimit keeps a budget set below it; a budget above the limit is
+	// the limit.
+	mem.SetLimit(48 << 20)
+	if mem.Budget() != budget {
+		t.Fatalf("budget %d after SetLimit", mem.Budget())
+	}
+	mem.SetBudget(64 << 20)
+	if mem.Budget() != 48<<20 {
+		t.Fatalf("budget %d over a limit of 48 MiB", mem.Budget())
+	}
+	if err := durable.check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestPressure: a transient queue holding the memory is throttled first;
 // the alarm stops everyone; a durable queue's disk alarm stops it.
 func TestPressure(t *testing.T) {

@@ -301,7 +301,7 @@ async function refreshOverview(full) {
     ["Version", n.courier_version + " (" + n.go_version + ")"],
     ["Uptime", fmtDuration(n.uptime)],
     ["Memory used", fmtBytes(n.mem_used)],
-    ["Queue memory budget", n.mem_budget_limit ? fmtBytes(n.mem_budget_used) + " of " + fmtBytes(n.mem_budget_limit) + (n.mem_alarm ? " (alarm)" : "") : "none"],
+    ["Queue memory", n.mem_budget_limit ? fmtBytes(n.mem_budget_used) + " (paging from half of " + fmtBytes(n.mem_budget) + ", alarm at " + fmtBytes(n.mem_budget_limit) + ")" + (n.mem_alarm ? " (alarm)" : "") : "no budget"],
     ["Disk free", n.disk_free >= 0 ? fmtBytes(n.disk_free) + (n.disk_free_alarm ? " (alarm)" : "") : "unknown"],
     ["Goroutines", fmtInt(n.goroutines)],
     ["Processors", fmtInt(n.processors)],
