@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/courier-mq/courier"
-	"github.com/courier-mq/courier/internal/admin"
 	"github.com/courier-mq/courier/client"
+	"github.com/courier-mq/courier/internal/admin"
 	"github.com/courier-mq/courier/internal/testutil"
 	"github.com/courier-mq/courier/wire"
 )
