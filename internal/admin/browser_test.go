@@ -298,6 +298,21 @@ func TestDashboardInBrowser(t *testing.T) {
 		return err == nil && v
 	}, "the alarm banner goes when the alarm clears")
 
+	// The Queued messages chart opens full: its first draw has the
+	// server's history (7 messages ready for some seconds now), where a
+	// chart of its own polls would need two polls to draw a line.
+	run("reopen the overview", chromedp.Navigate(n.HTTPURL()+"/#overview"), chromedp.WaitVisible(chromedp.CSS("#chart-queued")))
+	waitText("#queued-messages_ready", "queued ready", func(s string) bool { return s == "7" })
+	blue := eval("inspect the queued chart", `(() => {
+		const c = document.getElementById("chart-queued");
+		const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+		let n = 0;
+		for (let i = 0; i < d.length; i += 4) if (d[i+3] > 200 && d[i] < 60 && d[i+1] > 140 && d[i+1] < 190 && d[i+2] > 200) n++;
+		return n; })()`)
+	if blue < 50 {
+		t.Errorf("the queued chart's first draw has %d blue (ready) pixels: it does not start from the server's history", blue)
+	}
+
 	// The dashboard's actions, each checked through the API.
 	apiGet := func(path string, v any) int {
 		t.Helper()
