@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -68,6 +69,16 @@ func (s *Server) permit(w http.ResponseWriter, r *http.Request, perm auth.Perm, 
 	writeError(w, &apiError{http.StatusForbidden, "access_refused",
 		fmt.Sprintf("access refused: user %q has no %s permission on %q, which %s needs", by.User, perm, name, op)})
 	return false
+}
+
+// queueExchange is the exchange whose permissions cover a queue: a task
+// exchange's queue bears its name, a durable subscription's is
+// "exchange/subscription".
+func queueExchange(queue string) string {
+	if i := strings.IndexByte(queue, '/'); i > 0 {
+		return queue[:i]
+	}
+	return queue
 }
 
 // publishBody is the body of POST /api/exchanges/{name}/publish, as
@@ -279,7 +290,7 @@ func (s *Server) getMessages(w http.ResponseWriter, r *http.Request) {
 		writeError(w, ErrNoQueues)
 		return
 	}
-	if !s.permit(w, r, auth.Read, "get", name) {
+	if !s.permit(w, r, auth.Read, "get", queueExchange(name)) {
 		return
 	}
 	msgs, err := peeker.PeekQueue(name, body.Count)

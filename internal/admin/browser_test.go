@@ -358,6 +358,17 @@ func TestDashboardInBrowser(t *testing.T) {
 			return err == nil && !v
 		}, "the confirmation dialog of %s closes", what)
 	}
+	// click clicks an element in one step of the page's script: a row's
+	// button is re-rendered with its table every poll, and a node found
+	// by one DevTools call can be gone by the next.
+	click := func(sel string) {
+		t.Helper()
+		q, _ := json.Marshal(sel)
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const e = document.querySelector(`+string(q)+`); if (!e) return false; e.click(); return true; })()`))
+		if err != nil || !ok {
+			t.Fatalf("click %s: %v (found: %v)", sel, err, ok)
+		}
+	}
 	// setValue fills a field as typing would, in one step of the page's
 	// script (chromedp.SetValue refuses an empty value).
 	setValue := func(sel, v string) {
@@ -470,13 +481,13 @@ func TestDashboardInBrowser(t *testing.T) {
 	if v := eval("embedded connections have no close button", `document.querySelectorAll('#connections-table tr').length - 1 - document.querySelectorAll('#connections-table [data-close]').length`); v < 1 {
 		t.Errorf("every connection has a close button; embedded ones should not")
 	}
-	run("close the subscriber", chromedp.Click(chromedp.CSS(`#connections-table [data-close]`)))
+	click(`#connections-table [data-close]`)
 	confirm("close", true)
 	testutil.WaitForf(t, 10*time.Second, func() bool { return !connNamed("load-subscriber") }, "the network subscriber's connection is closed")
 	waitText("#notice", "close notice", func(s string) bool { return strings.Contains(s, "Closed connection") })
 
 	// Users and permissions, on a node with users, as its administrator.
-	usersPage(t, ctx, run, waitText, confirm, setValue, shot)
+	usersPage(t, ctx, run, waitText, confirm, setValue, click, shot)
 	run("back to the first node", chromedp.Navigate(n.HTTPURL()+"/"), chromedp.WaitVisible(chromedp.CSS("#chart-rates")))
 
 	// The page says so when the API goes away.
@@ -562,7 +573,7 @@ func startLoad(t *testing.T, n *node.Node) (stop func()) {
 // administrator: it adds a user, sets its permissions and deletes it,
 // checking each through the API.
 func usersPage(t *testing.T, ctx context.Context, run func(string, ...chromedp.Action[chromedp.Void]),
-	waitText func(sel, what string, cond func(string) bool) string, confirm func(string, bool), setValue func(string, string), shot func(string)) {
+	waitText func(sel, what string, cond func(string) bool) string, confirm func(string, bool), setValue func(string, string), click func(string), shot func(string)) {
 	t.Helper()
 	a := startSecureAPI(t, func(c *node.Config) { c.Name = "browser-users" })
 	a.want(http.StatusCreated, "admin", "adminpw", "PUT", "/api/users/mon", `{"password":"monpw","tags":"monitoring"}`)
@@ -583,7 +594,7 @@ func usersPage(t *testing.T, ctx context.Context, run func(string, ...chromedp.A
 	run("save ops", chromedp.Click(chromedp.CSS("#user-save")))
 	waitText(`#users-table tr[data-name="ops"]`, "ops listed", func(s string) bool { return strings.Contains(s, "administrator") })
 	a.want(http.StatusOK, "ops", "opspw", "GET", "/api/overview", "")
-	run("edit ops", chromedp.Click(chromedp.CSS(`#users-table [data-edit-user="ops"]`)))
+	click(`#users-table [data-edit-user="ops"]`)
 	setValue("#perm-configure", "")
 	setValue("#perm-write", "orders.#, news")
 	setValue("#perm-read", "#")
@@ -597,7 +608,7 @@ func usersPage(t *testing.T, ctx context.Context, run func(string, ...chromedp.A
 		t.Errorf("ops's permissions through the API: %+v", p)
 	}
 	shot("users.png")
-	run("delete ops", chromedp.Click(chromedp.CSS(`#users-table [data-delete-user="ops"]`)))
+	click(`#users-table [data-delete-user="ops"]`)
 	confirm("delete user", true)
 	testutil.WaitForf(t, 10*time.Second, func() bool {
 		status, _, _ := a.call("admin", "adminpw", "GET", "/api/users/ops", "")

@@ -185,7 +185,7 @@ func (s *Server) queue(w http.ResponseWriter, r *http.Request) {
 			writeError(w, ErrNoQueues)
 			return
 		}
-		if !s.permit(w, r, auth.Configure, "delete", name) {
+		if !s.permit(w, r, auth.Configure, "delete", queueExchange(name)) {
 			return
 		}
 		if err := s.cfg.Queues.DeleteQueue(name); err != nil {
@@ -210,7 +210,7 @@ func (s *Server) purgeQueue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
-	if !s.permit(w, r, auth.Read, "purge", name) {
+	if !s.permit(w, r, auth.Read, "purge", queueExchange(name)) {
 		return
 	}
 	n, err := s.cfg.Queues.PurgeQueue(name)
