@@ -350,7 +350,11 @@ func (s *Server) closeConnection(w http.ResponseWriter, r *http.Request, sess *b
 		}
 		reason += ": " + x
 	}
-	if s.cfg.CloseConn == nil || !s.cfg.CloseConn(sess.Sink(), reason) {
+	if s.cfg.CloseConn == nil {
+		writeError(w, &apiError{http.StatusNotImplemented, "not_implemented", "this node's management API cannot close connections"})
+		return
+	}
+	if !s.cfg.CloseConn(sess.Sink(), reason) {
 		writeError(w, &apiError{http.StatusConflict, "not_allowed",
 			fmt.Sprintf("connection %s is in-process (embedded): the program that opened it closes it", sess.ID())})
 		return

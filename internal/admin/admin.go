@@ -71,7 +71,7 @@ type Config struct {
 	// CloseConn closes the transport behind a session's sink, telling
 	// its peer reason, for DELETE /api/connections/{id}; it returns false
 	// for a sink it cannot close (an in-process connection). Default:
-	// nil, no connection can be closed (409).
+	// nil, no connection can be closed (501).
 	CloseConn func(sink broker.Sink, reason string) bool
 	// Queues is the queue layer. Default: nil, no queues: the queue list
 	// is empty and creating, deleting or purging a queue answers 501.
