@@ -281,3 +281,42 @@ func TestOverviewQueuedSamples(t *testing.T) {
 		t.Error("queued samples without msg_rates_age")
 	}
 }
+
+// A durable subscription's queue ("news/archive") is covered by its
+// exchange's permissions, as on the wire.
+func TestSubscriptionQueuePermissions(t *testing.T) {
+	a := actionsAPI(t)
+	ctx := testutil.Context(t, 20*time.Second)
+	c := a.n.Connect()
+	defer c.Close()
+	news, err := c.PubSub(ctx, "news")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := news.Subscribe(ctx, "#", func(*courier.Delivery) {}, courier.Durable("archive"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := news.PublishSync(ctx, courier.Message{Key: "k", Body: []byte("kept")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitForf(t, 10*time.Second, func() bool {
+		_, _, b := a.call("admin", "adminpw", "GET", "/api/queues/news%2Farchive", "")
+		return strings.Contains(b, `"messages_ready":3`)
+	}, "news/archive holds the 3 messages published while detached")
+	a.want(http.StatusForbidden, "ops", "opspw", "POST", "/api/queues/news%2Farchive/get", `{}`)
+	a.want(http.StatusNoContent, "admin", "adminpw", "PUT", "/api/permissions/ops", `{"read":"news"}`)
+	var msgs []struct{ Payload string }
+	json.Unmarshal([]byte(a.want(http.StatusOK, "ops", "opspw", "POST", "/api/queues/news%2Farchive/get", `{"count":10}`)), &msgs)
+	if len(msgs) != 3 || msgs[0].Payload != "kept" {
+		t.Errorf("get from news/archive: %+v", msgs)
+	}
+	if b := a.want(http.StatusOK, "ops", "opspw", "DELETE", "/api/queues/news%2Farchive/contents", ""); b != `{"message_count":3}` {
+		t.Errorf("purge of news/archive answered %s", b)
+	}
+}

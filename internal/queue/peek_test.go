@@ -51,6 +51,43 @@ func TestPeekLeavesTheQueueAsItIs(t *testing.T) {
 	}
 }
 
+func TestPeekShowsKeyedMessages(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Journal = NewMemJournal()
+	q, err := New("peek-keyed", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	for i, key := range []string{"b", "a", "", "b", "a", "c"} {
+		if _, err := q.Enqueue(Message{Body: []byte{'0' + byte(i)}, Key: key}, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var bodies []string
+	peek := func(n int) string {
+		got, err := q.Peek(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bodies = bodies[:0]
+		for _, d := range got {
+			bodies = append(bodies, string(d.Body))
+		}
+		return joinAll(bodies)
+	}
+	// The unkeyed message first, then the keyed ones, oldest first.
+	if got := peek(10); got != "2 0 1 3 4 5" {
+		t.Fatalf("peek 10: %s, want 2 0 1 3 4 5", got)
+	}
+	if got := peek(3); got != "2 0 1" {
+		t.Fatalf("peek 3: %s, want 2 0 1", got)
+	}
+	if st := q.Stats(); st.Ready != 6 || st.Delivered != 0 {
+		t.Fatalf("peek changed the queue: %+v", st)
+	}
+}
+
 func joinAll(s []string) string {
 	out := ""
 	for i, x := range s {
