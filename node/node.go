@@ -569,7 +569,7 @@ func (n *Node) startAdmin() error {
 	}
 	a, err := admin.New(admin.Config{
 		Listen: n.cfg.HTTP, Broker: n.broker, Node: n.cfg.Name, Log: n.cfg.Log,
-		Describe: describe, Supervised: true, Components: n.components,
+		Describe: describe, CloseConn: server.Close, Supervised: true, Components: n.components,
 		Queues: queueSource{n.broker},
 		Users:  n.users, TLS: httpTLS, MetricsAuth: n.cfg.MetricsAuth, MaxConns: n.cfg.Limits.MaxHTTPConns,
 		Listeners: func() []admin.Listener {

@@ -16,6 +16,7 @@ type queueSource struct{ b *broker.Broker }
 var (
 	_ admin.QueueSource = queueSource{}
 	_ admin.QueueRefs   = queueSource{}
+	_ admin.QueuePeeker = queueSource{}
 )
 
 // queueRef reads a queue's counters for the management API, which keeps
@@ -134,3 +135,22 @@ func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.Queue
 func (s queueSource) DeleteQueue(name string) error { return s.b.DeleteQueue(name) }
 
 func (s queueSource) PurgeQueue(name string) (uint64, error) { return s.b.PurgeQueue(name) }
+
+// PeekQueue shows the messages next in line of a queue, leaving them
+// there (see [queue.Queue.Peek]).
+func (s queueSource) PeekQueue(name string, n int) ([]admin.PeekedMessage, error) {
+	q := s.b.Queue(name)
+	if q == nil {
+		return nil, wire.Errorf(wire.CodeNotFound, "queue %q not found", name)
+	}
+	ds, err := q.Peek(n)
+	if err != nil {
+		return nil, fmt.Errorf("peek queue %q: %w", name, err)
+	}
+	out := make([]admin.PeekedMessage, len(ds))
+	for i, d := range ds {
+		out[i] = admin.PeekedMessage{ID: d.ID, Body: d.Body, Headers: d.Headers, Key: d.Key,
+			Priority: d.Priority, Attempts: d.Attempts, Enqueued: d.Enqueued}
+	}
+	return out, nil
+}

@@ -68,6 +68,11 @@ type Config struct {
 	// [broker.Session.Sink]). It is called from request goroutines and
 	// must not block. Default: nil, every connection shows as embedded.
 	Describe func(broker.Sink) (ConnInfo, bool)
+	// CloseConn closes the transport behind a session's sink, telling
+	// its peer reason, for DELETE /api/connections/{id}; it returns false
+	// for a sink it cannot close (an in-process connection). Default:
+	// nil, no connection can be closed (501).
+	CloseConn func(sink broker.Sink, reason string) bool
 	// Queues is the queue layer. Default: nil, no queues: the queue list
 	// is empty and creating, deleting or purging a queue answers 501.
 	Queues QueueSource
@@ -256,6 +261,8 @@ func (s *Server) routes() {
 	api("/api/queues", getOnly(s.listQueues))
 	api("/api/queues/{name}", s.queue)
 	api("/api/queues/{name}/contents", s.purgeQueue)
+	api("/api/queues/{name}/get", s.getMessages)
+	api("/api/exchanges/{name}/publish", s.publish)
 	api("/api/connections", getOnly(s.listConnections))
 	api("/api/connections/{id}", s.connection)
 	api("/api/whoami", getOnly(s.whoami))

@@ -691,7 +691,9 @@ func TestConnections(t *testing.T) {
 	}
 	h.fails("GET", "/api/connections/c999", "", 404, "not_found", "c999")
 	h.fails("GET", "/api/connections/x", "", 404, "not_found")
-	h.fails("DELETE", "/api/connections/"+net1.ID(), "", 405, "method_not_allowed")
+	h.fails("POST", "/api/connections/"+net1.ID(), "", 405, "method_not_allowed")
+	// Without Config.CloseConn no connection can be closed.
+	h.fails("DELETE", "/api/connections/"+net1.ID(), "", 501, "not_implemented", "cannot close")
 	h.fails("GET", "/api/connections?columns=socket", "", 400, "bad_request", "unknown column")
 }
 

@@ -2,9 +2,11 @@ package admin_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
@@ -294,6 +298,198 @@ func TestDashboardInBrowser(t *testing.T) {
 		return err == nil && v
 	}, "the alarm banner goes when the alarm clears")
 
+	// The Queued messages chart opens full: its first draw has the
+	// server's history (7 messages ready for some seconds now), where a
+	// chart of its own polls would need two polls to draw a line.
+	run("reopen the overview", chromedp.Navigate(n.HTTPURL()+"/#overview"), chromedp.WaitVisible(chromedp.CSS("#chart-queued")))
+	waitText("#queued-messages_ready", "queued ready", func(s string) bool { return s == "7" })
+	blue := eval("inspect the queued chart", `(() => {
+		const c = document.getElementById("chart-queued");
+		const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+		let n = 0;
+		for (let i = 0; i < d.length; i += 4) if (d[i+3] > 200 && d[i] < 60 && d[i+1] > 140 && d[i+1] < 190 && d[i+2] > 200) n++;
+		return n; })()`)
+	if blue < 50 {
+		t.Errorf("the queued chart's first draw has %d blue (ready) pixels: it does not start from the server's history", blue)
+	}
+
+	// The dashboard's actions, each checked through the API.
+	apiGet := func(path string, v any) int {
+		t.Helper()
+		resp, err := http.Get(n.HTTPURL() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if v != nil && resp.StatusCode == http.StatusOK {
+			if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return resp.StatusCode
+	}
+	ready := func(queue string) int {
+		var q struct {
+			Ready int `json:"messages_ready"`
+		}
+		if apiGet("/api/queues/"+queue, &q) != http.StatusOK {
+			return -1
+		}
+		return q.Ready
+	}
+	// confirm answers the page's confirmation dialog: it must be open.
+	confirm := func(what string, ok bool) {
+		t.Helper()
+		testutil.WaitForf(t, 10*time.Second, func() bool {
+			v, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.getElementById("confirm").open`))
+			return err == nil && v
+		}, "the confirmation dialog of %s opens", what)
+		button := "#confirm-cancel"
+		if ok {
+			button = "#confirm-ok"
+		}
+		// The button's own click(), as a person's click would: DevTools
+		// mouse events land outside a modal dialog in headless chromium.
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { document.querySelector("`+button+`").click(); return true; })()`)); err != nil {
+			t.Fatalf("answer %s: %v", what, err)
+		}
+		testutil.WaitForf(t, 10*time.Second, func() bool {
+			v, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.getElementById("confirm").open`))
+			return err == nil && !v
+		}, "the confirmation dialog of %s closes", what)
+	}
+	// click clicks an element in one step of the page's script: a row's
+	// button is re-rendered with its table every poll, and a node found
+	// by one DevTools call can be gone by the next.
+	click := func(sel string) {
+		t.Helper()
+		q, _ := json.Marshal(sel)
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const e = document.querySelector(`+string(q)+`); if (!e) return false; e.click(); return true; })()`))
+		if err != nil || !ok {
+			t.Fatalf("click %s: %v (found: %v)", sel, err, ok)
+		}
+	}
+	// setValue fills a field as typing would, in one step of the page's
+	// script (chromedp.SetValue refuses an empty value).
+	setValue := func(sel, v string) {
+		t.Helper()
+		q, _ := json.Marshal(sel)
+		val, _ := json.Marshal(v)
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const e = document.querySelector(`+string(q)+`); if (!e) return false;
+			e.value = `+string(val)+`; e.dispatchEvent(new Event("input", { bubbles: true })); e.dispatchEvent(new Event("change", { bubbles: true })); return true; })()`))
+		if err != nil || !ok {
+			t.Fatalf("fill %s: %v (found: %v)", sel, err, ok)
+		}
+	}
+
+	// A queue's page: figures, depth, consumers.
+	run("open queue jobs", chromedp.Navigate(n.HTTPURL()+"/#queue/jobs"), chromedp.WaitVisible(chromedp.CSS("#detail-ready")))
+	waitText("#detail-ready", "jobs ready on its page", func(s string) bool { return s == "5" })
+	waitText("#detail-name", "jobs name", func(s string) bool { return s == "jobs" })
+	// Get (peek): the messages show and stay.
+	setValue("#get-count", "2")
+	run("get messages", chromedp.Click(chromedp.CSS("#get-button")))
+	got := waitText("#get-result", "peeked messages", func(s string) bool { return strings.Count(s, "Message ") == 2 })
+	if !strings.Contains(got, "work") {
+		t.Errorf("peeked messages %q lack their payload", got)
+	}
+	if r := ready("jobs"); r != 5 {
+		t.Errorf("jobs has %d ready after a get, want 5: a get only peeks", r)
+	}
+	// Publish to the queue's exchange.
+	setValue("#publish-payload", "from the dashboard")
+	run("publish to jobs", chromedp.Click(chromedp.CSS("#publish-button")))
+	waitText("#notice", "publish notice", func(s string) bool { return strings.Contains(s, "stored in jobs") })
+	testutil.WaitForf(t, 10*time.Second, func() bool { return ready("jobs") == 6 }, "jobs has 6 ready after a publish")
+	waitText("#detail-ready", "jobs ready after a publish", func(s string) bool { return s == "6" })
+	shot("queue.png")
+	// Purge asks first: cancelled, nothing happens; confirmed, it empties.
+	run("purge jobs", chromedp.Click(chromedp.CSS("#purge-button")))
+	confirm("purge", false)
+	if r := ready("jobs"); r != 6 {
+		t.Errorf("jobs has %d ready after a cancelled purge, want 6", r)
+	}
+	run("purge jobs", chromedp.Click(chromedp.CSS("#purge-button")))
+	shot("confirm.png")
+	confirm("purge", true)
+	testutil.WaitForf(t, 10*time.Second, func() bool { return ready("jobs") == 0 }, "jobs is empty after a purge")
+	waitText("#notice", "purge notice", func(s string) bool { return strings.Contains(s, "Purged 6 messages") })
+	// Delete, confirmed: the queue is gone and the page goes back to the list.
+	run("open queue mail", chromedp.Navigate(n.HTTPURL()+"/#queue/mail"), chromedp.WaitVisible(chromedp.CSS("#delete-button")))
+	waitText("#detail-ready", "mail ready", func(s string) bool { return s == "2" })
+	run("delete mail", chromedp.Click(chromedp.CSS("#delete-button")))
+	confirm("delete", true)
+	testutil.WaitForf(t, 10*time.Second, func() bool { return ready("mail") == -1 }, "mail is deleted")
+	testutil.WaitForf(t, 10*time.Second, func() bool {
+		h, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.hash`))
+		return err == nil && h == "#queues"
+	}, "back to the queue list after a delete")
+
+	// An exchange's page: members with the leader, and a publish that a
+	// subscriber receives.
+	dash := n.Connect()
+	defer dash.Close()
+	newsEx, err := dash.PubSub(ctx, "news")
+	if err != nil {
+		t.Fatal(err)
+	}
+	heard := make(chan *courier.Delivery, 1)
+	if _, err := newsEx.Subscribe(ctx, "dash.*", func(d *courier.Delivery) {
+		select {
+		case heard <- d:
+		default:
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	run("open exchange news", chromedp.Navigate(n.HTTPURL()+"/#exchange/news"), chromedp.WaitVisible(chromedp.CSS("#publish-key")))
+	waitText("#detail-subscribers", "news subscribers", func(s string) bool { return s == "2" })
+	setValue("#publish-key", "dash.test")
+	setValue("#publish-headers", "source=dashboard")
+	setValue("#publish-payload", "hello from the dashboard")
+	run("publish to news", chromedp.Click(chromedp.CSS("#publish-button")))
+	select {
+	case d := <-heard:
+		if string(d.Body) != "hello from the dashboard" || d.Key != "dash.test" || d.Header["source"] != "dashboard" {
+			t.Errorf("the subscriber got %q key %q headers %v", d.Body, d.Key, d.Header)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the message published from the news page did not arrive")
+	}
+	waitText("#notice", "publish notice", func(s string) bool { return strings.Contains(s, "routed to the matching subscribers") })
+	waitText("#detail-publish-rate", "news publish rate on its page", func(s string) bool { return rate(s) > 0 })
+	run("open exchange users", chromedp.Navigate(n.HTTPURL()+"/#exchange/users"), chromedp.WaitVisible(chromedp.CSS("#detail-members tbody tr[data-name]")))
+	members := waitText("#detail-members tbody", "users members", func(s string) bool { return strings.Count(s, "handler") == 2 })
+	if !strings.Contains(members, "leader") || !strings.Contains(members, "eu") {
+		t.Errorf("users members %q lack the leader or the service tag", members)
+	}
+	waitText("#detail-request-rate", "users request rate", func(s string) bool { return rate(s) > 0 })
+	shot("exchange.png")
+
+	// Close a connection, confirmed: the load's network subscriber.
+	connNamed := func(name string) bool {
+		var list []struct{ Name string }
+		apiGet("/api/connections", &list)
+		for _, c := range list {
+			if c.Name == name {
+				return true
+			}
+		}
+		return false
+	}
+	run("open connections", chromedp.Navigate(n.HTTPURL()+"/#connections"), chromedp.WaitVisible(chromedp.CSS(`#connections-table [data-close]`)))
+	if v := eval("embedded connections have no close button", `document.querySelectorAll('#connections-table tr').length - 1 - document.querySelectorAll('#connections-table [data-close]').length`); v < 1 {
+		t.Errorf("every connection has a close button; embedded ones should not")
+	}
+	click(`#connections-table [data-close]`)
+	confirm("close", true)
+	testutil.WaitForf(t, 10*time.Second, func() bool { return !connNamed("load-subscriber") }, "the network subscriber's connection is closed")
+	waitText("#notice", "close notice", func(s string) bool { return strings.Contains(s, "Closed connection") })
+
+	// Users and permissions, on a node with users, as its administrator.
+	usersPage(t, ctx, run, waitText, confirm, setValue, click, shot)
+	run("back to the first node", chromedp.Navigate(n.HTTPURL()+"/"), chromedp.WaitVisible(chromedp.CSS("#chart-rates")))
+
 	// The page says so when the API goes away.
 	stopLoad()
 	n.Close()
@@ -371,4 +567,52 @@ func startLoad(t *testing.T, n *node.Node) (stop func()) {
 			emb.Close()
 		})
 	}
+}
+
+// usersPage drives the users page of a second node, with users, as its
+// administrator: it adds a user, sets its permissions and deletes it,
+// checking each through the API.
+func usersPage(t *testing.T, ctx context.Context, run func(string, ...chromedp.Action[chromedp.Void]),
+	waitText func(sel, what string, cond func(string) bool) string, confirm func(string, bool), setValue func(string, string), click func(string), shot func(string)) {
+	t.Helper()
+	a := startSecureAPI(t, func(c *node.Config) { c.Name = "browser-users" })
+	a.want(http.StatusCreated, "admin", "adminpw", "PUT", "/api/users/mon", `{"password":"monpw","tags":"monitoring"}`)
+	a.want(http.StatusNoContent, "admin", "adminpw", "PUT", "/api/permissions/mon", `{"read":"#"}`)
+	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte("admin:adminpw"))
+	run("send the administrator's credentials", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		if _, err := cdp.Call(ctx, tg, network.Enable, network.EnableParams{}); err != nil {
+			return err
+		}
+		_, err := cdp.Call(ctx, tg, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{Headers: network.Headers{"Authorization": auth}})
+		return err
+	}))
+	run("open users", chromedp.Navigate(a.url+"/#users"), chromedp.WaitVisible(chromedp.CSS(`#users-table tr[data-name="mon"]`)))
+	waitText("#nav-users", "the users tab for an administrator", func(s string) bool { return s == "Users" })
+	setValue("#user-name", "ops")
+	setValue("#user-password", "opspw")
+	setValue("#user-tags", "administrator")
+	run("save ops", chromedp.Click(chromedp.CSS("#user-save")))
+	waitText(`#users-table tr[data-name="ops"]`, "ops listed", func(s string) bool { return strings.Contains(s, "administrator") })
+	a.want(http.StatusOK, "ops", "opspw", "GET", "/api/overview", "")
+	click(`#users-table [data-edit-user="ops"]`)
+	setValue("#perm-configure", "")
+	setValue("#perm-write", "orders.#, news")
+	setValue("#perm-read", "#")
+	run("set ops's permissions", chromedp.Click(chromedp.CSS("#perm-save")))
+	waitText(`#users-table tr[data-name="ops"]`, "ops's permissions listed", func(s string) bool { return strings.Contains(s, "orders.#, news") })
+	var p struct{ Configure, Write, Read []string }
+	if err := json.Unmarshal([]byte(a.want(http.StatusOK, "admin", "adminpw", "GET", "/api/permissions/ops", "")), &p); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(p.Write, " ") != "orders.# news" || strings.Join(p.Read, " ") != "#" || len(p.Configure) != 0 {
+		t.Errorf("ops's permissions through the API: %+v", p)
+	}
+	shot("users.png")
+	click(`#users-table [data-delete-user="ops"]`)
+	confirm("delete user", true)
+	testutil.WaitForf(t, 10*time.Second, func() bool {
+		status, _, _ := a.call("admin", "adminpw", "GET", "/api/users/ops", "")
+		return status == http.StatusNotFound
+	}, "ops is deleted")
+	waitText("#users-table tbody", "ops gone from the list", func(s string) bool { return !strings.Contains(s, "ops") })
 }

@@ -83,14 +83,18 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) connection(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		methodNotAllowed(w, "GET")
+	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Method != http.MethodDelete {
+		methodNotAllowed(w, "GET, DELETE")
 		return
 	}
 	id := r.PathValue("id")
 	sess := s.b.SessionByID(id)
 	if sess == nil {
 		writeError(w, notFound("connection %q not found", id))
+		return
+	}
+	if r.Method == http.MethodDelete {
+		s.closeConnection(w, r, sess)
 		return
 	}
 	row := connRow{row: row[*broker.Session, *broker.Session]{item: sess, e: s.smp.connEntry(sess)}, describe: s.cfg.Describe}

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
 	"github.com/courier-mq/courier/wire"
 )
@@ -99,6 +100,9 @@ func (s *Server) exchange(w http.ResponseWriter, r *http.Request) {
 		}
 		serveObject(w, r, exchangeSchema, &exchangeRow{item: ex, e: s.smp.exchangeEntry(ex)}, status)
 	case http.MethodDelete:
+		if !s.permit(w, r, auth.Configure, "delete", name) {
+			return
+		}
 		if err := s.b.Delete(name); err != nil {
 			writeError(w, err)
 			return

@@ -116,6 +116,29 @@ func appendSamples(b []byte, hist []tick, i int) []byte {
 	return append(b, ']')
 }
 
+// appendDepths encodes the history of queued messages as RabbitMQ's
+// queue_totals samples, newest first: [{"sample": messages then,
+// "timestamp": ms since the epoch}]; unacked picks the unacknowledged
+// messages rather than the ready ones.
+func appendDepths(b []byte, hist []tick, unacked bool) []byte {
+	b = append(b, '[')
+	for j, t := range hist {
+		if j > 0 {
+			b = append(b, ',')
+		}
+		v := t.ready
+		if unacked {
+			v = t.unacked
+		}
+		b = append(b, `{"sample":`...)
+		b = strconv.AppendUint(b, v, 10)
+		b = append(b, `,"timestamp":`...)
+		b = strconv.AppendInt(b, t.at.UnixMilli(), 10)
+		b = append(b, '}')
+	}
+	return append(b, ']')
+}
+
 // overviewSchema returns the overview's fields; with samples, every rate
 // has its history too.
 func overviewSchema(samples bool) *schema[overview] {
@@ -133,6 +156,13 @@ func overviewSchema(samples bool) *schema[overview] {
 		uintField("queue_totals.messages", func(o *overview) uint64 { return o.ready + o.unacked }),
 		uintField("queue_totals.messages_ready", func(o *overview) uint64 { return o.ready }),
 		uintField("queue_totals.messages_unacknowledged", func(o *overview) uint64 { return o.unacked }),
+	}
+	if samples {
+		f = append(f,
+			rawField("queue_totals.messages_ready_details.samples",
+				func(b []byte, o *overview) []byte { return appendDepths(b, o.history, false) }, nil),
+			rawField("queue_totals.messages_unacknowledged_details.samples",
+				func(b []byte, o *overview) []byte { return appendDepths(b, o.history, true) }, nil))
 	}
 	for i, name := range totalNames {
 		f = append(f,

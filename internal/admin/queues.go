@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
 )
 
@@ -184,6 +185,9 @@ func (s *Server) queue(w http.ResponseWriter, r *http.Request) {
 			writeError(w, ErrNoQueues)
 			return
 		}
+		if !s.permit(w, r, auth.Configure, "delete", queueExchange(name)) {
+			return
+		}
 		if err := s.cfg.Queues.DeleteQueue(name); err != nil {
 			writeError(w, err)
 			return
@@ -206,6 +210,9 @@ func (s *Server) purgeQueue(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("name")
+	if !s.permit(w, r, auth.Read, "purge", queueExchange(name)) {
+		return
+	}
 	n, err := s.cfg.Queues.PurgeQueue(name)
 	if err != nil {
 		writeError(w, err)

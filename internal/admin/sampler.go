@@ -177,6 +177,9 @@ type tick struct {
 	at     time.Time
 	totals [nTotals]uint64
 	rates  [nTotals]float64
+	// ready and unacked are the messages in every queue then, for the
+	// overview's history of queued messages.
+	ready, unacked uint64
 }
 
 type sampler struct {
@@ -492,7 +495,8 @@ func (s *sampler) sample(now time.Time) {
 		qs = &c
 	}
 
-	t := &tick{at: now, totals: s.count(&ex, qs).totals}
+	c := s.count(&ex, qs)
+	t := &tick{at: now, totals: c.totals, ready: c.ready, unacked: c.unacked}
 	if !first && dt > 0 {
 		for i := range t.rates {
 			t.rates[i] = float64(t.totals[i]-prev.totals[i]) / dt

@@ -131,3 +131,13 @@ func (s *Session) Inflight() int64 {
 	}
 	return n
 }
+
+// Routes returns how many subscribers a publication with key would reach
+// now on a pub-sub exchange (0 on another kind): the management API's
+// publish answers {"routed": ...} with it.
+func (ex *Exchange) Routes(key string) int {
+	if ex.subs == nil {
+		return 0
+	}
+	return len(ex.match(key))
+}

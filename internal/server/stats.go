@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/wire"
 )
 
 // ConnInfo is what the server knows of one network connection, for the
@@ -38,4 +39,17 @@ func Describe(sink broker.Sink) (info ConnInfo, ok bool) {
 	}
 	return ConnInfo{Peer: c.peer, Local: c.nc.LocalAddr().String(), User: c.user, ConnectedAt: c.opened,
 		SendPending: c.out.Pending(), SendBlocked: c.out.Blocked()}, true
+}
+
+// Close ends the network connection behind sink, as [Describe] finds it:
+// the client gets CLOSE with code 0 and reason, then the socket closes
+// (after at most a second of last writes). It returns false for any
+// other sink.
+func Close(sink broker.Sink, reason string) bool {
+	c, ok := sink.(*conn)
+	if !ok {
+		return false
+	}
+	c.fail(&wire.Error{Code: wire.CodeOK, Msg: reason}, true)
+	return true
 }

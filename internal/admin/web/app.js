@@ -90,6 +90,52 @@ async function api(path) {
   return body;
 }
 
+// send makes a change through the API: method, path and an optional JSON
+// body; it returns the answer's JSON (null for none) or throws with the
+// API's reason.
+async function send(method, path, body) {
+  const init = { method, headers: { Accept: "application/json" }, cache: "no-store" };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const resp = await fetch(path, init);
+  const text = await resp.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch (e) { data = null; }
+  if (!resp.ok) {
+    throw new Error(resp.status + " " + (data && data.reason ? data.reason : resp.statusText));
+  }
+  return data;
+}
+
+// notify shows the outcome of an action in a banner for a few seconds.
+let noticeTimer = null;
+function notify(text, bad) {
+  const b = $("#notice");
+  b.textContent = text;
+  b.className = "banner notice" + (bad ? " bad" : "");
+  b.hidden = false;
+  clearTimeout(noticeTimer);
+  noticeTimer = setTimeout(() => { b.hidden = true; }, 8000);
+}
+
+// confirmAction asks in a dialog of the page, not window.confirm, which
+// a browser may suppress; it resolves true when confirmed.
+function confirmAction(title, text, okLabel) {
+  const d = $("#confirm");
+  $("#confirm-title").textContent = title;
+  $("#confirm-text").textContent = text;
+  $("#confirm-ok").textContent = okLabel || "Confirm";
+  d.returnValue = "";
+  return new Promise((resolve) => {
+    d.addEventListener("close", () => resolve(d.returnValue === "ok"), { once: true });
+    d.showModal();
+  });
+}
+
+const enc = encodeURIComponent;
+
 function showError(err) {
   const b = $("#error");
   const dot = $("#live-dot");
@@ -248,8 +294,6 @@ function chartSpan(ms) {
 
 // ---- overview ----
 
-const queuedHistory = [];
-
 async function refreshOverview(full) {
   const path = full ? "/api/overview?msg_rates_age=" + CHART_AGE + "&msg_rates_incr=" + CHART_INCR : "/api/overview";
   const o = await api(path);
@@ -285,10 +329,14 @@ async function refreshOverview(full) {
   }
   legend($("#legend-rates"), RATE_SERIES, "rate-", rates, totals);
 
-  queuedHistory.push([now, o.queue_totals.messages_ready, o.queue_totals.messages_unacknowledged]);
-  while (queuedHistory.length && queuedHistory[0][0] < now - CHART_AGE * 1000) queuedHistory.shift();
-  const queued = QUEUED_SERIES.map((s, i) => ({ ...s, points: queuedHistory.map((h) => [h[0], h[1 + i]]) }));
-  drawChart($("#chart-queued"), queued, chartSpan(now - queuedHistory[0][0]), now);
+  // The server keeps the history: the chart is full from the first poll.
+  const queued = QUEUED_SERIES.map((s) => ({ ...s,
+    points: (o.queue_totals[s.key + "_details"] ? o.queue_totals[s.key + "_details"].samples : []).map((p) => [p.timestamp, p.sample]).reverse() }));
+  const qLatest = queued[0].points.length ? queued[0].points[queued[0].points.length - 1][0] : now;
+  const qOldest = queued[0].points.length ? queued[0].points[0][0] : now;
+  const qSpan = chartSpan(qLatest - qOldest);
+  $("#queued-span").textContent = qSpan >= 120000 ? qSpan / 60000 + " minutes" : qSpan / 1000 + " seconds";
+  drawChart($("#chart-queued"), queued, qSpan, qLatest);
   legend($("#legend-queued"), QUEUED_SERIES, "queued-", {
     messages_ready: fmtInt(o.queue_totals.messages_ready),
     messages_unacknowledged: fmtInt(o.queue_totals.messages_unacknowledged),
@@ -321,7 +369,7 @@ const LISTS = {
     path: "/api/exchanges",
     empty: "No exchanges. Create one with `courier exchanges create <name>` or PUT /api/exchanges/<name>.",
     columns: [
-      { key: "name", label: "Name", cls: "name" },
+      { key: "name", label: "Name", cls: "name", render: (x) => el("a", { href: "#exchange/" + enc(x.name) }, x.name) },
       { key: "pattern", label: "Pattern", render: (x) => tag(x.pattern, x.pattern) },
       { key: "strategy", label: "Strategy", render: (x) => x.strategy || el("span", { class: "muted" }, "–") },
       { key: "members", label: "Members", fetch: ["members", "leader"], render: (x) => {
@@ -343,7 +391,7 @@ const LISTS = {
     path: "/api/queues",
     empty: "No queues yet.",
     columns: [
-      { key: "name", label: "Name", cls: "name" },
+      { key: "name", label: "Name", cls: "name", render: (x) => el("a", { href: "#queue/" + enc(x.name) }, x.name) },
       { key: "messages", label: "Messages", num: true, render: (x) => fmtInt(x.messages) },
       { key: "messages_ready", label: "Ready", num: true, render: (x) => fmtInt(x.messages_ready) },
       { key: "messages_unacknowledged", label: "Unacked", num: true, render: (x) => fmtInt(x.messages_unacknowledged) },
@@ -370,6 +418,9 @@ const LISTS = {
       { key: "message_stats.publish_details.rate", label: "Publishes/s", num: true, render: (x) => fmtRate(x.message_stats.publish_details.rate) },
       { key: "message_stats.deliver_details.rate", label: "Delivered/s", num: true, render: (x) => fmtRate(x.message_stats.deliver_details.rate) },
       { key: "message_stats.response_details.rate", label: "Responses/s", num: true, render: (x) => fmtRate(x.message_stats.response_details.rate) },
+      { key: "close", label: "", nosort: true, fetch: [], render: (x) => x.type === "network"
+        ? el("button", { type: "button", class: "small danger", "data-close": x.id, title: "close this connection" }, "Close")
+        : null },
     ],
   },
 };
@@ -395,6 +446,7 @@ function renderHead(name) {
   const l = LISTS[name], st = state[name];
   const tr = el("tr");
   for (const c of l.columns) {
+    if (c.nosort) { tr.append(el("th")); continue; }
     const th = el("th", { class: "sortable" + (c.num ? " num" : ""), "data-sort": c.key, title: "sort by " + c.label }, c.label);
     if (st.sort === c.key) th.append(el("span", { class: "arrow" }, st.reverse ? "▼" : "▲"));
     th.addEventListener("click", () => {
@@ -445,14 +497,26 @@ async function refreshList(name) {
 
 // ---- tabs and polling ----
 
-function currentTab() {
-  const t = location.hash.replace("#", "");
-  return LISTS[t] ? t : "overview";
+// route reads the hash: a list (#queues), a detail page
+// (#queue/NAME, #exchange/NAME), the users page or the overview.
+function route() {
+  const h = location.hash.replace("#", "");
+  const slash = h.indexOf("/");
+  if (slash > 0) {
+    const kind = h.slice(0, slash), name = decodeURIComponent(h.slice(slash + 1));
+    if ((kind === "queue" || kind === "exchange") && name) return { tab: "detail", kind, name };
+  }
+  if (LISTS[h] || h === "users") return { tab: h };
+  return { tab: "overview" };
 }
 
+function currentTab() { return route().tab; }
+
 function showTab() {
-  const t = currentTab();
-  for (const a of $$("nav a")) a.classList.toggle("active", a.dataset.tab === t);
+  const r = route();
+  const t = r.tab;
+  const navTab = t === "detail" ? r.kind + "s" : t;
+  for (const a of $$("nav a")) a.classList.toggle("active", a.dataset.tab === navTab);
   for (const s of $$("[data-tab-panel]")) s.hidden = s.dataset.tabPanel !== t;
 }
 
@@ -464,6 +528,8 @@ async function refresh() {
   try {
     await refreshOverview(t === "overview");
     if (LISTS[t]) await refreshList(t);
+    if (t === "detail") await refreshDetail(route());
+    if (t === "users") await refreshUsers();
     showError(null);
     $("#last-update").textContent = new Date().toLocaleTimeString();
   } catch (err) {
@@ -493,12 +559,324 @@ function init() {
       refreshList(name).catch(showError);
     });
   }
+  initActions();
+  whoami().catch(showError);
   window.addEventListener("hashchange", () => { showTab(); refresh(); });
   let resized = null;
   window.addEventListener("resize", () => { clearTimeout(resized); resized = setTimeout(refresh, 150); });
   document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
   showTab();
   refresh();
+}
+
+// ---- detail pages: one exchange or one queue ----
+
+const EXCHANGE_RATES = [
+  { key: "publish", name: "Publish", color: "#f97316" },
+  { key: "request", name: "Request", color: "#2563eb" },
+];
+const QUEUE_RATES = [
+  { key: "publish", name: "Publish", color: "#f97316" },
+  { key: "deliver", name: "Deliver", color: "#16a34a" },
+  { key: "ack", name: "Ack", color: "#64748b" },
+];
+
+// detail is what the open detail page has seen since it opened: its
+// charts start with the page (the server keeps history node-wide only).
+let detail = { key: "", points: [] };
+
+function card(label, value, id) {
+  return el("div", { class: "card" }, el("div", { class: "label" }, label), el("div", { class: "value", id: id }, value));
+}
+
+function kvRows(rows) {
+  $("#detail-table tbody").replaceChildren(...rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v))));
+}
+
+function muted(text) { return el("span", { class: "muted" }, text); }
+
+// getJSON is api() that answers null for a 404.
+async function getJSON(path) {
+  try {
+    return await api(path);
+  } catch (err) {
+    if (/: 404 /.test(err.message)) return null;
+    throw err;
+  }
+}
+
+async function refreshDetail(r) {
+  const key = r.kind + "/" + r.name;
+  if (detail.key !== key) {
+    detail = { key, points: [] };
+    $("#get-result").replaceChildren();
+    $("#legend-detail-rates").replaceChildren();
+    $("#legend-detail-depth").replaceChildren();
+  }
+  const isQueue = r.kind === "queue";
+  $("#detail-back").textContent = isQueue ? "Queues" : "Exchanges";
+  $("#detail-back").href = isQueue ? "#queues" : "#exchanges";
+  $("#detail-kind").textContent = isQueue ? "Queue" : "Exchange";
+  $("#detail-name").textContent = r.name;
+  $("#detail-depth-panel").hidden = !isQueue;
+  $("#queue-actions").hidden = !isQueue;
+  $("#purge-button").hidden = !isQueue;
+  $("#delete-button").textContent = isQueue ? "Delete queue" : "Delete exchange";
+
+  // A queue is a task exchange's (or a durable subscription's): its
+  // workers are that exchange's members.
+  const ex = await getJSON("/api/exchanges/" + enc(r.name));
+  const q = isQueue ? await getJSON("/api/queues/" + enc(r.name)) : null;
+  const gone = isQueue ? !q : !ex;
+  $("#tab-detail").classList.toggle("gone", gone);
+  if (gone) {
+    $("#detail-cards").replaceChildren(card("Status", "not found", "detail-status"));
+    kvRows([["Name", r.name], ["Status", (isQueue ? "no queue" : "no exchange") + " of this name"]]);
+    $("#detail-members tbody").replaceChildren();
+    return;
+  }
+  const now = Date.now();
+  const series = isQueue ? QUEUE_RATES : EXCHANGE_RATES;
+  const stats = (isQueue ? q : ex).message_stats;
+  const pt = { t: now };
+  for (const s of series) pt[s.key] = stats[s.key + "_details"].rate;
+  if (isQueue) { pt.ready = q.messages_ready; pt.unacked = q.messages_unacknowledged; }
+  detail.points.push(pt);
+  while (detail.points.length && detail.points[0].t < now - CHART_AGE * 1000) detail.points.shift();
+  const span = chartSpan(now - detail.points[0].t);
+  drawChart($("#chart-detail-rates"), series.map((s) => ({ ...s, points: detail.points.map((p) => [p.t, p[s.key]]) })), span, now);
+  const rates = {}, totals = {};
+  for (const s of series) { rates[s.key] = fmtRate(stats[s.key + "_details"].rate); totals[s.key] = fmtInt(stats[s.key]) + " total"; }
+  legend($("#legend-detail-rates"), series, "detail-rate-", rates, totals);
+
+  if (isQueue) {
+    drawChart($("#chart-detail-depth"), QUEUED_SERIES.map((s, i) => ({ ...s, points: detail.points.map((p) => [p.t, i ? p.unacked : p.ready]) })), span, now);
+    legend($("#legend-detail-depth"), QUEUED_SERIES, "detail-depth-", { messages_ready: fmtInt(q.messages_ready), messages_unacknowledged: fmtInt(q.messages_unacknowledged) });
+    $("#detail-cards").replaceChildren(
+      card("Messages", fmtInt(q.messages), "detail-messages"),
+      card("Ready", fmtInt(q.messages_ready), "detail-ready"),
+      card("Unacknowledged", fmtInt(q.messages_unacknowledged), "detail-unacked"),
+      card("Consumers", fmtInt(q.consumers), "detail-consumers"),
+      card("Memory", fmtBytes(q.memory), "detail-memory"),
+      card("Publish", fmtRate(q.message_stats.publish_details.rate), "detail-publish-rate"));
+  } else {
+    $("#detail-cards").replaceChildren(
+      card("Pattern", ex.pattern, "detail-pattern"),
+      card("Members", fmtInt(ex.members.length), "detail-member-count"),
+      card("Subscribers", fmtInt(ex.subscribers), "detail-subscribers"),
+      card("Requests", fmtRate(ex.message_stats.request_details.rate), "detail-request-rate"),
+      card("Publishes", fmtRate(ex.message_stats.publish_details.rate), "detail-publish-rate"));
+  }
+  const rows = [];
+  if (ex) {
+    rows.push(["Pattern", tag(ex.pattern, ex.pattern)], ["Strategy", ex.strategy || muted("–")],
+      ["Key expression", ex.key_expr || muted("none")], ["Route expression", ex.route_expr || muted("none")],
+      ["Controlled", ex.controlled ? "yes" : "no"], ["Leader", ex.leader || muted("none")]);
+  }
+  if (isQueue) {
+    rows.push(["Published", fmtInt(q.message_stats.publish)], ["Delivered", fmtInt(q.message_stats.deliver)], ["Acknowledged", fmtInt(q.message_stats.ack)]);
+  }
+  if (ex && !isQueue && ex.pattern !== "tasks") rows.push(["Queue", muted("none")]);
+  if (ex && !isQueue && ex.pattern === "tasks") rows.push(["Queue", el("a", { href: "#queue/" + enc(ex.name) }, ex.name)]);
+  if (isQueue && ex) rows.push(["Exchange", el("a", { href: "#exchange/" + enc(ex.name) }, ex.name)]);
+  kvRows(rows);
+
+  $("#detail-members-title").textContent = isQueue ? "Consumers" : "Members";
+  const members = ex ? ex.members : [];
+  $("#detail-members-sub").textContent = members.length + (members.length === 1 ? " attached" : " attached");
+  $("#detail-members tbody").replaceChildren(...(members.length ? members.map((m) => el("tr", { "data-name": m.id },
+    el("td", { class: "mono" }, m.id), el("td", {}, m.role), el("td", {}, m.service_tag || muted("–")),
+    el("td", {}, m.conn_tag || muted("–")), el("td", {}, m.id === ex.leader ? tag("leader", "leader") : "")))
+    : [el("tr", {}, el("td", { class: "empty", colspan: 5 }, isQueue ? "No consumer attached." : "No member attached."))]));
+
+  const canPublish = ex && (ex.pattern === "pubsub" || ex.pattern === "tasks");
+  $("#publish-form").hidden = !canPublish;
+  $("#publish-sub").textContent = ex && ex.pattern === "tasks" ? "submitted as a task, confirmed" : "to the subscribers whose patterns match the key";
+  $("#publish-priority").parentElement.hidden = !(ex && ex.pattern === "tasks");
+}
+
+// parseHeaders reads "a=1, b=2".
+function parseHeaders(text) {
+  const h = {};
+  for (const part of text.split(",")) {
+    const i = part.indexOf("=");
+    if (i > 0) h[part.slice(0, i).trim()] = part.slice(i + 1).trim();
+  }
+  return h;
+}
+
+function renderGot(msgs) {
+  const out = $("#get-result");
+  if (!msgs.length) {
+    out.replaceChildren(el("p", { class: "muted" }, "The queue has no message ready."));
+    return;
+  }
+  out.replaceChildren(...msgs.map((m, i) => el("div", { class: "message", "data-index": i },
+    el("div", { class: "message-head" },
+      el("b", {}, "Message " + (i + 1)), " · id " + m.properties.message_id + " · " + fmtInt(m.payload_bytes) + " bytes",
+      m.routing_key ? " · key " + m.routing_key : "", m.properties.priority ? " · priority " + m.properties.priority : "",
+      m.redelivered ? " · attempts " + m.properties.attempts : "",
+      Object.keys(m.properties.headers).length ? " · headers " + Object.entries(m.properties.headers).map(([k, v]) => k + "=" + v).join(", ") : ""),
+    el("pre", { class: "payload" + (m.payload_encoding === "base64" ? " base64" : "") },
+      m.payload + (m.truncated ? " …" : ""), m.payload_encoding === "base64" ? el("span", { class: "muted" }, "  (base64)") : null))));
+}
+
+// ---- users and permissions (administrators) ----
+
+let me = null;
+
+async function whoami() {
+  me = await api("/api/whoami");
+  const admin = me.anonymous || me.tags.includes("administrator");
+  $("#nav-users").hidden = !admin;
+  document.body.classList.toggle("read-only", !admin);
+}
+
+const patterns = (list) => list && list.length ? list.join(", ") : muted("none");
+const splitPatterns = (text) => text.split(",").map((x) => x.trim()).filter((x) => x);
+
+async function refreshUsers() {
+  let users;
+  try {
+    users = await api("/api/users");
+  } catch (err) {
+    if (/: 501 /.test(err.message)) {
+      $("#users-table tbody").replaceChildren(el("tr", {}, el("td", { class: "empty", colspan: 6 }, "This node keeps no users.")));
+      return;
+    }
+    throw err;
+  }
+  const tb = $("#users-table tbody");
+  if (!users.length) {
+    tb.replaceChildren(el("tr", {}, el("td", { class: "empty", colspan: 6 }, "No users: the API and the client port are open to anyone on this machine. Add an administrator to close them.")));
+  } else {
+    tb.replaceChildren(...users.map((u) => {
+      const del = el("button", { type: "button", class: "small danger", "data-delete-user": u.name }, "Delete");
+      const edit = el("button", { type: "button", class: "small", "data-edit-user": u.name }, "Edit");
+      const p = u.permissions || {};
+      return el("tr", { "data-name": u.name }, el("td", { class: "name" }, u.name),
+        el("td", {}, ...(u.tags.length ? u.tags.map((t) => tag(t, t)) : [muted("none")])),
+        el("td", { class: "mono" }, patterns(p.configure)), el("td", { class: "mono" }, patterns(p.write)), el("td", { class: "mono" }, patterns(p.read)),
+        el("td", { class: "num" }, edit, " ", del));
+    }));
+  }
+  const sel = $("#perm-user");
+  const chosen = sel.value;
+  sel.replaceChildren(...users.map((u) => el("option", { value: u.name }, u.name)));
+  if (users.some((u) => u.name === chosen)) sel.value = chosen;
+  sel.dataset.users = JSON.stringify(users.map((u) => [u.name, u.permissions || {}]));
+}
+
+function fillPermissions(name) {
+  const users = JSON.parse($("#perm-user").dataset.users || "[]");
+  const u = users.find((x) => x[0] === name);
+  if (!u) return;
+  $("#perm-user").value = name;
+  $("#perm-configure").value = (u[1].configure || []).join(", ");
+  $("#perm-write").value = (u[1].write || []).join(", ");
+  $("#perm-read").value = (u[1].read || []).join(", ");
+}
+
+// ---- actions ----
+
+// act runs an action, shows its outcome and refreshes the page.
+async function act(what, fn) {
+  try {
+    const msg = await fn();
+    notify(msg || what + ": done");
+  } catch (err) {
+    notify(what + " failed: " + err.message, true);
+  }
+  refresh();
+}
+
+function initActions() {
+  $("#publish-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const r = route();
+    const body = { routing_key: $("#publish-key").value, payload: $("#publish-payload").value, payload_encoding: "string",
+      properties: { headers: parseHeaders($("#publish-headers").value), priority: Number($("#publish-priority").value) || 0 } };
+    act("Publish", async () => {
+      const res = await send("POST", "/api/exchanges/" + enc(r.name) + "/publish", body);
+      if (res.id) return "Published: task " + res.id + " stored in " + r.name + ".";
+      return res.routed ? "Published: routed to the matching subscribers." : "Published, but no subscriber matched the key: the message was dropped.";
+    });
+  });
+  $("#get-button").addEventListener("click", () => {
+    const r = route();
+    act("Get messages", async () => {
+      const msgs = await send("POST", "/api/queues/" + enc(r.name) + "/get",
+        { count: Number($("#get-count").value) || 1, ackmode: "ack_requeue_true", encoding: "auto", truncate: 50000 });
+      renderGot(msgs);
+      return msgs.length + (msgs.length === 1 ? " message shown; it stays" : " messages shown; they stay") + " in the queue.";
+    });
+  });
+  $("#purge-button").addEventListener("click", async () => {
+    const r = route();
+    if (!await confirmAction("Purge " + r.name + "?", "Every ready message of queue " + r.name + " is dropped, for good. Messages being processed stay.", "Purge")) return;
+    act("Purge", async () => {
+      const res = await send("DELETE", "/api/queues/" + enc(r.name) + "/contents");
+      return "Purged " + fmtInt(res.message_count) + " messages from " + r.name + ".";
+    });
+  });
+  $("#delete-button").addEventListener("click", async () => {
+    const r = route();
+    const what = r.kind === "queue" ? "queue" : "exchange";
+    if (!await confirmAction("Delete " + what + " " + r.name + "?", "The " + what + " and every message it holds are deleted, for good; its members are detached.", "Delete")) return;
+    act("Delete", async () => {
+      await send("DELETE", "/api/" + what + "s/" + enc(r.name));
+      location.hash = "#" + what + "s";
+      return "Deleted " + what + " " + r.name + ".";
+    });
+  });
+  $("#connections-table").addEventListener("click", async (e) => {
+    const b = e.target.closest("[data-close]");
+    if (!b) return;
+    const id = b.dataset.close;
+    if (!await confirmAction("Close connection " + id + "?", "The client is disconnected; its attachments leave their exchanges and its requests in flight are cancelled.", "Close")) return;
+    act("Close", async () => {
+      await send("DELETE", "/api/connections/" + enc(id));
+      return "Closed connection " + id + ".";
+    });
+  });
+  $("#user-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const name = $("#user-name").value.trim();
+    const body = { tags: $("#user-tags").value };
+    if ($("#user-password").value) body.password = $("#user-password").value;
+    act("Save user", async () => {
+      await send("PUT", "/api/users/" + enc(name), body);
+      $("#user-password").value = "";
+      return "Saved user " + name + ".";
+    });
+  });
+  $("#perm-user").addEventListener("change", () => fillPermissions($("#perm-user").value));
+  $("#perm-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const name = $("#perm-user").value;
+    const body = { configure: splitPatterns($("#perm-configure").value), write: splitPatterns($("#perm-write").value), read: splitPatterns($("#perm-read").value) };
+    act("Set permissions", async () => {
+      await send("PUT", "/api/permissions/" + enc(name), body);
+      return "Set the permissions of " + name + ".";
+    });
+  });
+  $("#users-table").addEventListener("click", async (e) => {
+    const edit = e.target.closest("[data-edit-user]");
+    if (edit) {
+      const name = edit.dataset.editUser;
+      $("#user-name").value = name;
+      fillPermissions(name);
+      return;
+    }
+    const del = e.target.closest("[data-delete-user]");
+    if (!del) return;
+    const name = del.dataset.deleteUser;
+    if (!await confirmAction("Delete user " + name + "?", "The user can no longer log in; its open connections stay until they close.", "Delete")) return;
+    act("Delete user", async () => {
+      await send("DELETE", "/api/users/" + enc(name));
+      return "Deleted user " + name + ".";
+    });
+  });
 }
 
 init();
