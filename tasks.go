@@ -22,9 +22,12 @@ const (
 	SingleActive Strategy = wire.StrategySingleActive
 )
 
-// Transient makes a task exchange's queue live in memory only: tasks and
-// the exchange itself are lost when the node stops, and submits are
-// confirmed at once. By default a task exchange is durable.
+// Transient makes an exchange live in memory only: its definition (and a
+// task exchange's queue, with its tasks) is lost when the node stops, and
+// a task exchange's submits are confirmed at once. By default every
+// exchange is durable: a node with a data directory stores its definition
+// and declares it again at start. An exchange routed by a Go function
+// ([WithKeyFunc], [WithRouteFunc]) is always transient.
 func Transient() ExchangeOption {
 	return exchangeOptionFunc(func(e *ExchangeSpec) { e.Transient = true })
 }

@@ -62,12 +62,13 @@ type ExchangeConfig struct {
 	RouteExpr  string `json:"route_expr,omitempty"`
 	Controlled bool   `json:"controlled,omitempty"`
 
+	// Transient makes the exchange live in memory only: its definition,
+	// and a task exchange's queue with its tasks, are lost when the node
+	// stops. By default every exchange is durable.
+	Transient bool `json:"transient,omitempty"`
+
 	// Task exchanges only. Zero values take the defaults.
 
-	// Transient makes a task exchange's queue live in memory only: its
-	// tasks and its definition are lost when the node stops. By default
-	// a task exchange is durable.
-	Transient bool `json:"transient,omitempty"`
 	// MaxAttempts is how many times a task may fail before it is
 	// dead-lettered: 0 takes the default (20), -1 means no limit.
 	MaxAttempts int `json:"max_attempts,omitempty"`
@@ -112,8 +113,9 @@ type ExchangeInfo struct {
 	Requests    uint64   `json:"requests"`
 	Publishes   uint64   `json:"publishes"`
 
+	Transient bool `json:"transient,omitempty"`
+
 	// Task exchanges only.
-	Transient    bool       `json:"transient,omitempty"`
 	MaxAttempts  int        `json:"max_attempts,omitempty"`
 	TTLMS        int64      `json:"ttl_ms,omitempty"`
 	BackoffMS    int64      `json:"backoff_ms,omitempty"`

@@ -79,7 +79,10 @@ func (a *apiFlags) call(ctx context.Context, method, path string, query url.Valu
 		defer cancel()
 	}
 	var rd io.Reader
-	if body != nil {
+	if raw, ok := body.(json.RawMessage); ok {
+		// As it is: Marshal would escape <, > and &, and grow it.
+		rd = bytes.NewReader(raw)
+	} else if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return nil, err

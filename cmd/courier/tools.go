@@ -379,7 +379,7 @@ func exchangesCmd() *cobra.Command {
 	cf.add(cc)
 	cc.Flags().StringVar(&spec.Pattern, "pattern", "reqresp", "reqresp, pubsub or tasks")
 	cc.Flags().StringVar(&spec.Strategy, "strategy", "", "reqresp: broadcast, round-robin, leader, leader-round-robin, sticky, sticky-fun, fun, least-busy; tasks: competing, single-active")
-	cc.Flags().BoolVar(&spec.Transient, "transient", false, "tasks: keep the queue in memory only")
+	cc.Flags().BoolVar(&spec.Transient, "transient", false, "keep the exchange (and a task exchange's queue) in memory only: gone at restart")
 	cc.Flags().IntVar(&spec.MaxAttempts, "max-attempts", 0, "tasks: failures before a task is dead-lettered (0: default 20, -1: no limit)")
 	cc.Flags().Int64Var(&spec.TTLMS, "ttl-ms", 0, "tasks: how long a task may wait once due, in ms (0: no limit)")
 	cc.Flags().StringVar(&spec.DeadLetter, "dead-letter", "", "tasks: exchange that receives the tasks that fail for good")

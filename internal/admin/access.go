@@ -19,6 +19,7 @@ import (
 //	/api/whoami                   yes            yes          yes
 //	/metrics                      yes            yes          yes (open to all unless MetricsAuth)
 //	/api/users, /api/permissions  yes            no           no
+//	/api/definitions              yes            no           no
 //	/debug/pprof/                 yes            no           no
 //	anything else, GET and HEAD   yes            yes          no
 //	anything else, other methods  yes            no           no
@@ -114,7 +115,7 @@ func mayAccess(users *auth.Store, user string, r *http.Request, metrics bool) bo
 		return false
 	}
 	read := r.Method == http.MethodGet || r.Method == http.MethodHead
-	return read && !underAny(p, "/api/users", "/api/permissions", "/debug/pprof")
+	return read && !underAny(p, "/api/users", "/api/permissions", "/api/definitions", "/debug/pprof")
 }
 
 // declarer is who the request declares exchanges as: the user it

@@ -270,6 +270,7 @@ func (s *Server) routes() {
 	api("/api/users/{name}", s.user)
 	api("/api/permissions", getOnly(s.listPermissions))
 	api("/api/permissions/{user}", s.permissions)
+	api("/api/definitions", s.definitions)
 	m.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, notFound("no API endpoint %s; see docs/operations.md", r.URL.Path))
 	})

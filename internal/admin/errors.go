@@ -58,7 +58,7 @@ func asAPIError(err error) *apiError {
 			return &apiError{http.StatusConflict, "not_allowed", we.Msg}
 		case wire.CodeUnauthorized:
 			return &apiError{http.StatusForbidden, "access_refused", we.Msg}
-		case wire.CodeLimit, wire.CodeTooManyConns, wire.CodeTooManyAttachments, wire.CodeTooManyInflight, wire.CodeDeadlineTooLong:
+		case wire.CodeLimit, wire.CodeTooManyConns, wire.CodeTooManyAttachments, wire.CodeTooManyInflight, wire.CodeDeadlineTooLong, wire.CodeTooManyPatterns:
 			return &apiError{http.StatusTooManyRequests, "limit", we.Msg}
 		case wire.CodeShutdown:
 			return &apiError{http.StatusServiceUnavailable, "shutting_down", we.Msg}

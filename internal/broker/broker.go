@@ -506,14 +506,59 @@ func (b *Broker) declare(name string, spec Spec, by Declarer, rq *recoveredQueue
 		}
 		return b.declareTasks(ex, spec, by, rq)
 	}
-	b.mu.Lock()
-	if old, loaded := b.exchanges.LoadOrStore(name, ex); loaded {
-		b.mu.Unlock()
-		return old.(*Exchange), old.(*Exchange).matches(spec)
+	return b.declareRouter(ex, spec, by, rq)
+}
+
+// declareRouter adds a request-response or pub-sub exchange, its
+// definition stored first unless it is transient or the broker has no
+// store; rq, if not nil, is its definition brought back at restart.
+// b.qmu orders it with the other declarations, so that a definition is
+// recorded only for the exchange that is added.
+func (b *Broker) declareRouter(ex *Exchange, spec Spec, by Declarer, rq *recoveredQueue) (*Exchange, error) {
+	b.qmu.Lock()
+	if old := b.Exchange(ex.name); old != nil {
+		b.qmu.Unlock()
+		return old, old.matches(spec)
 	}
-	b.exVersion.Add(1)
-	b.mu.Unlock()
-	b.log.Info("exchange declared", "exchange", name, "pattern", ex.cfg.Pattern, "strategy", ex.cfg.Strategy)
+	stored := false
+	store := func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if _, loaded := b.exchanges.LoadOrStore(ex.name, ex); loaded {
+			return
+		}
+		b.exVersion.Add(1)
+		stored = true
+	}
+	wait := func() error { return nil }
+	switch {
+	case rq != nil:
+		ex.def = rq.def
+		store()
+	case b.dur != nil && !ex.cfg.Transient:
+		ex.def = queueDef{ID: b.dur.newID(), Name: ex.name, Exchange: ex.name, Config: ex.cfg,
+			DeclaredBy: by.User, Trusted: by.Policy == nil, ExchangeOnly: true}
+		wait = b.defineQueue(ex.def, store)
+	default:
+		store()
+	}
+	b.qmu.Unlock()
+	err := wait()
+	if !stored {
+		if ex.def.ID != 0 && err == nil {
+			b.undefineQueue(ex.def.ID, func() {})
+		}
+		if old := b.Exchange(ex.name); old != nil && err == nil {
+			return old, old.matches(spec)
+		}
+		return nil, err
+	}
+	if err != nil {
+		return ex, err
+	}
+	if rq == nil {
+		b.log.Info("exchange declared", "exchange", ex.name, "pattern", ex.cfg.Pattern, "strategy", ex.cfg.Strategy, "durable", ex.def.ID != 0)
+	}
 	return ex, nil
 }
 
@@ -544,6 +589,11 @@ func (b *Broker) Delete(name string) error {
 		return wire.Errorf(wire.CodeNotFound, "exchange %q not found", name)
 	}
 	ex := v.(*Exchange)
+	if ex.def.ID != 0 {
+		// Out of the broker's exchanges first: a checkpoint taken before
+		// the record below no longer holds the definition.
+		b.undefineQueue(ex.def.ID, func() {})
+	}
 	ex.close()
 	if ex.tq != nil {
 		b.dropQueue(ex.tq, fmt.Sprintf("exchange %q was deleted", name))

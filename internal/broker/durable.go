@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -206,7 +207,7 @@ func (d *durability) recover(rec *store.Recovery) error {
 					return nil
 				}
 				r.defs[def.ID] = def
-				if r.rbs[def.ID] == nil {
+				if r.rbs[def.ID] == nil && !def.ExchangeOnly {
 					r.rbs[def.ID] = newRebuilder()
 				}
 				d.nextID = max(d.nextID, def.ID+1)
@@ -271,12 +272,32 @@ func (d *durability) build() error {
 	for id := range r.defs {
 		ids = append(ids, id)
 	}
-	slices.Sort(ids)
+	// The exchanges without a queue first: a durable subscription's
+	// pub-sub exchange is then declared as it was, not from the copy of
+	// its configuration the subscription keeps.
+	slices.SortFunc(ids, func(a, b uint32) int {
+		if ea, eb := r.defs[a].ExchangeOnly, r.defs[b].ExchangeOnly; ea != eb {
+			if ea {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a, b)
+	})
 	b := d.b
 	var tasks int64
+	exchanges := 0
 	for _, id := range ids {
 		def := r.defs[id]
 		spec := Spec{ExchangeConfig: def.Config}
+		if def.ExchangeOnly {
+			if _, err := b.declare(def.Exchange, spec, Trusted(), &recoveredQueue{def: def}, nil); err != nil {
+				b.log.Error("store: a durable exchange could not be brought back", "exchange", def.Exchange, "err", err)
+				continue
+			}
+			exchanges++
+			continue
+		}
 		var rq *recoveredQueue
 		if def.Sub == "" {
 			rq = &recoveredQueue{def: def, rb: r.rbs[id]}
@@ -303,7 +324,7 @@ func (d *durability) build() error {
 			}
 			return true
 		})
-		b.log.Info("store: durable queues recovered", "queues", len(ids), "messages", tasks)
+		b.log.Info("store: durable definitions recovered", "exchanges", exchanges, "queues", len(ids)-exchanges, "messages", tasks)
 	}
 	for id, refs := range r.orphans {
 		if _, live := r.defs[id]; live {
@@ -321,10 +342,15 @@ func (d *durability) build() error {
 //
 //	"CBST" | v u8 | 0 0 0 | nextID u32 | count u32
 //	count × ( defLen u32 | def JSON | snapLen u32 | queue snapshot )
+//	v2: xcount u32 | xcount × ( defLen u32 | def JSON )
+//
+// Version 1, written before request-response and pub-sub exchanges were
+// durable, has no exchange definitions.
 func (r *recovering) loadState(d *durability, p []byte) error {
-	if len(p) < 16 || [4]byte(p[:4]) != stateMagic || p[4] != 1 {
+	if len(p) < 16 || [4]byte(p[:4]) != stateMagic || (p[4] != 1 && p[4] != 2) {
 		return errors.New("not a broker state, or an unknown version")
 	}
+	version := p[4]
 	d.nextID = max(d.nextID, binary.LittleEndian.Uint32(p[8:]))
 	n := int(binary.LittleEndian.Uint32(p[12:]))
 	p = p[16:]
@@ -360,6 +386,25 @@ func (r *recovering) loadState(d *durability, p []byte) error {
 		r.defs[def.ID], r.rbs[def.ID] = def, rb
 		d.nextID = max(d.nextID, def.ID+1)
 	}
+	if version >= 2 {
+		if len(p) < 4 {
+			return errors.New("truncated")
+		}
+		n := int(binary.LittleEndian.Uint32(p))
+		p = p[4:]
+		for range n {
+			dj, err := next()
+			if err != nil {
+				return err
+			}
+			var def queueDef
+			if err := json.Unmarshal(dj, &def); err != nil || !def.ExchangeOnly || def.ID == 0 {
+				return fmt.Errorf("exchange definition: %w", cmp.Or(err, errors.New("not an exchange")))
+			}
+			r.defs[def.ID] = def
+			d.nextID = max(d.nextID, def.ID+1)
+		}
+	}
 	if len(p) != 0 {
 		return errors.New("bytes after the last queue")
 	}
@@ -390,12 +435,31 @@ func (d *durability) snapshot() []byte {
 		out = make([]byte, 0, want)
 	}
 	out = append(out, stateMagic[:]...)
-	out = append(out, 1, 0, 0, 0)
+	out = append(out, 2, 0, 0, 0)
 	out = binary.LittleEndian.AppendUint32(out, d.nextID)
 	out = binary.LittleEndian.AppendUint32(out, uint32(len(list)))
 	for _, tq := range list {
 		out = tq.appendState(out)
 	}
+	return d.appendExchanges(out)
+}
+
+// appendExchanges appends the definitions of the durable exchanges that
+// have no queue, as version 2 of the state has them; d.mu is held.
+func (d *durability) appendExchanges(out []byte) []byte {
+	at := len(out)
+	out = append(out, 0, 0, 0, 0)
+	n := uint32(0)
+	d.b.exchanges.Range(func(_, v any) bool {
+		if ex := v.(*Exchange); ex.def.ID != 0 {
+			dj := jsonBody(ex.def)
+			out = binary.LittleEndian.AppendUint32(out, uint32(len(dj)))
+			out = append(out, dj...)
+			n++
+		}
+		return true
+	})
+	binary.LittleEndian.PutUint32(out[at:], n)
 	return out
 }
 

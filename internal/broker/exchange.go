@@ -65,6 +65,11 @@ type Exchange struct {
 	latency *Latency
 
 	tq *taskQueue // a task exchange's queue
+
+	// def is a durable request-response or pub-sub exchange's stored
+	// definition (def.ID != 0), set before it is added to the broker and
+	// never changed.
+	def queueDef
 }
 
 // view is a snapshot of an exchange's members for routing.
@@ -119,9 +124,14 @@ func newExchange(b *Broker, name string, spec Spec) (*Exchange, error) {
 	default:
 		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: unknown pattern %q (reqresp, pubsub or tasks)", name, cfg.Pattern)
 	}
-	if cfg.Pattern != wire.PatternTasks && (cfg.Transient || cfg.MaxAttempts != 0 || cfg.TTLMS != 0 || cfg.BackoffMS != 0 || cfg.BackoffMaxMS != 0 || cfg.DeadLetter != "" ||
+	if spec.KeyFunc != nil || spec.RouteFunc != nil {
+		// A Go function lives in the process, not in the store: the
+		// program that routes with it declares the exchange again.
+		ex.cfg.Transient = true
+	}
+	if cfg.Pattern != wire.PatternTasks && (cfg.MaxAttempts != 0 || cfg.TTLMS != 0 || cfg.BackoffMS != 0 || cfg.BackoffMaxMS != 0 || cfg.DeadLetter != "" ||
 		cfg.MaxLength != 0 || cfg.MaxBytes != 0 || cfg.Overflow != "") {
-		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: transient, max_attempts, ttl_ms, backoff, dead_letter, max_length, max_bytes and overflow are options of task exchanges", name)
+		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: max_attempts, ttl_ms, backoff, dead_letter, max_length, max_bytes and overflow are options of task exchanges", name)
 	}
 	ex.view.Store(&view{all: &group{}, byTag: map[string]*group{}})
 	return ex, nil
@@ -188,6 +198,8 @@ func (ex *Exchange) matches(spec Spec) error {
 		return clash("route_expr", ex.cfg.RouteExpr, c.RouteExpr)
 	case c.Controlled && !ex.cfg.Controlled:
 		return clash("controlled", "false", "true")
+	case c.Transient && !ex.cfg.Transient:
+		return clash("transient", "false", "true")
 	}
 	if ex.tq != nil {
 		return ex.taskMatches(c)
@@ -214,6 +226,7 @@ func (ex *Exchange) Info() wire.ExchangeInfo {
 		Name: ex.name, Pattern: ex.cfg.Pattern, Strategy: ex.cfg.Strategy,
 		KeyExpr: ex.cfg.KeyExpr, RouteExpr: ex.cfg.RouteExpr, Controlled: ex.cfg.Controlled,
 		Members: members, Requests: ex.Requests(), Publishes: ex.publishes.Load(),
+		Transient: ex.cfg.Transient,
 	}
 	if v.leader != nil {
 		info.Leader = v.leader.member
@@ -225,7 +238,7 @@ func (ex *Exchange) Info() wire.ExchangeInfo {
 	}
 	if ex.tq != nil {
 		c := ex.cfg
-		info.Transient, info.MaxAttempts, info.TTLMS, info.DeadLetter = c.Transient, c.MaxAttempts, c.TTLMS, c.DeadLetter
+		info.MaxAttempts, info.TTLMS, info.DeadLetter = c.MaxAttempts, c.TTLMS, c.DeadLetter
 		info.BackoffMS, info.BackoffMaxMS = c.BackoffMS, c.BackoffMaxMS
 		info.MaxLength, info.MaxBytes, info.Overflow = c.MaxLength, c.MaxBytes, c.Overflow
 		info.Queue = ex.tq.info()

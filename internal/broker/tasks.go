@@ -29,7 +29,9 @@ const (
 // defaultPrefetch is a consumer's credit when it asks for none.
 const defaultPrefetch = 100
 
-// queueDef is what the broker persists of a durable queue.
+// queueDef is what the broker persists of a durable queue, or of a
+// durable request-response or pub-sub exchange (ExchangeOnly), which has
+// no queue.
 type queueDef struct {
 	ID   uint32 `json:"id"`
 	Name string `json:"name"`
@@ -49,6 +51,11 @@ type queueDef struct {
 	// once it has (see owner.mayWrite).
 	DeclaredBy string `json:"declared_by,omitempty"`
 	Trusted    bool   `json:"trusted,omitempty"`
+	// ExchangeOnly marks the definition of a request-response or pub-sub
+	// exchange: Name and Exchange are its name, Config its configuration,
+	// and there is no queue. A store written before exchanges were
+	// durable has none.
+	ExchangeOnly bool `json:"exchange_only,omitempty"`
 }
 
 // taskQueue is a queue the broker holds.
@@ -183,8 +190,6 @@ func (ex *Exchange) taskMatches(c wire.ExchangeConfig) error {
 		return wire.Errorf(wire.CodeClash, "exchange %q exists with %s %v, not %v", ex.name, what, h, w)
 	}
 	switch {
-	case c.Transient && !have.Transient:
-		return clash("transient", false, true)
 	case c.MaxAttempts != 0 && c.MaxAttempts != have.MaxAttempts:
 		return clash("max_attempts", have.MaxAttempts, c.MaxAttempts)
 	case c.TTLMS != 0 && c.TTLMS != have.TTLMS:
