@@ -21,7 +21,7 @@ func (c frameSink) Deliver(f *wire.Frame) { c <- f }
 
 // openDurable opens a broker on fs with a pub-sub exchange "events" and
 // two durable subscriptions, events/all (a.#) and events/ab (a.b).
-func openDurable(t *testing.T, fs *store.MemFS) *Broker {
+func openDurable(t testing.TB, fs *store.MemFS) *Broker {
 	t.Helper()
 	b := New(Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if _, err := b.OpenStore(StoreConfig{Dir: "store", FS: fs, CheckpointEvery: time.Hour, CheckpointBytes: 1 << 40}); err != nil {
@@ -130,4 +130,53 @@ func TestPublishConfirmStoreFailure(t *testing.T) {
 		t.Fatalf("got %s Ref %d code %d (%s), want ERROR Ref 9 code %d", f.Type, f.Ref, f.Aux, f.Tag, wire.CodeStorage)
 	}
 	t.Logf("the error: %s", f.Tag)
+}
+
+// countSink counts the OK frames delivered to it, from any goroutine.
+type countSink struct{ ok, other atomic.Int64 }
+
+func (c *countSink) Deliver(f *wire.Frame) {
+	if f.Type == wire.TypeOK {
+		c.ok.Add(1)
+	} else {
+		c.other.Add(1)
+	}
+	f.Release()
+}
+
+// BenchmarkPublishDurable measures the broker routing one publication
+// into two durable subscriptions (a store on a MemFS): without a confirm,
+// the path of a plain PUBLISH, and with one, pipelined, answered once the
+// group commit has made it durable in both.
+func BenchmarkPublishDurable(b *testing.B) {
+	for _, confirm := range []bool{false, true} {
+		name := "unconfirmed"
+		if confirm {
+			name = "confirmed"
+		}
+		b.Run(name, func(b *testing.B) {
+			br := openDurable(b, store.NewMemFS())
+			defer br.Close()
+			sink := &countSink{}
+			pub := br.Open(sink, "publisher")
+			body := make([]byte, 128)
+			b.ReportAllocs()
+			n := int64(0)
+			for b.Loop() {
+				n++
+				f := wire.NewFrame(wire.TypePublish)
+				f.Name, f.Key, f.Body = "events", "a.b", body
+				if confirm {
+					f.Ref, f.Flags = uint64(n), wire.FlagReply
+				}
+				pub.Handle(f)
+			}
+			if confirm && !testutil.Eventually(time.Minute, func() bool { return sink.ok.Load() == n }) {
+				b.Fatalf("%d confirms of %d", sink.ok.Load(), n)
+			}
+			if k := sink.other.Load(); k > 0 {
+				b.Fatalf("%d frames other than OK", k)
+			}
+		})
+	}
 }
