@@ -179,7 +179,11 @@ func publishN(ctx context.Context, conn *courier.Conn, ps *courier.PubSub, m cou
 	fail := func(i int, err error) {
 		mu.Lock()
 		defer mu.Unlock()
-		if first == nil {
+		switch {
+		case first != nil:
+		case i == 0: // an unconfirmed one: which is not known
+			first = fmt.Errorf("publish: %w", err)
+		default:
 			first = fmt.Errorf("publish %d: %w", i, err)
 		}
 	}
