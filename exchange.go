@@ -158,12 +158,56 @@ func (e *PubSub) PublishMsg(ctx context.Context, m Message) error {
 	return e.c.sendCtx(ctx, f)
 }
 
-// PublishSync publishes m and waits until the broker has routed it, so
-// that errors come back here.
+// PublishSync publishes m and waits for the broker's confirm: the message
+// was routed to every matching subscriber and is durable (written and
+// fsynced, as a confirmed task is; see [Tasks.Submit]) in every durable
+// subscription's queue it was routed to, so that it survives a crash of
+// the broker there. Errors come back here; a [wire.Error] with code
+// [wire.CodeStorage] (30) means the message may or may not have been
+// stored. Subscribers that are not durable may receive it before the
+// confirm. [PubSub.PublishAsync] pipelines confirms, which is much faster
+// than calling PublishSync in turn.
 func (e *PubSub) PublishSync(ctx context.Context, m Message) error {
+	return e.c.roundTrip(ctx, e.confirmedFrame(&m), nil)
+}
+
+// PublishAsync publishes m without waiting for its confirm: done is
+// called once the broker confirms it (as [PubSub.PublishSync] returns),
+// or with the error that failed it, from a goroutine of the Conn's, and
+// must not block. PublishAsync itself waits only for flow control; it
+// returns an error, and done is not called, when m could not be sent.
+func (e *PubSub) PublishAsync(ctx context.Context, m Message, done func(error)) error {
+	f := e.confirmedFrame(&m)
+	cl := &call{ref: newRef()}
+	cl.fn = func(r *wire.Frame) {
+		switch {
+		case r == nil:
+			done(e.c.Err())
+		case r.Type == wire.TypeError:
+			done(&wire.Error{Code: wire.Code(r.Aux), Msg: r.Tag})
+			r.Release()
+		default:
+			done(nil)
+			r.Release()
+		}
+	}
+	f.Ref = cl.ref
+	if err := e.c.register(cl); err != nil {
+		f.Release()
+		return err
+	}
+	if err := e.c.sendCtx(ctx, f); err != nil {
+		e.c.unregister(cl)
+		return err
+	}
+	return nil
+}
+
+// confirmedFrame is the PUBLISH of m that asks for a confirm.
+func (e *PubSub) confirmedFrame(m *Message) *wire.Frame {
 	f := wire.NewFrame(wire.TypePublish)
 	f.Name, f.Key, f.Header, f.Body, f.Flags = e.name, m.Key, m.Header, m.Body, wire.FlagReply
-	return e.c.roundTrip(ctx, f, nil)
+	return f
 }
 
 // Subscribe attaches fn as a subscriber to pattern and any further

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -118,11 +119,20 @@ func bodyArg(args []string, i int) ([]byte, error) {
 func pubCmd() *cobra.Command {
 	var cf connFlags
 	var count int
+	var confirm bool
 	var headers []string
 	cmd := &cobra.Command{
 		Use:   "pub <exchange> <routing-key> [body|-]",
 		Short: "Publish a message to a pub-sub exchange",
-		Args:  cobra.RangeArgs(2, 3),
+		Long: `Publish a message to a pub-sub exchange.
+
+With --confirm (the default) each message is confirmed by the broker:
+routed, and written and fsynced in every durable subscription it reached,
+so that a crash of the server does not lose it there. With --count the
+confirms are pipelined. With --confirm=false the messages go without
+confirms, faster, except the last, which the command waits for; errors
+the broker sends back are still reported.`,
+		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := messageArgs(args, 2, headers)
 			if err != nil {
@@ -139,19 +149,88 @@ func pubCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			for i := range count {
-				if err := ps.PublishSync(ctx, m); err != nil {
-					return fmt.Errorf("publish %d: %w", i+1, err)
-				}
+			if err := publishN(ctx, conn, ps, m, count, confirm); err != nil {
+				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "published %d message(s) to %s with key %q\n", count, args[0], args[1])
+			how := ""
+			if confirm {
+				how = " (confirmed)"
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "published %d message(s) to %s with key %q%s\n", count, args[0], args[1], how)
 			return nil
 		},
 	}
 	cf.add(cmd)
 	cmd.Flags().IntVar(&count, "count", 1, "how many times to publish")
+	cmd.Flags().BoolVar(&confirm, "confirm", true, "wait for the broker's confirm of every message (stored in every durable subscription it reached)")
 	cmd.Flags().StringArrayVarP(&headers, "header", "H", nil, "header name=value (repeatable)")
 	return cmd
+}
+
+// pubWindow bounds the confirms `courier pub` awaits at a time.
+const pubWindow = 1000
+
+// publishN publishes m count times: with confirm, every one confirmed,
+// up to pubWindow at a time; without, all but the last unconfirmed, with
+// the errors the broker sends back collected.
+func publishN(ctx context.Context, conn *courier.Conn, ps *courier.PubSub, m courier.Message, count int, confirm bool) error {
+	var mu sync.Mutex
+	var first error
+	fail := func(i int, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case first != nil:
+		case i == 0: // an unconfirmed one: which is not known
+			first = fmt.Errorf("publish: %w", err)
+		default:
+			first = fmt.Errorf("publish %d: %w", i, err)
+		}
+	}
+	failed := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return first
+	}
+	if !confirm {
+		conn.OnError(func(err error) { fail(0, err) })
+		for i := 1; i < count; i++ {
+			if err := ps.PublishMsg(ctx, m); err != nil {
+				return fmt.Errorf("publish %d: %w", i, err)
+			}
+		}
+		if count > 0 {
+			if err := ps.PublishSync(ctx, m); err != nil {
+				return fmt.Errorf("publish %d: %w", count, err)
+			}
+		}
+		return failed()
+	}
+	window := make(chan struct{}, pubWindow)
+	for i := 1; i <= count && failed() == nil; i++ {
+		select {
+		case window <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		err := ps.PublishAsync(ctx, m, func(err error) {
+			if err != nil {
+				fail(i, err)
+			}
+			<-window
+		})
+		if err != nil {
+			return fmt.Errorf("publish %d: %w", i, err)
+		}
+	}
+	for range pubWindow { // every confirm is in
+		select {
+		case window <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return failed()
 }
 
 func subCmd() *cobra.Command {

@@ -130,8 +130,9 @@ func (in *Instance) serve(r *courier.Request) {
 		body, _ := json.Marshal(u)
 		// Every copy, this one included, changes only through the event,
 		// so that all copies apply the same changes in the same way.
-		// PublishSync returns once the broker has routed the event: the
-		// update is acknowledged only when it is on its way to everyone.
+		// PublishSync returns once the broker has routed the event (and
+		// stored it in any durable subscription): the update is
+		// acknowledged only when it is on its way to everyone.
 		err := in.events.PublishSync(r.Context(), courier.Message{Key: "profile.updated." + u.ID, Body: body})
 		if err != nil {
 			r.Fail(fmt.Errorf("publish update: %w", err))

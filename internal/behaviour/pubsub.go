@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/courier-mq/courier"
@@ -192,6 +193,67 @@ func (s *suite) testPubSub(t *testing.T) {
 		for _, p := range []string{"", "a..b", ".a", "a.", "."} {
 			_, err := ps.Subscribe(e.ctx, "x", func(*courier.Delivery) {}, courier.Patterns(p))
 			mustErr(t, err, courier.ErrBadOptions, fmt.Sprintf("subscribe to %q", p))
+		}
+	})
+	t.Run("PublishAsync", func(t *testing.T) {
+		// Pipelined confirms: each callback called once, with nil for a
+		// message routed to a live and a durable subscriber, which then
+		// holds it; with the error for a publish the broker refuses.
+		e := s.env(t)
+		ps := e.pubsub()
+		var live collector
+		if _, err := e.openPubSub(ps.Name()).Subscribe(e.ctx, "k.#", live.fn); err != nil {
+			t.Fatal(err)
+		}
+		durable := e.openPubSub(ps.Name())
+		a, err := durable.Subscribe(e.ctx, "k.#", func(*courier.Delivery) {}, courier.Durable("async"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Detach(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer e.c.DeleteQueue(e.ctx, ps.Name()+"/async")
+		const n = 200
+		confirms := make(chan error, n+1)
+		for i := range n {
+			if err := ps.PublishAsync(e.ctx, courier.Message{Key: "k." + strconv.Itoa(i)}, func(err error) { confirms <- err }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range n {
+			if err := testutil.Recv(t, confirms, wait); err != nil {
+				t.Fatalf("confirm %d: %v", i, err)
+			}
+		}
+		testutil.WaitFor(t, wait, func() bool { return live.len() == n })
+		var stored sync.Map
+		var count atomic.Int64
+		if _, err := durable.Subscribe(e.ctx, "", func(d *courier.Delivery) {
+			if _, dup := stored.LoadOrStore(d.Key, true); !dup {
+				count.Add(1)
+			}
+		}, courier.Durable("async")); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitForf(t, wait, func() bool { return count.Load() == n }, "the %d confirmed messages from the durable subscription", n)
+
+		name := e.name()
+		gone, err := e.c.PubSub(e.ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.c.DeleteExchange(e.ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		if err := gone.PublishAsync(e.ctx, courier.Message{Key: "k"}, func(err error) { confirms <- err }); err != nil {
+			t.Fatal(err)
+		}
+		mustErr(t, testutil.Recv(t, confirms, wait), courier.ErrNotFound, "PublishAsync to a deleted exchange")
+		select {
+		case err := <-confirms:
+			t.Fatalf("a confirm came twice: %v", err)
+		default:
 		}
 	})
 	t.Run("Passive", func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/wire"
@@ -32,28 +33,34 @@ func (s *Session) publish(f *wire.Frame) {
 		f.Release()
 		return
 	}
-	reply, ref := f.Flags&wire.FlagReply != 0, f.Ref
 	ex.publishes.Add(1)
 	s.stats.Publishes.Add(1)
-	if tq := ex.fanout(f); tq != nil && s.lastQueue.Load() != tq {
+	var pc *publishConfirm
+	if f.Flags&wire.FlagReply != 0 {
+		pc = newPublishConfirm(s, f.Ref, ex.name)
+	}
+	if tq := ex.fanout(f, pc); tq != nil && s.lastQueue.Load() != tq {
 		// Its flow control is the durable subscription's queue's, as a
 		// SUBMIT's is its task queue's (see Session.Pressure).
 		s.lastQueue.Store(tq)
 	}
-	if reply {
-		s.reply(ref, nil, nil)
+	if pc != nil {
+		pc.stored("", nil) // the router's hold: every queue is counted now
 	}
 }
 
 // fanout delivers a publication to every matching subscriber as MESSAGE
-// frames, and takes ownership of f. It returns, of the durable
+// frames, and takes ownership of f. With pc (a PUBLISH with flag Reply),
+// each durable subscription's queue it enqueues to holds pc's answer
+// until the message is durable there. It returns, of the durable
 // subscriptions' queues it enqueued to, the one under the most pressure
 // (nil if none).
-func (ex *Exchange) fanout(f *wire.Frame) (durable *taskQueue) {
+func (ex *Exchange) fanout(f *wire.Frame, pc *publishConfirm) (durable *taskQueue) {
 	subs := ex.match(f.Key)
 	last := len(subs) - 1
 	for i, a := range subs {
-		if bs, ok := a.s.sink.(bindingSink); ok && (durable == nil || bs.tq.q.Pressure() > durable.q.Pressure()) {
+		bs, isQueue := a.s.sink.(bindingSink)
+		if isQueue && (durable == nil || bs.tq.q.Pressure() > durable.q.Pressure()) {
 			durable = bs.tq
 		}
 		g := f
@@ -62,6 +69,10 @@ func (ex *Exchange) fanout(f *wire.Frame) (durable *taskQueue) {
 		}
 		g.Type, g.Flags, g.Ref, g.Attach, g.Aux, g.Name, g.Tag = wire.TypeMessage, 0, 0, a.id, 0, "", ""
 		a.s.stats.Delivered.Add(0, 1)
+		if isQueue && pc != nil {
+			bs.enqueue(g, pc)
+			continue
+		}
 		a.s.sink.Deliver(g)
 	}
 	if last < 0 {
@@ -73,6 +84,45 @@ func (ex *Exchange) fanout(f *wire.Frame) (durable *taskQueue) {
 // maxCachedKey is the longest routing key the cache keeps: the cache's
 // memory is bounded by maxCache times it, not by the frame size.
 const maxCachedKey = 256
+
+// publishConfirm answers a PUBLISH with flag Reply once the message is
+// durable in every durable subscription's queue it was routed to: the
+// publisher confirm of pub-sub, as a SUBMIT's is of tasks (see
+// taskWatch). pending counts the holds: one per queue enqueued to, and
+// the router's own until it has enqueued to them all, so that the answer
+// waits for the last.
+type publishConfirm struct {
+	s        *Session
+	ref      uint64
+	exchange string
+	pending  atomic.Int32
+	failed   atomic.Pointer[wire.Error] // the first queue's store error
+}
+
+func newPublishConfirm(s *Session, ref uint64, exchange string) *publishConfirm {
+	pc := &publishConfirm{s: s, ref: ref, exchange: exchange}
+	pc.pending.Store(1)
+	return pc
+}
+
+// hold counts one more queue to wait for.
+func (pc *publishConfirm) hold() { pc.pending.Add(1) }
+
+// stored releases a hold: queue has the message durably (err nil), or
+// its store failed with err.
+func (pc *publishConfirm) stored(queue string, err error) {
+	if err != nil {
+		pc.failed.CompareAndSwap(nil, wire.Errorf(wire.CodeStorage, "publish to %s: the message may not be durable in queue %s: %v", pc.exchange, queue, err))
+	}
+	if pc.pending.Add(-1) != 0 {
+		return
+	}
+	if e := pc.failed.Load(); e != nil {
+		pc.s.sendError(pc.ref, e)
+		return
+	}
+	pc.s.reply(pc.ref, nil, nil)
+}
 
 // match returns the subscribers for key; the slice is shared, read-only.
 func (ex *Exchange) match(key string) []*Attachment {

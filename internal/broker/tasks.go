@@ -394,7 +394,7 @@ func (tq *taskQueue) deadLetter(dl queue.DeadLetter) {
 		f := wire.NewFrame(wire.TypePublish)
 		f.Name, f.Key, f.Header, f.Body = target, dl.Message.Key, h, dl.Message.Body
 		ex.publishes.Add(1)
-		ex.fanout(f)
+		ex.fanout(f, nil)
 	}
 }
 
@@ -748,6 +748,26 @@ func (bs bindingSink) Deliver(f *wire.Frame) {
 		}
 	}
 	f.Release()
+}
+
+// enqueue is Deliver for a confirmed publish: the MESSAGE f holds pc's
+// answer until it is durable in the queue. A queue deleted meanwhile
+// releases the hold at once, as if the message had not been routed to
+// it; a queue that refuses it fails the confirm.
+func (bs bindingSink) enqueue(f *wire.Frame, pc *publishConfirm) {
+	m := queue.Message{Body: f.Body, Headers: f.Header, Key: f.Key}
+	f.Release() // m keeps the body and headers
+	name := bs.tq.Name()
+	pc.hold()
+	_, err := bs.tq.q.Enqueue(m, func(err error) { pc.stored(name, err) }, nil)
+	switch {
+	case err == nil:
+	case errors.Is(err, queue.ErrClosed):
+		pc.stored(name, nil)
+	default:
+		bs.tq.b.log.Error("durable subscription lost a message", "queue", name, "err", err)
+		pc.stored(name, err)
+	}
 }
 
 // bind subscribes the durable subscription's binding to patterns, in
