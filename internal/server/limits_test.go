@@ -332,15 +332,16 @@ func mustJSON(t *testing.T, v any) []byte {
 // then nothing, keeping its socket open, is cut off by the heartbeat
 // timeout (after its HELLO) or the handshake timeout (before it).
 func TestPartialFrameThenSilence(t *testing.T) {
+	// The raw client asks for 100 ms; the echo service lives by the
+	// server's second (a loaded machine cut it when it shared 100 ms).
 	const hb = 100 * time.Millisecond
 	n := startNodeWith(t, func(c *node.Config) {
-		c.Heartbeat = hb
 		c.Limits.HandshakeTimeout = 300 * time.Millisecond
 	})
 	ex := echoService(t, n, "partial")
 
 	c := dialRaw(t, n)
-	c.hello()
+	c.helloAsking(hb)
 	c.write([]byte{0, 0, 0, 100, byte(wire.TypeRequest), 0})
 	c.expectFatal(wire.CodeHeartbeat)
 	stillServes(t, ex)

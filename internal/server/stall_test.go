@@ -35,6 +35,12 @@ import (
 // more.
 func dialStalled(t *testing.T, n *node.Node, name string) *raw {
 	t.Helper()
+	return dialStalledAsking(t, n, name, 0)
+}
+
+// dialStalledAsking is dialStalled asking for heartbeat interval hb.
+func dialStalledAsking(t *testing.T, n *node.Node, name string, hb time.Duration) *raw {
+	t.Helper()
 	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 		var err error
 		if cerr := rc.Control(func(fd uintptr) {
@@ -50,7 +56,7 @@ func dialStalled(t *testing.T, n *node.Node, name string) *raw {
 	}
 	t.Cleanup(func() { nc.Close() })
 	c := &raw{t: t, nc: nc, r: wire.NewReader(nc, 1<<20)}
-	body, _ := json.Marshal(wire.Hello{Versions: []int{wire.Version}, Name: name})
+	body, _ := json.Marshal(wire.Hello{Versions: []int{wire.Version}, Name: name, HeartbeatMS: int(hb / time.Millisecond)})
 	c.send(&wire.Frame{Type: wire.TypeHello, Body: body})
 	if f := c.next(); f == nil || f.Type != wire.TypeWelcome {
 		t.Fatalf("want WELCOME, got %+v", f)
@@ -209,9 +215,8 @@ func TestStalledConsumer(t *testing.T) {
 // sends is cut by the heartbeat timeout, even while the server is held
 // in a write to it, long before the slow-consumer timeout.
 func TestSilentPeerCutWhileWriteBlocked(t *testing.T) {
-	const hb = 200 * time.Millisecond
+	const hb = 200 * time.Millisecond // the silent peer's, asked; the others live by the server's second
 	n := startNodeWith(t, func(c *node.Config) {
-		c.Heartbeat = hb
 		c.Limits.OutboxBytes = 64 << 10
 		c.Limits.SlowConsumerTimeout = time.Minute
 	})
@@ -220,7 +225,7 @@ func TestSilentPeerCutWhileWriteBlocked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stalled := dialStalled(t, n, "silent")
+	stalled := dialStalledAsking(t, n, "silent", hb)
 	stopPings := stalled.pinging(hb / 4)
 	defer stopPings()
 	stalled.attach("feed", wire.RoleSubscriber, wire.AttachSpec{Patterns: []string{"#"}})
