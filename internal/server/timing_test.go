@@ -69,6 +69,7 @@ func TestSilentLeaderReplacedInTime(t *testing.T) {
 	}
 	select {
 	case at := <-led:
+		t.Logf("new leader %s after the old one fell silent (timeout %s)", at.Sub(silent), 3*hb)
 		if took := at.Sub(silent); took > 3*hb+timingTolerance {
 			t.Errorf("new leader %s after the old one fell silent, want within %s (+%s)", took, 3*hb, timingTolerance)
 		}
@@ -120,6 +121,7 @@ func TestAskedHeartbeatApplies(t *testing.T) {
 			break
 		}
 	}
+	t.Logf("asked %s: first PING after %s, cut after %s", asked, pinged, cut)
 	if pinged == 0 || pinged > asked+timingTolerance {
 		t.Errorf("first PING %s after the handshake, want %s (+%s)", pinged, asked, timingTolerance)
 	}
