@@ -6,6 +6,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -226,6 +227,9 @@ func (t *transport) handshake(ctx context.Context, opts Options) (wire.Welcome, 
 	}
 	var f wire.Frame
 	if err := t.r.Next(&f); err != nil {
+		if errors.Is(err, wire.ErrFrameTooLarge) && bytes.HasPrefix(t.r.Head(), []byte("HTTP/")) {
+			return w, fmt.Errorf("handshake: %w: the server answered in HTTP: this is a web port (a Courier server's management API?), not a Courier client port (the server's --listen address, default port %s)", ErrWrongPort, DefaultPort)
+		}
 		return w, fmt.Errorf("handshake: %w", err)
 	}
 	switch f.Type {

@@ -23,10 +23,15 @@ var byteUnits = []struct {
 }
 
 // ParseByteSize reads a size: a number with an optional unit (k, M, G,
-// T: powers of 1024, as are KiB, MiB...; KB, MB, GB: powers of 1000), or a
-// percentage of the machine's memory.
+// T: powers of 1024, as are KiB, MiB...; KB, MB, GB: powers of 1000), a
+// percentage of the machine's memory, or -1 (also "none" or "off"), which
+// the settings that take a size read as "none" or "no check".
 func ParseByteSize(s string) (ByteSize, error) {
 	t := strings.TrimSpace(s)
+	switch strings.ToLower(t) {
+	case "-1", "none", "off":
+		return -1, nil
+	}
 	if p, ok := strings.CutSuffix(t, "%"); ok {
 		f, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
 		if err != nil || f <= 0 || f > 100 {
@@ -48,7 +53,7 @@ func ParseByteSize(s string) (ByteSize, error) {
 	}
 	f, err := strconv.ParseFloat(up, 64)
 	if err != nil || f < 0 {
-		return 0, fmt.Errorf("bad size %q: want a number of bytes with an optional unit, such as 64MiB, or a percentage", s)
+		return 0, fmt.Errorf("bad size %q: want a number of bytes with an optional unit, such as 64MiB, a percentage, or -1 for none", s)
 	}
 	return ByteSize(f * float64(mul)), nil
 }

@@ -420,7 +420,7 @@ func Start(cfg Config) (*Node, error) {
 			MaxFrame: l.MaxFrame, MaxConns: l.MaxConns, MaxConnsPerUser: l.MaxConnsPerUser,
 			MaxHandshakes: l.MaxHandshakes, MaxHandshakesPerAddr: l.MaxHandshakesPerAddr,
 			HandshakeTimeout: l.HandshakeTimeout, Credit: l.Credit, OutboxLimit: l.OutboxBytes, SlowTimeout: l.SlowConsumerTimeout,
-			Users: users,
+			Users: users, ManagementURL: n.HTTPURL,
 		}
 		if scfg.TLS, err = n.loadTLS(cfg.TLS, "client"); err != nil {
 			n.broker.Close()

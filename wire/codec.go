@@ -285,6 +285,12 @@ func (r *Reader) Buffered() bool {
 	return n >= 4+int(binary.BigEndian.Uint32(r.buf[r.start:]))
 }
 
+// Head returns the bytes read and not yet decoded, such as the start of
+// a frame that [Reader.Next] refused: enough to tell another protocol
+// (an HTTP request, a TLS handshake) from Courier's. The slice is valid
+// until the next call.
+func (r *Reader) Head() []byte { return r.buf[r.start:r.end] }
+
 // Next reads the next frame into f. f.Body is a fresh slice the caller may
 // keep. Errors from the stream are returned as they are; a bad frame gives
 // an error wrapping [ErrMalformed] or [ErrFrameTooLarge], after which the

@@ -63,7 +63,7 @@ func (a *apiFlags) getOrPrint(cmd *cobra.Command, path string, v any) (printed b
 func (a *apiFlags) call(ctx context.Context, method, path string, query url.Values, body any, hdr []string, v any) ([]byte, error) {
 	base, err := url.Parse(strings.TrimRight(a.api, "/"))
 	if err != nil || base.Scheme != "http" && base.Scheme != "https" || base.Host == "" {
-		return nil, fmt.Errorf("bad --api %q: want http://host:port", a.api)
+		return nil, usageErrorf("bad --api %q: want http://host:port", a.api)
 	}
 	user, pass := a.sec.user, a.sec.password
 	if base.User != nil {
@@ -106,7 +106,7 @@ func (a *apiFlags) call(ctx context.Context, method, path string, query url.Valu
 	hc := http.DefaultClient
 	tc, err := a.sec.tlsConfig()
 	if err != nil {
-		return nil, err
+		return nil, withCode(exitUsage, err)
 	}
 	if tc != nil {
 		hc = &http.Client{Transport: &http.Transport{TLSClientConfig: tc, Proxy: http.ProxyFromEnvironment}}
@@ -117,7 +117,11 @@ func (a *apiFlags) call(ctx context.Context, method, path string, query url.Valu
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return nil, fmt.Errorf("cannot reach the management API at %s: %v (is `courier server` running, with --http on that address?)", base, err)
+		hint := "is `courier server` running, with --http on that address?"
+		if strings.Contains(err.Error(), "malformed HTTP") {
+			hint = "the server there does not speak HTTP: a Courier client port? The management API is on the server's --http address, default port 7480"
+		}
+		return nil, withCode(exitConnect, fmt.Errorf("cannot reach the management API at %s: %v (%s)", base, err, hint))
 	}
 	defer resp.Body.Close()
 	out, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
@@ -133,10 +137,13 @@ func (a *apiFlags) call(ctx context.Context, method, path string, query url.Valu
 			hint = "; check --user and --password"
 		}
 		var e struct{ Error, Reason string }
-		if json.Unmarshal(out, &e) == nil && e.Reason != "" {
-			return nil, fmt.Errorf("%s (HTTP %d from %s %s)%s", e.Reason, resp.StatusCode, method, u.Path, hint)
+		if json.Unmarshal(out, &e) == nil && e.Error == "wrong_port" {
+			return nil, withCode(exitConnect, fmt.Errorf("%s: %s", base, e.Reason))
 		}
-		return nil, fmt.Errorf("HTTP %s from %s %s%s", resp.Status, method, u.Path, hint)
+		if json.Unmarshal(out, &e) == nil && e.Reason != "" {
+			return nil, withCode(httpExitCode(resp.StatusCode), fmt.Errorf("%s (HTTP %d from %s %s)%s", e.Reason, resp.StatusCode, method, u.Path, hint))
+		}
+		return nil, withCode(httpExitCode(resp.StatusCode), fmt.Errorf("HTTP %s from %s %s%s", resp.Status, method, u.Path, hint))
 	}
 	if v != nil {
 		if err := json.Unmarshal(out, v); err != nil {
@@ -144,6 +151,17 @@ func (a *apiFlags) call(ctx context.Context, method, path string, query url.Valu
 		}
 	}
 	return out, nil
+}
+
+// httpExitCode is the exit code of a management API answer's status.
+func httpExitCode(status int) int {
+	switch status {
+	case http.StatusNotFound:
+		return exitNotFound
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return exitRefused
+	}
+	return exitFailure
 }
 
 // printJSON writes an API answer indented.

@@ -80,7 +80,7 @@ func TestCLIAdmin(t *testing.T) {
 		if r.code != 0 || strings.Count(r.stdout, "\n") != 1 {
 			t.Errorf("connections with COURIER_API and --name: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 		}
-		cliFails(t, a("connections", "--sort", "bogus"), `cannot sort by "bogus"`, "HTTP 400")
+		cliFails(t, exitFailure, a("connections", "--sort", "bogus"), `cannot sort by "bogus"`, "HTTP 400")
 	})
 
 	t.Run("Queues", func(t *testing.T) {
@@ -99,8 +99,8 @@ func TestCLIAdmin(t *testing.T) {
 		}
 		dead := "http://" + ln.Addr().String()
 		ln.Close()
-		cliFails(t, []string{"overview", "--api", dead}, "cannot reach the management API", dead)
-		cliFails(t, []string{"queues", "--api", "ftp://x"}, "bad --api")
+		cliFails(t, exitConnect, []string{"overview", "--api", dead}, "cannot reach the management API", dead)
+		cliFails(t, exitUsage, []string{"queues", "--api", "ftp://x"}, "bad --api")
 	})
 }
 
@@ -115,7 +115,7 @@ func TestCLIServerHTTPFlag(t *testing.T) {
 	srv.kill()
 
 	// Not loopback: refused with the reason.
-	cliFails(t, []string{"server", "--listen", addr, "--http", "0.0.0.0:" + strings.Split(httpAddr, ":")[1], "--data", t.TempDir()}, "loopback")
+	cliFails(t, exitFailure, []string{"server", "--listen", addr, "--http", "0.0.0.0:" + strings.Split(httpAddr, ":")[1], "--data", t.TempDir()}, "loopback")
 
 	// An address in use, given explicitly: an error.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -123,7 +123,7 @@ func TestCLIServerHTTPFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	cliFails(t, []string{"server", "--listen", addr, "--http", ln.Addr().String(), "--data", t.TempDir(), "--log-level", "warn"}, ln.Addr().String(), "address already in use")
+	cliFails(t, exitFailure, []string{"server", "--listen", addr, "--http", ln.Addr().String(), "--data", t.TempDir(), "--log-level", "warn"}, ln.Addr().String(), "address already in use")
 
 	// The default address in use (another server on this machine): the
 	// server runs without the management API and says so.

@@ -193,13 +193,13 @@ func cliOK(t *testing.T, args ...string) string {
 	return r.stdout
 }
 
-// cliFails runs courier, expects exit code 1 with an "error:" line on stderr
-// that contains every piece of want, and nothing on stdout.
-func cliFails(t *testing.T, args []string, want ...string) {
+// cliFails runs courier, expects exit code code with an "error:" line on
+// stderr that contains every piece of want, and nothing on stdout.
+func cliFails(t *testing.T, code int, args []string, want ...string) {
 	t.Helper()
 	r := cliRun(t, args...)
-	if r.code != 1 {
-		t.Fatalf("courier %v: exit %d, want 1\nstdout:\n%s\nstderr:\n%s", args, r.code, r.stdout, r.stderr)
+	if r.code != code {
+		t.Fatalf("courier %v: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", args, r.code, code, r.stdout, r.stderr)
 	}
 	if !strings.HasPrefix(r.stderr, "error: ") || strings.Count(r.stderr, "\n") != 1 {
 		t.Errorf("courier %v: stderr %q, want one line starting with \"error: \"", args, r.stderr)
@@ -226,12 +226,13 @@ func cliFreePort(t *testing.T) string {
 }
 
 // cliServer runs `courier server` on a free port and returns its URL once
-// it accepts connections. It is killed when the test ends.
-func cliServer(t *testing.T) (url string, srv *cliProc) {
+// it accepts connections, with extra flags. It is killed when the test
+// ends.
+func cliServer(t *testing.T, extra ...string) (url string, srv *cliProc) {
 	t.Helper()
 	for attempt := 0; ; attempt++ {
 		addr := "127.0.0.1:" + cliFreePort(t)
-		srv = cliStart(t, "", nil, "server", "--listen", addr, "--data", t.TempDir(), "--log-level", "warn")
+		srv = cliStart(t, "", nil, append([]string{"server", "--listen", addr, "--data", t.TempDir(), "--log-level", "warn"}, extra...)...)
 		var err error
 		accepts := func() bool {
 			var c net.Conn
@@ -303,7 +304,7 @@ func TestCLI(t *testing.T) {
 		if _, found := cliExchanges(t, url)["cli.news"]; found {
 			t.Error("cli.news still listed after delete")
 		}
-		cliFails(t, u("exchanges", "delete", "cli.news"), "not found", `"cli.news"`)
+		cliFails(t, exitNotFound, u("exchanges", "delete", "cli.news"), "not found", `"cli.news"`)
 	})
 
 	t.Run("ReplyReq", func(t *testing.T) {
@@ -327,7 +328,7 @@ func TestCLI(t *testing.T) {
 		}
 		// The handler left: the exchange has no handler now, a clear
 		// error rather than a timeout.
-		cliFails(t, u("req", "cli.echo", "ping"), "no handler", `"cli.echo"`)
+		cliFails(t, exitFailure, u("req", "cli.echo", "ping"), "no handler", `"cli.echo"`)
 	})
 
 	t.Run("SubPub", func(t *testing.T) {
@@ -372,7 +373,7 @@ func TestCLI(t *testing.T) {
 		if exs := cliExchanges(t, url); exs["cli.jobs"].Queue == nil || exs["cli.jobs"].Queue.Messages != 0 {
 			t.Errorf("cli.jobs after the work: %+v", exs["cli.jobs"].Queue)
 		}
-		cliFails(t, u("task", "submit", "cli.nojobs", "x"), "not found", `"cli.nojobs"`)
+		cliFails(t, exitNotFound, u("task", "submit", "cli.nojobs", "x"), "not found", `"cli.nojobs"`)
 	})
 
 	t.Run("SubExchangeDeleted", func(t *testing.T) {
@@ -380,7 +381,7 @@ func TestCLI(t *testing.T) {
 		sub := cliStart(t, "", nil, u("sub", "cli.gone", "#")...)
 		sub.waitStderr(t, "subscribed to # on cli.gone")
 		cliOK(t, u("exchanges", "delete", "cli.gone")...)
-		if code := sub.wait(t); code != 1 {
+		if code := sub.wait(t); code != exitFailure {
 			t.Fatalf("sub exited %d after its exchange was deleted, want 1\nstderr:\n%s", code, sub.stderr.String())
 		}
 		if s := sub.stderr.String(); !strings.Contains(s, "error: ") || !strings.Contains(s, `"cli.gone"`) || !strings.Contains(s, "deleted") {
@@ -422,28 +423,30 @@ func TestCLI(t *testing.T) {
 		closed := "courier://127.0.0.1:" + cliFreePort(t)
 		for _, tc := range []struct {
 			name string
+			code int
 			args []string
 			want []string
 		}{
-			{"BadURL", []string{"req", "cli.rr", "x", "--url", "http://x"}, []string{"bad URL", `"http://x"`, "courier://host:port"}},
-			{"BadURLPub", []string{"pub", "cli.rr", "k", "x", "--url", "127.0.0.1:7400"}, []string{"bad URL"}},
-			{"Refused", []string{"req", "cli.rr", "x", "--url", closed}, []string{"connection refused", closed}},
-			{"RefusedExchanges", []string{"exchanges", "--url", closed}, []string{"connection refused"}},
-			{"UnknownExchangeReq", u("req", "nope"), []string{"not found", `exchange "nope"`}},
-			{"UnknownExchangePub", u("pub", "nope", "k", "x"), []string{"not found", `exchange "nope"`}},
-			{"UnknownExchangeSub", u("sub", "nope", "#"), []string{"not found", `exchange "nope"`}},
-			{"UnknownExchangeReply", u("reply", "nope", "x"), []string{"not found", `exchange "nope"`}},
-			{"ClashPattern", u("exchanges", "create", "cli.rr", "--pattern", "pubsub"), []string{"clash", `"cli.rr"`, "reqresp", "pubsub"}},
-			{"ClashStrategy", u("exchanges", "create", "cli.rr", "--strategy", "leader"), []string{"clash", `"cli.rr"`, "round-robin", "leader"}},
-			{"BadStrategy", u("exchanges", "create", "cli.bad", "--strategy", "bogus"), []string{"bad options", "unknown strategy", `"bogus"`}},
-			{"BadPattern", u("exchanges", "create", "cli.bad", "--pattern", "bogus"), []string{"bad options", "unknown pattern", `"bogus"`}},
-			{"StrategyOnPubSub", u("exchanges", "create", "cli.bad", "--pattern", "pubsub", "--strategy", "round-robin"), []string{"bad options", "round-robin"}},
-			{"BadName", u("exchanges", "create", "bad..name"), []string{"bad options", `"bad..name"`}},
-			{"BadHeader", u("req", "cli.rr", "-H", "novalue"), []string{"bad header", `"novalue"`}},
-			{"ReplyWithoutBody", u("reply", "cli.rr"), []string{"--echo"}},
-			{"MissingArgs", u("req"), []string{"arg"}},
+			{"BadURL", exitUsage, []string{"req", "cli.rr", "x", "--url", "http://x"}, []string{"bad URL", `"http://x"`, "courier://host:port"}},
+			{"BadURLPub", exitUsage, []string{"pub", "cli.rr", "k", "x", "--url", "127.0.0.1:7400"}, []string{"bad URL"}},
+			{"Refused", exitConnect, []string{"req", "cli.rr", "x", "--url", closed}, []string{"connection refused", closed}},
+			{"RefusedExchanges", exitConnect, []string{"exchanges", "--url", closed}, []string{"connection refused"}},
+			{"UnknownExchangeReq", exitNotFound, u("req", "nope"), []string{"not found", `exchange "nope"`}},
+			{"UnknownExchangePub", exitNotFound, u("pub", "nope", "k", "x"), []string{"not found", `exchange "nope"`}},
+			{"UnknownExchangeSub", exitNotFound, u("sub", "nope", "#"), []string{"not found", `exchange "nope"`}},
+			{"UnknownExchangeReply", exitNotFound, u("reply", "nope", "x"), []string{"not found", `exchange "nope"`}},
+			{"ClashPattern", exitFailure, u("exchanges", "create", "cli.rr", "--pattern", "pubsub"), []string{"clash", `"cli.rr"`, "reqresp", "pubsub"}},
+			{"ClashStrategy", exitFailure, u("exchanges", "create", "cli.rr", "--strategy", "leader"), []string{"clash", `"cli.rr"`, "round-robin", "leader"}},
+			{"BadStrategy", exitFailure, u("exchanges", "create", "cli.bad", "--strategy", "bogus"), []string{"bad options", "unknown strategy", `"bogus"`}},
+			{"BadPattern", exitFailure, u("exchanges", "create", "cli.bad", "--pattern", "bogus"), []string{"bad options", "unknown pattern", `"bogus"`}},
+			{"StrategyOnPubSub", exitFailure, u("exchanges", "create", "cli.bad", "--pattern", "pubsub", "--strategy", "round-robin"), []string{"bad options", "round-robin"}},
+			{"BadName", exitFailure, u("exchanges", "create", "bad..name"), []string{"bad options", `"bad..name"`}},
+			{"ReqAllNoHandler", exitFailure, u("req", "cli.rr", "x", "--all"), []string{"no handler", `"cli.rr"`}},
+			{"BadHeader", exitUsage, u("req", "cli.rr", "-H", "novalue"), []string{"bad header", `"novalue"`}},
+			{"ReplyWithoutBody", exitUsage, u("reply", "cli.rr"), []string{"--echo"}},
+			{"MissingArgs", exitUsage, u("req"), []string{"arg"}},
 		} {
-			t.Run(tc.name, func(t *testing.T) { cliFails(t, tc.args, tc.want...) })
+			t.Run(tc.name, func(t *testing.T) { cliFails(t, tc.code, tc.args, tc.want...) })
 		}
 		// Nothing of the above created an exchange.
 		for name := range cliExchanges(t, url) {
@@ -467,7 +470,7 @@ func TestCLI(t *testing.T) {
 	if code := srv.wait(t); code != 0 {
 		t.Errorf("server exited %d on interrupt\nstderr:\n%s", code, srv.stderr.String())
 	}
-	if code := sub.wait(t); code != 1 || !strings.Contains(sub.stderr.String(), "error: ") || !strings.Contains(sub.stderr.String(), "shutting down") {
+	if code := sub.wait(t); code != exitConnect || !strings.Contains(sub.stderr.String(), "error: ") || !strings.Contains(sub.stderr.String(), "shutting down") {
 		t.Errorf("sub exited %d when the server stopped\nstderr:\n%s", code, sub.stderr.String())
 	}
 }

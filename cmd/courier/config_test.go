@@ -73,3 +73,40 @@ func TestServerConfigFileErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestServerSizeNone: -1, documented as "none" or "no check" for the
+// size settings, is accepted by the flags and by the file, as a number
+// or a string.
+func TestServerSizeNone(t *testing.T) {
+	sc := defaultServerConfig()
+	cmd := newServerCmd(&sc)
+	if err := cmd.ParseFlags([]string{"--memory-budget", "-1", "--min-free-disk", "-1", "--scrub-rate", "-1"}); err != nil {
+		t.Fatalf("flags: %v", err)
+	}
+	if sc.MemoryBudget != -1 || sc.MinFreeDisk != -1 || sc.ScrubRate != -1 {
+		t.Errorf("flags -1 read as budget %d, min free disk %d, scrub rate %d", sc.MemoryBudget, sc.MinFreeDisk, sc.ScrubRate)
+	}
+	path := filepath.Join(t.TempDir(), "courier.toml")
+	os.WriteFile(path, []byte("memory_budget = -1\nmin_free_disk = \"-1\"\nscrub_rate = \"none\"\n"), 0o644)
+	sc = defaultServerConfig()
+	cmd = newServerCmd(&sc)
+	if _, err := loadServerConfig(path, cmd.Flags(), &sc); err != nil {
+		t.Fatalf("file: %v", err)
+	}
+	if sc.MemoryBudget != -1 || sc.MinFreeDisk != -1 || sc.ScrubRate != -1 {
+		t.Errorf("file -1 read as budget %d, min free disk %d, scrub rate %d", sc.MemoryBudget, sc.MinFreeDisk, sc.ScrubRate)
+	}
+	// Other negative sizes stay errors.
+	if err := newServerCmd(&sc).ParseFlags([]string{"--memory-budget", "-2"}); err == nil || !strings.Contains(err.Error(), "-1 for none") {
+		t.Errorf("--memory-budget -2: %v", err)
+	}
+}
+
+// TestCLIServerSizeNone: a server started with -1 for both runs.
+func TestCLIServerSizeNone(t *testing.T) {
+	url, _ := cliServer(t, "--memory-budget", "-1", "--min-free-disk", "-1")
+	if out := cliOK(t, "exchanges", "create", "cli.none", "--pattern", "tasks", "--url", url); !strings.Contains(out, "tasks") {
+		t.Errorf("create printed %q", out)
+	}
+	cliOK(t, "task", "submit", "cli.none", "x", "--url", url)
+}

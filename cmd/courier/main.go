@@ -4,12 +4,13 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/courier-mq/courier/internal/buildinfo"
 )
 
 func main() {
@@ -18,16 +19,19 @@ func main() {
 	root := &cobra.Command{
 		Use:           "courier",
 		Short:         "Courier: a broker for distributed, reactive services",
+		Long:          "Courier: a broker for distributed, reactive services.\n\n" + exitCodesHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       buildinfo.Version(),
 	}
+	root.SetVersionTemplate("courier " + buildinfo.Long() + "\n")
 	for _, add := range commands {
 		root.AddCommand(add())
 	}
-	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(1)
-	}
+	markUsage(root)
+	err := root.ExecuteContext(ctx)
+	stop()
+	exit(err)
 }
 
 // commands holds the constructors of the subcommands; each file adds its

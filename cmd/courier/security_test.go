@@ -37,8 +37,8 @@ func TestCLIUsers(t *testing.T) {
 		return append(args, "--api", api, "--user", "admin", "--password", "adminpw")
 	}
 
-	cliFails(t, []string{"users", "list", "--api", api}, "credentials required", "--user")
-	cliFails(t, []string{"users", "list", "--api", api, "--user", "admin", "--password", "nope"}, "bad user name or password")
+	cliFails(t, exitRefused, []string{"users", "list", "--api", api}, "credentials required", "--user")
+	cliFails(t, exitRefused, []string{"users", "list", "--api", api, "--user", "admin", "--password", "nope"}, "bad user name or password")
 	if out := cliOK(t, as("users", "list")...); !strings.Contains(out, "admin  administrator  #") {
 		t.Errorf("users list:\n%s", out)
 	}
@@ -48,10 +48,10 @@ func TestCLIUsers(t *testing.T) {
 	if r := cliRunIn(t, "x\n", nil, as("users", "add", "bob")...); r.code != 1 || !strings.Contains(r.stderr, "user exists") {
 		t.Fatalf("users add twice: %+v", r)
 	}
-	if r := cliRunIn(t, "", nil, as("users", "add", "carol")...); r.code != 1 || !strings.Contains(r.stderr, "no password") {
+	if r := cliRunIn(t, "", nil, as("users", "add", "carol")...); r.code != exitUsage || !strings.Contains(r.stderr, "no password") {
 		t.Fatalf("users add without a password: %+v", r)
 	}
-	cliFails(t, as("users", "grant", "bob"), "give --configure, --write or --read")
+	cliFails(t, exitUsage, as("users", "grant", "bob"), "give --configure, --write or --read")
 	if out := cliOK(t, as("users", "grant", "bob", "--write", "orders.#", "--read", "orders.#")...); out != "bob may configure nothing, write orders.#, read orders.#\n" {
 		t.Errorf("grant printed %q", out)
 	}
@@ -59,31 +59,31 @@ func TestCLIUsers(t *testing.T) {
 	if out := cliOK(t, as("users", "grant", "bob", "--configure", "orders.*")...); out != "bob may configure orders.*, write orders.#, read orders.#\n" {
 		t.Errorf("second grant printed %q", out)
 	}
-	cliFails(t, as("users", "grant", "bob", "--write", "a..b"), "invalid permission pattern")
+	cliFails(t, exitFailure, as("users", "grant", "bob", "--write", "a..b"), "invalid permission pattern")
 
 	// bob on the wire: what he may, and a clear error for what he may not.
 	bob := "courier://bob:bobpw@" + addr
 	cliOK(t, "exchanges", "create", "orders.eu", "--pattern", "pubsub", "--url", bob)
 	cliOK(t, "pub", "orders.eu", "k", "hi", "--url", bob)
-	cliFails(t, []string{"exchanges", "create", "payments", "--pattern", "pubsub", "--url", bob}, "unauthorized", "configure", "payments")
-	cliFails(t, []string{"pub", "orders.eu", "k", "hi", "--url", "courier://bob:wrong@" + addr}, "unauthorized", "bad user name or password")
-	cliFails(t, []string{"pub", "orders.eu", "k", "hi", "--url", "courier://" + addr}, "requires a user name and password")
+	cliFails(t, exitRefused, []string{"exchanges", "create", "payments", "--pattern", "pubsub", "--url", bob}, "unauthorized", "configure", "payments")
+	cliFails(t, exitRefused, []string{"pub", "orders.eu", "k", "hi", "--url", "courier://bob:wrong@" + addr}, "unauthorized", "bad user name or password")
+	cliFails(t, exitRefused, []string{"pub", "orders.eu", "k", "hi", "--url", "courier://" + addr}, "requires a user name and password")
 	// Credentials from the environment.
 	if r := cliRunIn(t, "", []string{"COURIER_USER=bob", "COURIER_PASSWORD=bobpw"}, "pub", "orders.eu", "k", "hi", "--url", "courier://"+addr); r.code != 0 {
 		t.Fatalf("pub with COURIER_USER: %+v", r)
 	}
 	// bob has no tag: the API is closed to him.
-	cliFails(t, []string{"overview", "--api", api, "--user", "bob", "--password", "bobpw"}, "administrator tag")
+	cliFails(t, exitRefused, []string{"overview", "--api", api, "--user", "bob", "--password", "bobpw"}, "administrator tag")
 
 	cliRunIn(t, "newpw\n", nil, as("users", "passwd", "bob")...)
-	cliFails(t, []string{"pub", "orders.eu", "k", "hi", "--url", bob}, "bad user name or password")
+	cliFails(t, exitRefused, []string{"pub", "orders.eu", "k", "hi", "--url", bob}, "bad user name or password")
 	cliOK(t, "pub", "orders.eu", "k", "hi", "--url", "courier://bob:newpw@"+addr)
 	if out := cliOK(t, as("users", "grant", "bob", "--none")...); out != "bob has no permissions\n" {
 		t.Errorf("grant --none printed %q", out)
 	}
-	cliFails(t, []string{"pub", "orders.eu", "k", "hi", "--url", "courier://bob:newpw@" + addr}, "unauthorized")
+	cliFails(t, exitRefused, []string{"pub", "orders.eu", "k", "hi", "--url", "courier://bob:newpw@" + addr}, "unauthorized")
 	cliOK(t, as("users", "delete", "bob")...)
-	cliFails(t, as("users", "delete", "admin"), "last administrator")
+	cliFails(t, exitFailure, as("users", "delete", "admin"), "last administrator")
 
 	if r := cliRunIn(t, "pw\n", nil, "users", "hash-password"); r.code != 0 || auth.CheckHash(strings.TrimSpace(r.stdout)) != nil {
 		t.Fatalf("hash-password: %+v", r)
@@ -110,7 +110,7 @@ func TestCLIReloadOnSIGHUP(t *testing.T) {
 		t.Fatal(err)
 	}
 	carol := "courier://carol:carolpw@" + addr
-	cliFails(t, []string{"pub", "news", "k", "before", "--url", carol}, "bad user name or password")
+	cliFails(t, exitRefused, []string{"pub", "news", "k", "before", "--url", carol}, "bad user name or password")
 
 	if err := srv.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
@@ -144,9 +144,9 @@ func TestCLITLS(t *testing.T) {
 	tlsURL := "courier+tls://admin:adminpw@" + addr
 	cliOK(t, "exchanges", "create", "secure", "--pattern", "pubsub", "--url", tlsURL, "--tls-ca", ca.File)
 	cliOK(t, "pub", "secure", "k", "hi", "--url", tlsURL, "--tls-ca", ca.File)
-	cliFails(t, []string{"pub", "secure", "k", "hi", "--url", tlsURL}, "certificate")
-	cliFails(t, []string{"pub", "secure", "k", "hi", "--url", "courier://admin:adminpw@" + addr}, "courier+tls://")
-	cliFails(t, []string{"pub", "secure", "k", "hi", "--url", tlsURL, "--tls-ca", sc.KeyFile}, "--tls-ca")
+	cliFails(t, exitConnect, []string{"pub", "secure", "k", "hi", "--url", tlsURL}, "certificate")
+	cliFails(t, exitConnect, []string{"pub", "secure", "k", "hi", "--url", "courier://admin:adminpw@" + addr}, "courier+tls://")
+	cliFails(t, exitUsage, []string{"pub", "secure", "k", "hi", "--url", tlsURL, "--tls-ca", sc.KeyFile}, "--tls-ca")
 	if out := cliOK(t, "overview", "--api", api, "--tls-ca", ca.File, "--user", "admin", "--password", "adminpw"); !strings.Contains(out, "courier+tls") {
 		t.Errorf("overview over HTTPS:\n%s", out)
 	}
@@ -164,9 +164,9 @@ func writeUsersFile(dir, content string) error {
 }
 
 func TestCLIServerRefusesOpenListener(t *testing.T) {
-	cliFails(t, []string{"server", "--listen", "0.0.0.0:" + cliFreePort(t), "--http", "off", "--data", t.TempDir()}, "no users", "COURIER_ADMIN_USER")
+	cliFails(t, exitFailure, []string{"server", "--listen", "0.0.0.0:" + cliFreePort(t), "--http", "off", "--data", t.TempDir()}, "no users", "COURIER_ADMIN_USER")
 	r := cliRunIn(t, "", []string{"COURIER_ADMIN_USER=admin"}, "server", "--listen", "127.0.0.1:"+cliFreePort(t), "--http", "off", "--data", t.TempDir())
-	if r.code != 1 || !strings.Contains(r.stderr, "COURIER_ADMIN_PASSWORD") {
+	if r.code != exitUsage || !strings.Contains(r.stderr, "COURIER_ADMIN_PASSWORD") {
 		t.Fatalf("an administrator without a password: %+v", r)
 	}
 }
@@ -201,7 +201,7 @@ func TestCLITLSCertificateValidity(t *testing.T) {
 		t.Errorf("the warning does not say since when:\n%s", srv.stderr.String())
 	}
 	url := "courier+tls://admin:adminpw@" + addr
-	cliFails(t, []string{"pub", "news", "k", "hi", "--url", url, "--tls-ca", ca.File}, "expired")
+	cliFails(t, exitConnect, []string{"pub", "news", "k", "hi", "--url", url, "--tls-ca", ca.File}, "expired")
 
 	install(soon)
 	srv.cmd.Process.Signal(syscall.SIGHUP)

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/courier-mq/courier/internal/admin"
+	"github.com/courier-mq/courier/internal/store"
 	"github.com/courier-mq/courier/node"
 )
 
@@ -106,13 +107,13 @@ manage users with 'courier users'.`,
 			if configPath != "" {
 				set, err := loadServerConfig(configPath, cmd.Flags(), sc)
 				if err != nil {
-					return err
+					return withCode(exitUsage, err)
 				}
 				httpSet = httpSet || set
 			}
 			log, err := newLogger(sc.Log.Level, sc.Log.Format)
 			if err != nil {
-				return err
+				return withCode(exitUsage, err)
 			}
 			cfg.Log = log
 			if cfg.HTTP == "off" {
@@ -120,7 +121,10 @@ manage users with 'courier users'.`,
 			}
 			setMemoryLimit(log, cfg.MemoryBudget, cfg.MemoryHighWatermark)
 			if err := adminPassword(cfg, adminPasswordFile); err != nil {
-				return err
+				return withCode(exitUsage, err)
+			}
+			if err := cfg.Validate(); err != nil {
+				return withCode(exitUsage, err)
 			}
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
@@ -133,8 +137,11 @@ manage users with 'courier users'.`,
 				cfg.HTTP = ""
 				n, err = node.Start(*cfg)
 			}
+			if le := (*store.LockedError)(nil); errors.As(err, &le) {
+				return withCode(exitFailure, fmt.Errorf("data directory %s is in use: %s holds %s; stop it, or give this server another --data", cfg.DataDir, le.Holder(), le.Path))
+			}
 			if err != nil {
-				return err
+				return withCode(exitFailure, err)
 			}
 			log.Info("courier server started", "node", n.Name(), "url", n.URL(), "http", n.HTTPURL(), "data", cfg.DataDir, "config", configPath)
 		wait:

@@ -58,7 +58,7 @@ func taskSubmitCmd() *cobra.Command {
 			out := cmd.OutOrStdout()
 			if watch {
 				if count != 1 {
-					return fmt.Errorf("--watch follows one task: drop --count")
+					return usageErrorf("--watch follows one task: drop --count")
 				}
 				w, err := ex.SubmitWatch(ctx, task, func(ev courier.TaskEvent) {
 					fmt.Fprintln(out, describeTaskEvent(ev))

@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -26,6 +26,7 @@ func init() {
 type connFlags struct {
 	url     string
 	timeout time.Duration
+	verbose bool
 	sec     secFlags
 }
 
@@ -36,6 +37,7 @@ func (c *connFlags) add(cmd *cobra.Command) {
 	}
 	cmd.Flags().StringVar(&c.url, "url", def, "server URL (env COURIER_URL)")
 	cmd.Flags().DurationVar(&c.timeout, "timeout", 5*time.Second, "time limit for connecting and each request (0: none)")
+	cmd.Flags().BoolVar(&c.verbose, "verbose", false, "log what the client library sees (debug level) on stderr")
 	c.sec.add(cmd, true)
 }
 
@@ -50,16 +52,29 @@ func (c *connFlags) bound(ctx context.Context) (context.Context, context.CancelF
 func (c *connFlags) dial(ctx context.Context) (*courier.Conn, error) {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
-	opts := client.Options{Name: "courier-cli"}
-	var err error
+	opts := client.Options{Name: "courier-cli", Log: c.logger()}
+	_, u, err := client.ParseURL(c.url)
+	if err != nil {
+		return nil, withCode(exitUsage, err)
+	}
 	if opts.TLS, err = c.sec.tlsConfig(); err != nil {
-		return nil, err
+		return nil, withCode(exitUsage, err)
 	}
 	// Credentials in the URL win over --user and the environment.
-	if _, u, err := client.ParseURL(c.url); err == nil && u.User == nil {
+	if u.User == nil {
 		opts.User, opts.Password = c.sec.user, c.sec.password
 	}
-	return client.Dial(ctx, c.url, opts)
+	conn, err := client.Dial(ctx, c.url, opts)
+	return conn, connectError(err)
+}
+
+// logger is the client library's logger: nothing unless --verbose, so
+// that a command prints only its output and its error.
+func (c *connFlags) logger() *slog.Logger {
+	if !c.verbose {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 func parseHeaders(kvs []string) (map[string]string, error) {
@@ -70,7 +85,7 @@ func parseHeaders(kvs []string) (map[string]string, error) {
 	for _, kv := range kvs {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return nil, fmt.Errorf("bad header %q: want name=value", kv)
+			return nil, usageErrorf("bad header %q: want name=value", kv)
 		}
 		h[k] = v
 	}
@@ -314,14 +329,7 @@ func reqCmd() *cobra.Command {
 				return s.Err()
 			case all:
 				rs, err := ex.RequestAll(ctx, m)
-				for _, r := range rs {
-					if r.Err != nil {
-						fmt.Fprintf(out, "%s: error: %v\n", r.From, r.Err)
-					} else {
-						fmt.Fprintf(out, "%s: %s\n", r.From, r.Body)
-					}
-				}
-				return err
+				return printAll(out, cmd.ErrOrStderr(), rs, err)
 			}
 			r, err := ex.Request(ctx, m)
 			if err != nil {
@@ -340,6 +348,29 @@ func reqCmd() *cobra.Command {
 	return cmd
 }
 
+// printAll prints the responses of `req --all`: each handler's response
+// on out, each handler's error on errw. A request that failed as a
+// whole (no handler, a timeout) is its error alone; a handler that
+// failed makes the command fail after the other responses are printed.
+func printAll(out, errw io.Writer, rs []*courier.Response, err error) error {
+	if err != nil && len(rs) == 1 && rs[0].Err == err {
+		return err
+	}
+	failed := 0
+	for _, r := range rs {
+		if r.Err != nil {
+			failed++
+			fmt.Fprintf(errw, "%s: error: %v\n", r.From, r.Err)
+		} else {
+			fmt.Fprintf(out, "%s: %s\n", r.From, r.Body)
+		}
+	}
+	if err == nil && failed > 0 {
+		err = fmt.Errorf("%d of %d handlers failed the request", failed, len(rs))
+	}
+	return err
+}
+
 func replyCmd() *cobra.Command {
 	var cf connFlags
 	var tag, connTag string
@@ -351,7 +382,7 @@ func replyCmd() *cobra.Command {
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 2 && !echo {
-				return errors.New("give a reply body or --echo")
+				return usageErrorf("give a reply body or --echo")
 			}
 			ctx := cmd.Context()
 			conn, err := cf.dial(ctx)

@@ -88,7 +88,7 @@ it), monitoring (read only).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
 			if err := auth.CheckName(name); err != nil {
-				return err
+				return withCode(exitUsage, err)
 			}
 			pw, err := readNewPassword(cmd, name)
 			if err != nil {
@@ -163,7 +163,7 @@ next operation; attachments it no longer allows are detached.`,
 			f := cmd.Flags()
 			if none {
 				if f.Changed("configure") || f.Changed("write") || f.Changed("read") {
-					return errors.New("--none takes no --configure, --write or --read")
+					return usageErrorf("--none takes no --configure, --write or --read")
 				}
 				if _, err := af.call(cmd.Context(), http.MethodDelete, path, nil, nil, nil, nil); err != nil {
 					return err
@@ -172,7 +172,7 @@ next operation; attachments it no longer allows are detached.`,
 				return nil
 			}
 			if !f.Changed("configure") && !f.Changed("write") && !f.Changed("read") {
-				return errors.New("give --configure, --write or --read (or --none)")
+				return usageErrorf("give --configure, --write or --read (or --none)")
 			}
 			var p auth.Permissions
 			if _, err := af.get(cmd.Context(), path, nil, &p); err != nil {
@@ -275,7 +275,7 @@ func readNewPassword(cmd *cobra.Command, who string) (string, error) {
 
 func checkNewPassword(pw string) (string, error) {
 	if pw == "" {
-		return "", errors.New("no password: type one, or give it on the first line of standard input")
+		return "", usageErrorf("no password: type one, or give it on the first line of standard input")
 	}
 	return pw, nil
 }

@@ -102,6 +102,9 @@ var seed = []Op{
 // opened before it returns.
 func Demo(ctx context.Context, dial Dialer, out io.Writer, opts Options) (*Report, error) {
 	opts.defaults()
+	if err := checkFree(ctx, dial); err != nil {
+		return nil, err
+	}
 	p := &printer{w: out, start: time.Now()}
 	say := p.say
 	rep := &Report{Gets: map[string]int{}, Copies: map[string]map[string]User{}, Runs: map[string][]JobRun{}}

@@ -186,3 +186,29 @@ func first(evs []courier.Event) any {
 	}
 	return evs[0]
 }
+
+// TestDemoRefusesForeignHandler: a handler that is not the demo's on the
+// users exchange (the quick start's `courier reply users pong`) stops the
+// demo before it attaches, with an error that names it.
+func TestDemoRefusesForeignHandler(t *testing.T) {
+	n := startNode(t, "127.0.0.1:0")
+	ctx := context.Background()
+	other := n.Connect()
+	defer other.Close()
+	users, err := other.ReqResp(ctx, usersExchange)
+	if err != nil {
+		t.Fatal(err)
+	}
+	att, err := users.Handle(ctx, func(r *courier.Request) { r.Reply([]byte("pong")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	_, err = Demo(ctx, Remote(n.URL(), quiet()), &out, Options{})
+	if err == nil || !strings.Contains(err.Error(), `exchange "users" is in use`) || !strings.Contains(err.Error(), att.ID()) {
+		t.Fatalf("Demo with a foreign handler: %v, want an error naming %s", err, att.ID())
+	}
+	if out.Len() != 0 {
+		t.Errorf("Demo printed before refusing:\n%s", out.String())
+	}
+}

@@ -23,7 +23,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +32,7 @@ import (
 
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/internal/buildinfo"
 )
 
 // DefaultListen is the management listener's default address.
@@ -111,7 +111,7 @@ func (c *Config) setDefaults() {
 		c.Node = c.Broker.Node()
 	}
 	if c.Version == "" {
-		c.Version = buildVersion()
+		c.Version = buildinfo.Version()
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = DefaultMaxConns
@@ -154,23 +154,6 @@ func CheckListen(addr string) error {
 		return fmt.Errorf("admin: listen address %q is not a loopback address: without users the management API has no access control, so it listens on 127.0.0.1, ::1 or localhost only; create users to listen elsewhere", addr)
 	}
 	return nil
-}
-
-// buildVersion is the main module's version, or "devel".
-func buildVersion() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "devel"
-	}
-	if v := bi.Main.Version; v != "" && v != "(devel)" {
-		return v
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			return "devel+" + s.Value[:12]
-		}
-	}
-	return "devel"
 }
 
 // Server is the management HTTP server of one node.
@@ -316,6 +299,7 @@ func (s *Server) Addr() net.Addr {
 // handlers that run longer (profiles and traces of /debug/pprof).
 func (s *Server) Serve(ln net.Listener) error {
 	ln = newLimitListener(ln, s.cfg.MaxConns, &s.httpConns)
+	ln = &sniffListener{Listener: ln, reason: s.wrongPortReason}
 	if s.cfg.TLS != nil {
 		ln = tls.NewListener(ln, s.cfg.TLS)
 	}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"runtime/debug"
 	"slices"
@@ -121,6 +123,7 @@ var clientTypes = func() (t [256]bool) {
 func (c *conn) serve() {
 	log := c.s.log.With("peer", c.peer)
 	go c.writeLoop()
+	var ended error // why the read loop ended
 	defer func() {
 		c.fail(nil, false)
 		<-c.wdone
@@ -130,7 +133,7 @@ func (c *conn) serve() {
 		}
 		if c.sess != nil {
 			c.sess.Close()
-			log.Info("connection closed", "conn", c.sess.ID())
+			logClosed(log, c.sess.ID(), ended, c.wentAway.Load())
 		}
 	}()
 	defer func() {
@@ -146,8 +149,24 @@ func (c *conn) serve() {
 		return
 	}
 	log.Info("connection open", "conn", c.sess.ID(), "name", c.sess.Name(), "user", c.sess.User())
-	if err := c.readLoop(); err != nil {
-		log.Info("connection ended", "conn", c.sess.ID(), "err", err)
+	ended = c.readLoop()
+}
+
+// logClosed logs a connection's end in one line: a normal close (the
+// client's CLOSE, the client closing the socket, or after the server told
+// it to go away) with its reason, any other end with err.
+func logClosed(log *slog.Logger, id string, ended error, wentAway bool) {
+	switch {
+	case ended == nil:
+		log.Info("connection closed", "conn", id)
+	case wentAway:
+		log.Info("connection closed", "conn", id, "reason", "the server is shutting down")
+	case errors.Is(ended, errClientClosed):
+		log.Info("connection closed", "conn", id, "reason", ended.Error())
+	case errors.Is(ended, io.EOF):
+		log.Info("connection closed", "conn", id, "reason", "the client closed the socket without CLOSE")
+	default:
+		log.Info("connection closed", "conn", id, "err", ended)
 	}
 }
 
@@ -163,10 +182,18 @@ func (c *conn) handshake() error {
 			return err
 		}
 		var rh tls.RecordHeaderError
+		if errors.As(err, &rh) && rh.Conn != nil && looksHTTP(rh.RecordHeader[:]) {
+			answerHTTP(rh.Conn, c.s.wrongPortReason())
+			return fmt.Errorf("an HTTP client on the client port: %w", err)
+		}
 		if errors.As(err, &rh) && rh.Conn != nil {
 			// A plain client on the TLS port: tell it in its own terms.
 			refuse(rh.Conn, wire.Errorf(wire.CodeProtocol, "this port speaks TLS: connect with a courier+tls:// URL"))
 			return fmt.Errorf("plain-text client on the TLS port: %w", err)
+		}
+		if errors.Is(err, wire.ErrFrameTooLarge) && looksHTTP(c.r.Head()) {
+			answerHTTP(c.nc, c.s.wrongPortReason())
+			return fmt.Errorf("an HTTP client on the client port: %w", err)
 		}
 		c.badInput(err)
 		return err
@@ -285,7 +312,7 @@ func (c *conn) readLoop() error {
 			reason := f.Tag
 			f.Release()
 			c.fail(nil, false)
-			return fmt.Errorf("the client sent CLOSE (%s)", reason)
+			return fmt.Errorf("%w: %s", errClientClosed, reason)
 		case wire.TypePublish, wire.TypeRequest, wire.TypeSubmit:
 			c.used++
 			if c.used > c.granted.Load() {

@@ -77,6 +77,10 @@ type Config struct {
 	// sends plain frames gets a fatal ERROR saying so. Set ClientAuth and
 	// ClientCAs to require client certificates. Default: nil (plain TCP).
 	TLS *tls.Config
+	// ManagementURL returns the management API's URL, which the server
+	// names to an HTTP client that reached the client port; "" or nil
+	// when there is none. Default: nil.
+	ManagementURL func() string
 }
 
 // DefaultConfig returns the defaults documented on [Config].

@@ -37,7 +37,7 @@
 //	00000001.seg  00000002.seg  ...   segments, named by number in hex
 //	CHECKPOINT                        the last checkpoint
 //	CHECKPOINT.tmp                    a checkpoint being written (removed by Open)
-//	LOCK                              flock'd by the open Log
+//	LOCK                              flock'd by the open Log; its PID
 //
 // A segment is a 16-byte header followed by records, little-endian:
 //

@@ -1,6 +1,9 @@
 package store
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors. Errors returned by the package wrap these with the
 // operation and file; check them with [errors.Is].
@@ -34,7 +37,8 @@ var (
 	ErrBadKind = errors.New("store: invalid record kind")
 
 	// ErrLocked is returned by [Open] when another Log (in this or another
-	// process) holds the directory.
+	// process) holds the directory; [*LockedError] wraps it and names the
+	// process when it is known.
 	ErrLocked = errors.New("store: directory locked by another log")
 
 	// ErrBadCheckpoint describes a checkpoint file that cannot be used; it
@@ -45,3 +49,34 @@ var (
 	// fail.
 	ErrInjected = errors.New("store: injected fault")
 )
+
+// LockedError is the error of [Open] on a directory whose LOCK another
+// process (or another Log of this one) holds. It matches [ErrLocked].
+type LockedError struct {
+	// Path is the LOCK file.
+	Path string
+	// PID is the process that holds it, as the LOCK file or the system's
+	// lock table tells; 0 when unknown.
+	PID int
+	// Command is the holder's command line, when the system tells it.
+	Command string
+}
+
+// Holder describes the process that holds the lock: "process 1234
+// (courier server --data d)", or "another process".
+func (e *LockedError) Holder() string {
+	switch {
+	case e.PID == 0:
+		return "another process"
+	case e.Command == "":
+		return fmt.Sprintf("process %d", e.PID)
+	}
+	return fmt.Sprintf("process %d (%s)", e.PID, e.Command)
+}
+
+func (e *LockedError) Error() string {
+	return fmt.Sprintf("store: %s holds %s", e.Holder(), e.Path)
+}
+
+// Unwrap makes errors.Is(err, ErrLocked) hold.
+func (e *LockedError) Unwrap() error { return ErrLocked }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"syscall"
 )
 
@@ -151,11 +152,15 @@ func (OSFS) Lock(name string) (io.Closer, error) {
 		return nil, err
 	}
 	if err := flock(f); err != nil {
-		f.Close()
+		defer f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s", ErrLocked, name)
+			return nil, lockedBy(f, name)
 		}
 		return nil, fmt.Errorf("lock %s: %w", name, err)
+	}
+	// The holder's PID, for a second process to name it.
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return f, nil
 }
