@@ -276,7 +276,6 @@ type TaskWatch struct {
 	done   chan struct{}
 	mu     sync.Mutex
 	last   TaskEvent
-	ended  bool
 	endErr error
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench-compare.sh runs courier bench side by side against an embedded
+# bench-compare.sh runs courier-bench side by side against an embedded
 # Courier node, a Courier server, NATS and RabbitMQ on this machine, and
 # keeps every output in a results directory (default:
 # ${TMPDIR:-/tmp}/courier-bench-results).
@@ -23,6 +23,7 @@ out=${1:-${TMPDIR:-/tmp}/courier-bench-results}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 bin=$out/courier
+benchbin=$out/courier-bench
 TIMEOUT=${TIMEOUT:-5m}
 PUBSUB_MESSAGES=${PUBSUB_MESSAGES:-1000000}
 SMALL_MESSAGES=${SMALL_MESSAGES:-100000}
@@ -31,7 +32,7 @@ NATS=nats://127.0.0.1:4222
 AMQP=amqp://guest:guest@127.0.0.1:5672/
 COURIER=courier://127.0.0.1:7400
 
-(cd "$root" && go build -o "$bin" ./cmd/courier)
+(cd "$root" && go build -o "$bin" ./cmd/courier && go build -o "$benchbin" ./cmd/courier-bench)
 
 started_peers=0
 status=$("$root/scripts/peers.sh" status)
@@ -73,12 +74,12 @@ done
 	echo "rabbitmq-server: $(dpkg-query -W -f='${Version}' rabbitmq-server), erlang $(dpkg-query -W -f='${Version}' erlang-base)"
 } | tee "$out/machine.txt"
 
-run() { # name, courier bench args...
+run() { # name, courier-bench args...
 	local name=$1
 	shift
 	echo
-	echo "== $name: courier bench $* (load average before: $(cut -d' ' -f1-3 /proc/loadavg))" | sed "s|$bin|courier|"
-	nice -n -10 "$bin" bench "$@" --timeout "$TIMEOUT" 2>&1 | tee "$out/$name.txt" || true
+	echo "== $name: courier-bench $* (load average before: $(cut -d' ' -f1-3 /proc/loadavg))" | sed "s|$bin|courier|"
+	nice -n -10 "$benchbin" "$@" --timeout "$TIMEOUT" 2>&1 | tee "$out/$name.txt" || true
 	echo "(load average after: $(cut -d' ' -f1-3 /proc/loadavg))" | tee -a "$out/$name.txt"
 }
 
@@ -105,6 +106,6 @@ run() { # name, courier bench args...
 	run echo echo
 	# One table with the ratios (the short form of the runs above).
 	echo
-	echo "== courier bench compare (load average before: $(cut -d' ' -f1-3 /proc/loadavg))"
-	nice -n -10 "$bin" bench compare --courier "$COURIER" --nats "$NATS" --amqp "$AMQP" --timeout "$TIMEOUT" 2>&1 | tee "$out/compare.txt" || true
+	echo "== courier-bench compare (load average before: $(cut -d' ' -f1-3 /proc/loadavg))"
+	nice -n -10 "$benchbin" compare --courier "$COURIER" --nats "$NATS" --amqp "$AMQP" --timeout "$TIMEOUT" 2>&1 | tee "$out/compare.txt" || true
 } 2>&1 | tee "$out/all.txt"

@@ -24,6 +24,7 @@ out=${1:-${TMPDIR:-/tmp}/courier-bench-queues}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 bin=$out/courier
+benchbin=$out/courier-bench
 ROUNDS=${ROUNDS:-2}
 TASKS=${TASKS:-200000}
 DEPTH=${DEPTH:-1000000}
@@ -38,7 +39,7 @@ NATS=nats://127.0.0.1:$NATS_PORT
 AMQP=amqp://guest:guest@127.0.0.1:$AMQP_PORT/
 COURIER=courier://127.0.0.1:$COURIER_PORT
 
-(cd "$root" && go build -o "$bin" ./cmd/courier)
+(cd "$root" && go build -o "$bin" ./cmd/courier && go build -o "$benchbin" ./cmd/courier-bench)
 
 started_peers=0
 status=$("$root/scripts/peers.sh" status)
@@ -99,12 +100,12 @@ rabbitmqctl() { HOME="${PEERS_DIR:-${TMPDIR:-/tmp}/courier-peers}/rabbitmq" /usr
 	echo "rabbitmq-server: $(dpkg-query -W -f='${Version}' rabbitmq-server), erlang $(dpkg-query -W -f='${Version}' erlang-base)"
 } | tee "$out/machine.txt"
 
-run() { # name, courier bench args...
+run() { # name, courier-bench args...
 	local name=$1
 	shift
 	echo
-	echo "== $name: courier bench $* (load average before: $(cut -d' ' -f1-3 /proc/loadavg))" | sed "s|$bin|courier|" | tee "$out/$name.txt"
-	nice -n -10 "$bin" bench "$@" 2>&1 | tee -a "$out/$name.txt" || true
+	echo "== $name: courier-bench $* (load average before: $(cut -d' ' -f1-3 /proc/loadavg))" | sed "s|$bin|courier|" | tee "$out/$name.txt"
+	nice -n -10 "$benchbin" "$@" 2>&1 | tee -a "$out/$name.txt" || true
 	echo "(load average after: $(cut -d' ' -f1-3 /proc/loadavg))" | tee -a "$out/$name.txt"
 }
 

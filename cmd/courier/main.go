@@ -1,5 +1,6 @@
-// Command courier runs the Courier broker (courier server), its load
-// generator (courier bench) and client tools in the style of the nats CLI.
+// Command courier runs the Courier broker (courier server) and client
+// tools in the style of the nats CLI. The load generator is its own
+// binary, courier-bench (cmd/courier-bench); courier bench runs it.
 package main
 
 import (

@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// CompareCases are the cases courier bench compare knows, in order:
+// CompareCases are the cases courier-bench compare knows, in order:
 // request-response, pub-sub fan-out, pub-sub fan-in, many users, durable
 // tasks, backlog.
 var CompareCases = []string{"reqresp", "fanout", "fanin", "users", "tasks", "backlog"}

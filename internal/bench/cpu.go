@@ -166,7 +166,7 @@ func (u Usage) lines(p Process) []string {
 	out = append(out, fmt.Sprintf("Client: CPU %.2f s (%.2f of %d cores)", u.ClientCPUSeconds, u.ClientCores(), u.Cores))
 	server := max(u.ServerCPUSeconds, 0) / max(u.Seconds, 1e-9)
 	if u.Cores > 0 && u.ClientCores()+server >= 0.9*float64(u.Cores) && u.ClientCores() >= server {
-		out = append(out, "Warning: the machine's cores were busy and the load generator used more CPU than the server: it may be the bottleneck (compare with courier bench echo)")
+		out = append(out, "Warning: the machine's cores were busy and the load generator used more CPU than the server: it may be the bottleneck (compare with courier-bench echo)")
 	}
 	return out
 }

@@ -150,7 +150,7 @@ type Result interface {
 	WriteText(io.Writer) error
 	// WriteJSON prints the result as one JSON object.
 	WriteJSON(io.Writer) error
-	// Metrics returns the headline figures, for courier bench compare.
+	// Metrics returns the headline figures, for courier-bench compare.
 	Metrics() []Metric
 	// Timeline returns the samples taken during the run, for charts.
 	Timeline() Timeline

@@ -664,7 +664,7 @@ func (e *expr) key(vars *exprVars, left time.Duration) (string, error) {
 	if str, ok := s.(types.String); ok {
 		return string(str), nil
 	}
-	return "", fmt.Errorf("key expression gave %s; want a string", out.Type().(ref.Type).TypeName())
+	return "", fmt.Errorf("key expression gave %s; want a string", out.Type().TypeName())
 }
 
 // route evaluates a route expression.
@@ -767,5 +767,5 @@ func typeName(v ref.Val) string {
 	if v == nil {
 		return "nothing"
 	}
-	return v.Type().(ref.Type).TypeName()
+	return v.Type().TypeName()
 }

@@ -99,11 +99,11 @@ func compileKeyExpr(src string) (func(*RouteInput) string, error) {
 }
 
 func TestRouteExpr(t *testing.T) {
-	fn, err := compileRouteExpr(`size > 10 ? {"reject": "too big"} : headers[?"region"].orValue("") == "" ? null : {"tag": headers["region"], "key": key + "!"}`)
+	_, err := compileRouteExpr(`size > 10 ? {"reject": "too big"} : headers[?"region"].orValue("") == "" ? null : {"tag": headers["region"], "key": key + "!"}`)
 	if err == nil {
 		t.Fatal("optional syntax compiled; it is not enabled")
 	}
-	fn, err = compileRouteExpr(`size > 10 ? {"reject": "too big"} : !("region" in headers) ? null : {"tag": headers["region"], "key": key + "!"}`)
+	fn, err := compileRouteExpr(`size > 10 ? {"reject": "too big"} : !("region" in headers) ? null : {"tag": headers["region"], "key": key + "!"}`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -121,10 +121,8 @@ func TestTopicMatchOnce(t *testing.T) {
 		t.Fatalf("match z.q = %v, want a (#) and b", names(got))
 	}
 	// Many overlapping subscribers take the map path of dedupe.
-	var many []*Attachment
 	for i := range 40 {
 		m := fakeMember(fmt.Sprint(i))
-		many = append(many, m)
 		tr.insert("k.#", m)
 		tr.insert("k.*", m)
 		tr.insert("#.v", m)

@@ -281,7 +281,7 @@ func TestReplayIsIdempotent(t *testing.T) {
 	rb := NewRebuilder()
 	apply := func(rs []MemRecord) {
 		for _, r := range rs {
-			must(t, rb.Apply(Entry{Ref: r.Ref, Kind: r.Kind, Payload: r.Payload, Released: r.Released}))
+			must(t, rb.Apply(Entry(r)))
 		}
 	}
 	apply(recs)

@@ -184,7 +184,7 @@ func (j *MemJournal) Replay(fn func(Entry) error) error {
 	recs := slices.Clone(j.recs[:j.synced])
 	j.mu.Unlock()
 	for _, r := range recs {
-		if err := fn(Entry{Ref: r.Ref, Kind: r.Kind, Payload: r.Payload, Released: r.Released}); err != nil {
+		if err := fn(Entry(r)); err != nil {
 			return err
 		}
 	}

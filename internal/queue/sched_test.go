@@ -85,11 +85,9 @@ func TestFarFutureDue(t *testing.T) {
 func TestSharedSchedulerManyQueues(t *testing.T) {
 	e := newEnv(t)
 	const nq = 10_000
-	var qs []*Queue
 	var ws []*worker
 	for i := range nq {
 		q := e.queue(nil)
-		qs = append(qs, q)
 		ws = append(ws, addWorker(t, q, "w", 10))
 		for j := range 3 {
 			mustEnqueue(t, q, Message{DueAt: epoch.Add(time.Duration(1+(i*7+j*3)%50) * time.Second)})

@@ -29,7 +29,7 @@ func TestCheckpointThenReplayRebuildsTheSameState(t *testing.T) {
 			rb := NewRebuilder()
 			must(t, rb.LoadSnapshot(snap))
 			for _, r := range e.j.Records()[at:] {
-				must(t, rb.Apply(Entry{Ref: r.Ref, Kind: r.Kind, Payload: r.Payload, Released: r.Released}))
+				must(t, rb.Apply(Entry(r)))
 			}
 			r, err := rb.Build("q", cfg)
 			must(t, err)
@@ -154,12 +154,12 @@ func TestAppendSnapshotSince(t *testing.T) {
 		{"remove consumer", func() { must(t, q.RemoveConsumer(w.Consumer)) }},
 		{"purge", func() { q.Purge() }},
 	} {
-		at, changed := snap(v)
-		if changed {
+		if _, changed := snap(v); changed {
 			t.Fatalf("before %s: changed", step.name)
 		}
 		step.do()
-		if at, changed = snap(v); !changed || at == v {
+		at, changed := snap(v)
+		if !changed || at == v {
 			t.Fatalf("after %s: version %d (was %d), changed %v", step.name, at, v, changed)
 		}
 		v = at

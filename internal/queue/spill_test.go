@@ -140,7 +140,7 @@ func TestSpillCheckpointReplay(t *testing.T) {
 			rb := NewRebuilder()
 			must(t, rb.LoadSnapshot(snap))
 			for _, r := range e.j.Crash().Records()[at:] {
-				must(t, rb.Apply(Entry{Ref: r.Ref, Kind: r.Kind, Payload: r.Payload, Released: r.Released}))
+				must(t, rb.Apply(Entry(r)))
 			}
 			r, err := rb.Build("q", cfg)
 			must(t, err)

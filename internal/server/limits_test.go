@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -317,15 +316,6 @@ func TestFrameLimit(t *testing.T) {
 		t.Fatalf("oversized request: %v, want a frame-too-large error", err)
 	}
 	stillServes(t, ex)
-}
-
-func mustJSON(t *testing.T, v any) []byte {
-	t.Helper()
-	p, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
 
 // TestPartialFrameThenSilence: a client that sends part of a frame and

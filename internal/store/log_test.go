@@ -467,7 +467,7 @@ func TestIntervalPolicy(t *testing.T) {
 	}
 	// Everything confirmed is durable: a crash keeps it all.
 	mustClose(t, l)
-	l, rec := mustOpen(t, fs.Crash(nil), testDir, opts)
+	_, rec := mustOpen(t, fs.Crash(nil), testDir, opts)
 	if rec.ReplayRecords != 51 || !rec.Clean() {
 		t.Fatalf("recovery: %+v", rec)
 	}

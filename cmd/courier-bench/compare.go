@@ -12,7 +12,7 @@ import (
 	"github.com/courier-mq/courier/internal/bench"
 )
 
-// compareCmd is courier bench compare.
+// compareCmd is courier-bench compare.
 func compareCmd(g *benchGlobal) *cobra.Command {
 	var (
 		courierURL, natsURL, amqpURL string

@@ -11,7 +11,10 @@ import (
 	"time"
 )
 
-// runBench runs courier bench in this process with args and returns its
+// cliWait bounds every run of a test.
+const cliWait = 20 * time.Second
+
+// runBench runs courier-bench in this process with args and returns its
 // standard output.
 func runBench(t *testing.T, args ...string) (string, error) {
 	t.Helper()
@@ -58,7 +61,7 @@ func TestBenchFlags(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := runBench(t, tc.args...)
 			if err != nil {
-				t.Fatalf("courier bench %s: %v\n%s", strings.Join(tc.args, " "), err, out)
+				t.Fatalf("courier-bench %s: %v\n%s", strings.Join(tc.args, " "), err, out)
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(out, w) {
@@ -88,7 +91,7 @@ func TestBenchBadFlags(t *testing.T) {
 		{"backlog", "--window", "-3"},
 	} {
 		if out, err := runBench(t, args...); err == nil {
-			t.Errorf("courier bench %s: no error\n%s", strings.Join(args, " "), out)
+			t.Errorf("courier-bench %s: no error\n%s", strings.Join(args, " "), out)
 		}
 	}
 }
@@ -97,7 +100,7 @@ func TestBenchJSONAndPlot(t *testing.T) {
 	plot := filepath.Join(t.TempDir(), "run.svg")
 	out, err := runBench(t, "pubsub", "--count", "200", "--subscribers", "2", "--json", "--plot", plot, "--interval", "10ms", "--rate", "4000")
 	if err != nil {
-		t.Fatalf("courier bench pubsub --json: %v\n%s", err, out)
+		t.Fatalf("courier-bench pubsub --json: %v\n%s", err, out)
 	}
 	var res struct {
 		Scenario  string `json:"scenario"`
@@ -130,7 +133,7 @@ func TestBenchCompare(t *testing.T) {
 	out, err := runBench(t, "compare", "--embedded", "--courier", "", "--nats", "nats://127.0.0.1:1", "--amqp", "",
 		"--cases", "fanout", "--count", "100")
 	if err != nil {
-		t.Fatalf("courier bench compare: %v\n%s", err, out)
+		t.Fatalf("courier-bench compare: %v\n%s", err, out)
 	}
 	if !strings.Contains(out, "Skipping NATS at nats://127.0.0.1:1: not reachable") || !strings.Contains(out, "delivered") {
 		t.Errorf("output:\n%s", out)
@@ -142,7 +145,7 @@ func TestBenchBacklogJSONAndPlot(t *testing.T) {
 	plot := filepath.Join(t.TempDir(), "backlog.png")
 	out, err := runBench(t, "backlog", "--depth", "200", "--sample-every", "50", "--json", "--plot", plot)
 	if err != nil {
-		t.Fatalf("courier bench backlog --json: %v\n%s", err, out)
+		t.Fatalf("courier-bench backlog --json: %v\n%s", err, out)
 	}
 	var res struct {
 		Scenario   string `json:"scenario"`
@@ -164,5 +167,19 @@ func TestBenchBacklogJSONAndPlot(t *testing.T) {
 	}
 	if !bytes.HasPrefix(b, []byte("\x89PNG")) {
 		t.Errorf("plot file is not PNG")
+	}
+}
+
+// TestBenchRoot: courier-bench is the root command, its scenarios its
+// subcommands.
+func TestBenchRoot(t *testing.T) {
+	out, err := runBench(t, "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"courier-bench [command]", "reqresp", "pubsub", "users", "tasks", "backlog", "mgmt", "echo", "compare"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("help has no %q:\n%s", want, out)
+		}
 	}
 }

@@ -17,9 +17,7 @@ import (
 	"github.com/courier-mq/courier/internal/bench"
 )
 
-func init() { commands = append(commands, benchCmd) }
-
-// benchGlobal holds the flags every courier bench subcommand shares.
+// benchGlobal holds the flags every courier-bench subcommand shares.
 type benchGlobal struct {
 	embedded   bool
 	harness    bool
@@ -55,12 +53,14 @@ type benchFlags struct {
 	maxRSSMB int64             // backlog
 }
 
+// benchCmd is the root command of courier-bench, with a subcommand per
+// scenario, echo and compare.
 func benchCmd() *cobra.Command {
 	g := &benchGlobal{}
 	cmd := &cobra.Command{
-		Use:   "bench",
+		Use:   "courier-bench",
 		Short: "Load generator: request-response, pub-sub, many-users, durable tasks and backlog scenarios against Courier, NATS or RabbitMQ",
-		Long: `bench runs a scenario against a broker and prints rates, latency
+		Long: `courier-bench runs a scenario against a broker and prints rates, latency
 percentiles (HDR histogram: p50, p90, p99, p99.9, max), the server's CPU
 seconds and peak memory over the run, and this process's own CPU.
 
@@ -69,11 +69,17 @@ Targets: an embedded Courier node (the default), a Courier server
 JetStream for tasks and backlog) or
 RabbitMQ (--target amqp://guest:guest@127.0.0.1:5672/); --harness runs
 against an in-process echo with no broker, to show what the load generator
-itself sustains (courier bench echo does that for request-response). The
+itself sustains (courier-bench echo does that for request-response). The
 server's CPU and memory are read from /proc for the process listening on
 the target's port (or --server-pid); with an embedded node they are the
 whole process's. Every run is bounded by its count or --duration, and by
---timeout (default 5m; 30m for backlog).`,
+--timeout (default 5m; 30m for backlog).
+
+courier-bench is a binary of its own, apart from the courier server and
+tools, as NATS and RabbitMQ ship their benchmark tools: the NATS and AMQP
+clients, the plotting and the progress bar it needs stay out of the
+server. courier bench ARGS runs courier-bench ARGS when courier-bench is
+in the same directory as courier.`,
 	}
 	p := cmd.PersistentFlags()
 	p.BoolVar(&g.embedded, "embedded", false, "run against a Courier node embedded in this process (the default without --url or --target)")
