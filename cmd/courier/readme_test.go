@@ -37,9 +37,9 @@ func TestReadmeQuickStart(t *testing.T) {
 			args: []string{"exchanges", "create", "news", "--pattern", "pubsub"}, stdout: "exchange news: pubsub\n"},
 		{line: "./courier sub news 'eu.#' &                   # a subscriber; on stderr: subscribed to eu.# on news as c5.1",
 			args: []string{"sub", "news", "eu.#"}, bg: true, stderr: "subscribed to eu.# on news as c5.1\n"},
-		{line: "./courier pub news eu.fr.paris \"bonjour\"      # → published 1 message(s) to news with key \"eu.fr.paris\"\n" +
+		{line: "./courier pub news eu.fr.paris \"bonjour\"      # → published 1 message(s) to news with key \"eu.fr.paris\" (confirmed)\n" +
 			"                                              #   (and the subscriber prints [#1] eu.fr.paris: bonjour)",
-			args: []string{"pub", "news", "eu.fr.paris", "bonjour"}, stdout: "published 1 message(s) to news with key \"eu.fr.paris\"\n"},
+			args: []string{"pub", "news", "eu.fr.paris", "bonjour"}, stdout: "published 1 message(s) to news with key \"eu.fr.paris\" (confirmed)\n"},
 		{line: "./courier exchanges create resize --pattern tasks  # → exchange resize: tasks competing",
 			args: []string{"exchanges", "create", "resize", "--pattern", "tasks"}, stdout: "exchange resize: tasks competing\n"},
 		{line: "./courier task work resize &                  # a worker: prints [#1] task 1: img-42, and acks it",
