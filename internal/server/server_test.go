@@ -212,19 +212,7 @@ func TestHalfOpen(t *testing.T) {
 	n := startNode(t, time.Second)
 	ctx := context.Background()
 
-	c := dialRaw(t, n)
-	c.helloAsking(hb)
-	decl, _ := json.Marshal(wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: "leader"})
-	c.send(&wire.Frame{Type: wire.TypeDeclare, Ref: 1, Name: "jobs", Body: decl})
-	if f := c.next(); f == nil || f.Type != wire.TypeOK {
-		t.Fatalf("declare: %+v", f)
-	}
-	c.send(&wire.Frame{Type: wire.TypeAttach, Ref: 2, Attach: 1, Name: "jobs", Aux: wire.RoleHandler})
-	for f := c.next(); f == nil || f.Type != wire.TypeOK; f = c.next() {
-		if f == nil {
-			t.Fatal("attach: connection closed")
-		}
-	}
+	rawLeader(t, n, "jobs", hb)
 	// From here on the raw client neither reads nor writes.
 
 	other, err := client.Dial(ctx, n.URL(), client.Options{})

@@ -9,6 +9,7 @@ import (
 	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/client"
 	"github.com/courier-mq/courier/internal/testutil"
+	"github.com/courier-mq/courier/node"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -23,6 +24,28 @@ import (
 // add to a timer and a goroutine hand-off.
 const timingTolerance = 500 * time.Millisecond
 
+// rawLeader connects a raw client asking for heartbeat interval hb,
+// declares exchange as a leader-strategy request-response exchange and
+// attaches it as its first handler, its leader. It returns once the
+// ATTACH is answered; the client neither reads nor writes after that.
+func rawLeader(t *testing.T, n *node.Node, exchange string, hb time.Duration) *raw {
+	t.Helper()
+	c := dialRaw(t, n)
+	c.helloAsking(hb)
+	decl, _ := json.Marshal(wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: "leader"})
+	c.send(&wire.Frame{Type: wire.TypeDeclare, Ref: 1, Name: exchange, Body: decl})
+	if f := c.next(); f == nil || f.Type != wire.TypeOK {
+		t.Fatalf("declare: %+v", f)
+	}
+	c.send(&wire.Frame{Type: wire.TypeAttach, Ref: 2, Attach: 1, Name: exchange, Aux: wire.RoleHandler})
+	for f := c.next(); f == nil || f.Type != wire.TypeOK; f = c.next() {
+		if f == nil {
+			t.Fatal("attach: connection closed")
+		}
+	}
+	return c
+}
+
 // TestSilentLeaderReplacedInTime: a leader whose connection goes silent
 // (no FIN: the raw client neither reads nor writes) is replaced within
 // the heartbeat timeout. (It took the timeout and a second more: the
@@ -33,19 +56,7 @@ func TestSilentLeaderReplacedInTime(t *testing.T) {
 	const hb = 300 * time.Millisecond
 	n := startNode(t, time.Second)
 	ctx := testutil.Context(t, 30*time.Second)
-	c := dialRaw(t, n)
-	c.helloAsking(hb)
-	decl, _ := json.Marshal(wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: "leader"})
-	c.send(&wire.Frame{Type: wire.TypeDeclare, Ref: 1, Name: "jobs", Body: decl})
-	if f := c.next(); f == nil || f.Type != wire.TypeOK {
-		t.Fatalf("declare: %+v", f)
-	}
-	c.send(&wire.Frame{Type: wire.TypeAttach, Ref: 2, Attach: 1, Name: "jobs", Aux: wire.RoleHandler})
-	for f := c.next(); f == nil || f.Type != wire.TypeOK; f = c.next() {
-		if f == nil {
-			t.Fatal("attach: connection closed")
-		}
-	}
+	rawLeader(t, n, "jobs", hb)
 	silent := time.Now() // its last frame
 	other, err := client.Dial(ctx, n.URL(), client.Options{})
 	if err != nil {
