@@ -65,41 +65,12 @@ func TestCrashKeepsConfirmedTasks(t *testing.T) {
 		}, courier.Prefetch(200)); err != nil {
 			t.Fatal(err)
 		}
-		var n atomic.Int64
-		var wg sync.WaitGroup
-		stop := make(chan struct{})
-		for p := range producers {
-			wg.Go(func() {
-				for i := 0; ; i++ {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					body := fmt.Sprintf("r%d-p%d-%d", round, p, i)
-					err := ex.SubmitAsync(ctx, courier.Task{Body: []byte(body)}, func(_ courier.TaskID, err error) {
-						if err == nil {
-							mu.Lock()
-							confirmed[body] = true
-							mu.Unlock()
-							n.Add(1)
-						}
-					})
-					if err != nil {
-						return // the server is gone
-					}
-				}
+		n := killAfterConfirms(t, srv, round, producers, perRound, make(chan struct{}), &mu, confirmed,
+			func(_ int, body string, done func(error)) error {
+				return ex.SubmitAsync(ctx, courier.Task{Body: []byte(body)}, func(_ courier.TaskID, err error) { done(err) })
 			})
-		}
-		testutil.WaitForf(t, time.Minute, func() bool { return n.Load() >= perRound }, "%d confirms before the crash", perRound)
-		if err := srv.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		<-srv.done
-		close(stop)
-		wg.Wait()
 		conn.Close()
-		t.Logf("round %d: killed after %d confirms", round, n.Load())
+		t.Logf("round %d: killed after %d confirms", round, n)
 	}
 
 	// Restart and drain the queue.
@@ -210,40 +181,12 @@ func TestCrashKeepsConfirmedPublishes(t *testing.T) {
 		}, courier.Durable("audit"), courier.Prefetch(100)); err != nil {
 			t.Fatal(err)
 		}
-		var n atomic.Int64
-		var wg sync.WaitGroup
-		for p := range producers {
-			wg.Go(func() {
-				for i := 0; ; i++ {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					body := fmt.Sprintf("r%d-p%d-%d", round, p, i)
-					err := ps.PublishAsync(ctx, courier.Message{Key: "audit.p" + strconv.Itoa(p), Body: []byte(body)}, func(err error) {
-						if err == nil {
-							mu.Lock()
-							confirmed[body] = true
-							mu.Unlock()
-							n.Add(1)
-						}
-					})
-					if err != nil {
-						return // the server is gone
-					}
-				}
+		n := killAfterConfirms(t, srv, round, producers, perRound, stop, &mu, confirmed,
+			func(p int, body string, done func(error)) error {
+				return ps.PublishAsync(ctx, courier.Message{Key: "audit.p" + strconv.Itoa(p), Body: []byte(body)}, done)
 			})
-		}
-		testutil.WaitForf(t, time.Minute, func() bool { return n.Load() >= perRound }, "%d confirms before the crash", perRound)
-		if err := srv.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		<-srv.done
-		close(stop)
-		wg.Wait()
 		conn.Close()
-		t.Logf("round %d: killed after %d confirms", round, n.Load())
+		t.Logf("round %d: killed after %d confirms", round, n)
 	}
 
 	// Restart and drain the subscription until every message confirmed
@@ -383,4 +326,48 @@ func TestCrashKeepsPubConfirmed(t *testing.T) {
 	if !testutil.Eventually(30*time.Second, func() bool { return got.Load() >= int64(total) }) {
 		t.Fatalf("after kill -9 and a restart the subscription delivered %d of the %d messages `courier pub` published", got.Load(), total)
 	}
+}
+
+// killAfterConfirms has producers send, each in a loop and with a body
+// unique to the round, through send (which calls done with the
+// broker's confirm) until perRound confirms came; it then kills srv
+// with SIGKILL, closes stop and waits for the producers. Every body
+// confirmed is recorded in confirmed, under mu. It returns the
+// confirms of the round.
+func killAfterConfirms(t *testing.T, srv *cliProc, round, producers, perRound int, stop chan struct{},
+	mu *sync.Mutex, confirmed map[string]bool, send func(p int, body string, done func(error)) error) int64 {
+	t.Helper()
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	for p := range producers {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				body := fmt.Sprintf("r%d-p%d-%d", round, p, i)
+				err := send(p, body, func(err error) {
+					if err == nil {
+						mu.Lock()
+						confirmed[body] = true
+						mu.Unlock()
+						n.Add(1)
+					}
+				})
+				if err != nil {
+					return // the server is gone
+				}
+			}
+		})
+	}
+	testutil.WaitForf(t, time.Minute, func() bool { return n.Load() >= int64(perRound) }, "%d confirms before the crash", perRound)
+	if err := srv.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-srv.done
+	close(stop)
+	wg.Wait()
+	return n.Load()
 }
