@@ -68,7 +68,22 @@ const (
 	TypeTaskEvent Type = 0x35 // server → watcher: Ref of SUBMIT or WATCH, Aux TaskEventKind, Body JSON
 	TypeWatch     Type = 0x36 // client → server: Ref, Name exchange, Aux task id
 
-	maxType = 0x36
+	// Node-link frames pass between the brokers of a cluster's nodes,
+	// never between a client and a server: a server refuses them from a
+	// client like any frame a client may not send. 0x40–0x47 carry
+	// pub-sub interest and publications, 0x48–0x4f request-response
+	// views and forwarded requests. docs/protocol.md §12 gives their
+	// fields.
+	TypeRSub    Type = 0x40 // node → node: Ref, Name exchange, Body JSON patterns gaining their first subscriber there
+	TypeRUnsub  Type = 0x41 // node → node: Name exchange, Body JSON patterns losing their last subscriber there
+	TypeRPub    Type = 0x42 // node → node: Name exchange, Key routing key, Header, Body: a publication to fan out there
+	TypeRSubAck Type = 0x43 // node → node: Ref of the RSUB, once its interest is in place
+	TypeRView   Type = 0x48 // home node → node: Name exchange, Aux view version, Body JSON members
+	TypeRAttach Type = 0x49 // node → home node: Name exchange, Body JSON member
+	TypeRDetach Type = 0x4a // node → home node: Name exchange, Tag member id
+	TypeRReq    Type = 0x4b // node → node: a REQUEST for one member: Ref, Name member id, Key, Tag, Aux deadline ms, Header, Body
+
+	maxType = 0x4b
 )
 
 var typeNames = [...]string{
@@ -81,7 +96,13 @@ var typeNames = [...]string{
 	TypeAnswer: "ANSWER", TypePublish: "PUBLISH", TypeMessage: "MESSAGE",
 	TypeSubmit: "SUBMIT", TypeTask: "TASK", TypeAck: "ACK", TypeNack: "NACK",
 	TypeProgress: "PROGRESS", TypeTaskEvent: "TASKEVENT", TypeWatch: "WATCH",
+	TypeRSub: "RSUB", TypeRUnsub: "RUNSUB", TypeRPub: "RPUB", TypeRSubAck: "RSUBACK",
+	TypeRView: "RVIEW", TypeRAttach: "RATTACH", TypeRDetach: "RDETACH", TypeRReq: "RREQ",
 }
+
+// Link reports whether t is a node-link frame type, which only another
+// node of the cluster may send.
+func (t Type) Link() bool { return t >= TypeRSub && t.Valid() }
 
 // String returns the protocol name of t, such as "REQUEST".
 func (t Type) String() string {

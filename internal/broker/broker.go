@@ -313,6 +313,12 @@ type Broker struct {
 	// slotWait is maxSlotWait; tests lengthen it.
 	slotWait time.Duration
 
+	// peers are the other nodes of the cluster whose links are up, and
+	// peerLinks the links to them (see peer.go); both empty on a node
+	// alone.
+	peers     peerTable
+	peerLinks atomic.Pointer[Peers]
+
 	closeOnce sync.Once
 	stop      chan struct{}
 	stopped   chan struct{}

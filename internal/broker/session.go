@@ -25,6 +25,9 @@ type Session struct {
 	user   string
 	policy auth.Policy
 	grants atomic.Pointer[grants]
+	// peer is set on the session of another node of the cluster (see
+	// peer.go); nil for a client's.
+	peer *peer
 
 	mu          sync.Mutex // guards attachments, closed, watches
 	attachments map[uint32]*Attachment
