@@ -39,6 +39,7 @@ const (
 	CodeTooManyPatterns    Code = 26 // the attachment's or the connection's limit of subscription patterns
 	CodeExprLimit          Code = 27 // a routing expression went over its cost, memory or time budget
 	CodeHandshakeLimit     Code = 28 // too many connections still in their handshake (node-wide or from one address)
+	CodeUnavailable        Code = 29 // the cluster could not do it now (no quorum for its metadata); try again
 	CodeStorage            Code = 30 // the store failed: the message may not be durable
 )
 
@@ -55,7 +56,8 @@ var codeNames = [...]string{
 	CodeTooManyInflight: "too many requests in flight", CodeDeadlineTooLong: "deadline too long",
 	CodeQueueFull: "queue full", CodeTooManyPatterns: "too many patterns",
 	CodeExprLimit: "expression limit", CodeHandshakeLimit: "too many handshakes",
-	CodeStorage: "storage error",
+	CodeUnavailable: "unavailable",
+	CodeStorage:     "storage error",
 }
 
 // String returns the short name of c, such as "no handler".

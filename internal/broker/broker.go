@@ -318,6 +318,8 @@ type Broker struct {
 	// alone.
 	peers     peerTable
 	peerLinks atomic.Pointer[Peers]
+	// cat is the cluster's catalog of declarations; nil alone.
+	cat atomic.Pointer[Catalog]
 
 	closeOnce sync.Once
 	stop      chan struct{}
@@ -473,7 +475,17 @@ func (b *Broker) DeclareAs(name string, spec Spec, by Declarer) (*Exchange, erro
 // declare is DeclareAs; rq, if not nil, is a task exchange's queue being
 // brought back from the store at restart, whose declarer its definition
 // holds; vet, if not nil, may refuse a new exchange before it is added.
+// In a cluster, a new exchange is declared through the catalog, which
+// declares it on every node (see catalog.go).
 func (b *Broker) declare(name string, spec Spec, by Declarer, rq *recoveredQueue, vet func(*Exchange) error) (*Exchange, error) {
+	if c := b.catalog(); c != nil && rq == nil {
+		return b.declareCluster(c, name, spec, by, vet)
+	}
+	return b.declareHere(name, spec, by, rq, vet)
+}
+
+// declareHere declares the exchange in this broker only.
+func (b *Broker) declareHere(name string, spec Spec, by Declarer, rq *recoveredQueue, vet func(*Exchange) error) (*Exchange, error) {
 	if !ValidName(name) {
 		return nil, wire.Errorf(wire.CodeBadOptions, "invalid exchange name %q: use dot-separated words of letters, digits, '_', '-', ':'", name)
 	}
@@ -541,6 +553,9 @@ func (b *Broker) declareRouter(ex *Exchange, spec Spec, by Declarer, rq *recover
 	case rq != nil:
 		ex.def = rq.def
 		store()
+	case b.catalog() != nil:
+		// The cluster's catalog keeps the definition.
+		store()
 	case b.dur != nil && !ex.cfg.Transient:
 		ex.def = queueDef{ID: b.dur.newID(), Name: ex.name, Exchange: ex.name, Config: ex.cfg,
 			DeclaredBy: by.User, Trusted: by.Policy == nil, ExchangeOnly: true}
@@ -583,8 +598,17 @@ func (b *Broker) lookup(name string) (*Exchange, error) {
 	return nil, wire.Errorf(wire.CodeNotFound, "exchange %q not found", name)
 }
 
-// Delete removes an exchange; its attachments receive EVENT detached.
+// Delete removes an exchange; its attachments receive EVENT detached. In
+// a cluster, it is deleted through the catalog, on every node.
 func (b *Broker) Delete(name string) error {
+	if c := b.catalog(); c != nil {
+		return b.deleteCluster(c, name)
+	}
+	return b.deleteHere(name)
+}
+
+// deleteHere removes the exchange from this broker only.
+func (b *Broker) deleteHere(name string) error {
 	b.mu.Lock()
 	v, ok := b.exchanges.LoadAndDelete(name)
 	if ok {

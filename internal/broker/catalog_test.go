@@ -1,0 +1,137 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/courier-mq/courier/wire"
+)
+
+// memCatalog is a catalog in one process: one lock orders the records,
+// each applied to every broker of the cluster at once, as a Raft group
+// with no lag would.
+type memCatalog struct {
+	mu      sync.Mutex
+	brokers []*Broker
+	records map[string]wire.ExchangeConfig
+	applied []string // "+name" and "-name", in order
+}
+
+func (c *memCatalog) Declare(_ context.Context, name string, cfg wire.ExchangeConfig, user string, trusted bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.records[name]; ok {
+		return nil
+	}
+	c.records[name] = cfg
+	c.applied = append(c.applied, "+"+name)
+	for _, b := range c.brokers {
+		if err := b.ApplyDeclare(name, cfg, user, trusted); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *memCatalog) Delete(_ context.Context, name string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.records[name]; !ok {
+		return wire.Errorf(wire.CodeNotFound, "exchange %q not found", name)
+	}
+	delete(c.records, name)
+	c.applied = append(c.applied, "-"+name)
+	for _, b := range c.brokers {
+		if err := b.ApplyDelete(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *memCatalog) Sync(context.Context) error { return nil }
+
+func newCatalogCluster(t *testing.T, names ...string) (*mesh, *memCatalog) {
+	m := newMesh(t, names...)
+	c := &memCatalog{records: map[string]wire.ExchangeConfig{}}
+	for _, n := range names {
+		c.brokers = append(c.brokers, m.brokers[n])
+		m.brokers[n].SetCatalog(c)
+	}
+	return m, c
+}
+
+func TestCatalogDeclareAnywhere(t *testing.T) {
+	m, c := newCatalogCluster(t, "a", "b", "c")
+	rr := Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: RoundRobin}}
+	if _, err := m.brokers["a"].Declare("users", rr); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range m.brokers {
+		ex := b.Exchange("users")
+		if ex == nil || ex.cfg.Strategy != RoundRobin {
+			t.Fatalf("node %s: exchange users = %v after a declare on a", name, ex)
+		}
+	}
+	// The same declaration from another node matches; another pattern
+	// clashes, wherever it comes from, and changes nothing.
+	if _, err := m.brokers["b"].Declare("users", rr); err != nil {
+		t.Errorf("the same declaration on b: %v", err)
+	}
+	ps := Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternPubSub}}
+	if _, err := m.brokers["c"].Declare("users", ps); err == nil {
+		t.Error("a pubsub declaration of a reqresp exchange on c: no error")
+	}
+	if len(c.applied) != 1 {
+		t.Errorf("catalog records %v, want one", c.applied)
+	}
+	if err := m.brokers["c"].Delete("users"); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range m.brokers {
+		if b.Exchange("users") != nil {
+			t.Errorf("node %s still has users after a delete on c", name)
+		}
+	}
+	var we *wire.Error
+	if err := m.brokers["a"].Delete("users"); !errors.As(err, &we) || we.Code != wire.CodeNotFound {
+		t.Errorf("deleting it again: %v, want not found", err)
+	}
+}
+
+func TestCatalogRefusesGoFuncs(t *testing.T) {
+	m, c := newCatalogCluster(t, "a", "b")
+	spec := Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: StickyFun},
+		KeyFunc: func(*RouteInput) string { return "" }}
+	if _, err := m.brokers["a"].Declare("f", spec); !errors.Is(err, ErrFuncsInCluster) {
+		t.Errorf("a Go key function in a cluster: %v, want ErrFuncsInCluster", err)
+	}
+	if len(c.applied) != 0 || m.brokers["b"].Exchange("f") != nil {
+		t.Errorf("refused declaration recorded: %v", c.applied)
+	}
+}
+
+// A declaration the catalog refuses, or cannot record, leaves no
+// exchange anywhere and returns the catalog's reason.
+func TestCatalogUnavailable(t *testing.T) {
+	m := newMesh(t, "a")
+	m.brokers["a"].SetCatalog(downCatalog{})
+	_, err := m.brokers["a"].Declare("x", Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternPubSub}})
+	var we *wire.Error
+	if !errors.As(err, &we) || we.Code != wire.CodeUnavailable {
+		t.Fatalf("declare without a quorum: %v, want code %d", err, wire.CodeUnavailable)
+	}
+	if m.brokers["a"].Exchange("x") != nil {
+		t.Error("exchange x exists after a refused declaration")
+	}
+}
+
+type downCatalog struct{}
+
+func (downCatalog) Declare(context.Context, string, wire.ExchangeConfig, string, bool) error {
+	return errors.New("no quorum")
+}
+func (downCatalog) Delete(context.Context, string) error { return errors.New("no quorum") }
+func (downCatalog) Sync(context.Context) error           { return nil }
