@@ -91,9 +91,14 @@ type Store struct {
 	path string
 	log  *slog.Logger
 
-	mu       sync.Mutex // serializes changes and reloads; guards onChange, require
+	mu       sync.Mutex // serializes changes and reloads; guards onChange, require, repl, replBase
 	require  bool
 	onChange []func()
+	// repl, when set, records every change in the cluster's catalog
+	// instead of writing the file (see replicate.go); replBase is the
+	// catalog's version of the users this store holds.
+	repl     Replicator
+	replBase uint64
 
 	state atomic.Pointer[state]
 
@@ -451,6 +456,10 @@ func (s *Store) DeleteUser(name string) error {
 // to the file and publishes it.
 func (s *Store) change(fn func(map[string]*User) error) error {
 	s.mu.Lock()
+	if s.repl != nil {
+		s.mu.Unlock()
+		return s.changeReplicated(fn)
+	}
 	defer s.mu.Unlock()
 	old := s.state.Load()
 	users := make(map[string]*User, len(old.users)+1)
@@ -516,10 +525,14 @@ func (s *Store) publish(old *state, next map[string]*entry) {
 }
 
 // Reload reads the users file again, as after SIGHUP. On an error the
-// users stay as they were.
+// users stay as they were. In a cluster the file is this node's copy of
+// the cluster's users, and Reload fails with [ErrReplicated].
 func (s *Store) Reload() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.repl != nil {
+		return ErrReplicated
+	}
 	users, err := readFile(s.path)
 	if err != nil {
 		return err
