@@ -78,13 +78,18 @@ type Config struct {
 	// interval (defaults 1024 and 30 s). TrailingLogs entries are kept
 	// after a snapshot for followers that lag (default 1024).
 	SnapshotThreshold, TrailingLogs uint64
-	SnapshotInterval               time.Duration
+	SnapshotInterval                time.Duration
 	// MaxSnapshotBytes bounds a snapshot read back or received (default
 	// 64 MiB).
 	MaxSnapshotBytes int64
 	// OpTimeout bounds a write or linearizable read whose context has no
 	// deadline (default 10 s).
 	OpTimeout time.Duration
+	// NoLeaderTimeout fails a write or linearizable read at once with
+	// ErrNoQuorum, rather than at its deadline, when this node has
+	// known no leader for that long (default 3 s: three election
+	// timeouts, beyond any election of a healthy majority).
+	NoLeaderTimeout time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -111,6 +116,7 @@ func (c *Config) defaults() error {
 	def(&c.LeaseMargin, 500*time.Millisecond)
 	def(&c.SnapshotInterval, 30*time.Second)
 	def(&c.OpTimeout, 10*time.Second)
+	def(&c.NoLeaderTimeout, 3*time.Second)
 	if c.SnapshotThreshold == 0 {
 		c.SnapshotThreshold = 1024
 	}
@@ -160,6 +166,8 @@ type Meta struct {
 	mmu     sync.Mutex // guards members
 	members []Member
 
+	started time.Time
+
 	// staleReads makes Get read the local state without asking the
 	// leader: tests use it to check that the linearizability checker
 	// catches stale reads.
@@ -176,7 +184,7 @@ func New(cfg Config) (*Meta, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("meta: %w", err)
 	}
-	m := &Meta{cfg: cfg, log: cfg.Log, done: make(chan struct{}), conns: map[net.Conn]struct{}{}, seen: map[string]time.Time{}}
+	m := &Meta{cfg: cfg, log: cfg.Log, done: make(chan struct{}), conns: map[net.Conn]struct{}{}, seen: map[string]time.Time{}, started: time.Now()}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.pool.m = m
 	hl := hclog.New(&hclog.LoggerOptions{Name: "meta-raft", Level: hclog.Warn, Output: slogWriter{cfg.Log}, DisableTime: true})
@@ -312,6 +320,9 @@ func (m *Meta) noQuorum(ctx context.Context, what string, last error) error {
 		return ErrClosed
 	default:
 	}
+	if ctx.Err() == nil {
+		return fmt.Errorf("%w: %s: no leader known for %v", ErrNoQuorum, what, m.leaderless().Round(time.Millisecond))
+	}
 	if last != nil && !errors.Is(last, ErrNotLeader) {
 		return fmt.Errorf("%w: %s: %w (%w)", ErrNoQuorum, what, ctx.Err(), last)
 	}
@@ -434,8 +445,12 @@ func retryable(err error) bool {
 	return errors.Is(err, ErrNotLeader) || errors.As(err, &ne)
 }
 
-// pause waits a little before another attempt; false when ctx ended.
+// pause waits a little before another attempt; false when ctx ended,
+// or when this node has known no leader for NoLeaderTimeout.
 func (m *Meta) pause(ctx context.Context) bool {
+	if m.leaderless() >= m.cfg.NoLeaderTimeout {
+		return false
+	}
 	t := time.NewTimer(20 * time.Millisecond)
 	defer t.Stop()
 	select {
@@ -444,6 +459,19 @@ func (m *Meta) pause(ctx context.Context) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// leaderless returns how long this node has known no leader: 0 while it
+// knows one.
+func (m *Meta) leaderless() time.Duration {
+	if _, id := m.raft.LeaderWithID(); id != "" {
+		return 0
+	}
+	last := m.raft.LastContact()
+	if last.Before(m.started) {
+		last = m.started
+	}
+	return time.Since(last)
 }
 
 // waitApplied waits until this node has applied index.
