@@ -26,6 +26,9 @@ var (
 	// ErrStale is a liveness command that no longer applies: the record
 	// moved on since the leader looked at it.
 	ErrStale = errors.New("meta: stale liveness command")
+	// ErrRemoved is a renewal from a node removed with Remove: the node
+	// stops its member of the group when it gets it.
+	ErrRemoved = errors.New("meta: this node was removed from the cluster")
 	// ErrUnknownNode is a node the group does not know.
 	ErrUnknownNode = errors.New("meta: unknown node")
 	// ErrBadCommand is a command the state machine cannot read.

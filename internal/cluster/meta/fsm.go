@@ -399,6 +399,9 @@ func applyRenew(st *State, index uint64, c *command) (result, []Change) {
 	if c.Name == "" {
 		return result{Err: fmt.Errorf("%w: renewal without a node", ErrBadCommand)}, nil
 	}
+	if _, gone := st.Removed[c.Name]; gone {
+		return result{Err: fmt.Errorf("%w: %q", ErrRemoved, c.Name)}, nil
+	}
 	n, ok := st.Nodes[c.Name]
 	changed := !ok || n.Expired
 	if !ok {

@@ -61,6 +61,11 @@ func (m *Meta) renew(sent time.Time) {
 	ctx, cancel := context.WithDeadline(m.ctx, sent.Add(m.cfg.RenewInterval))
 	defer cancel()
 	res, err := m.apply(ctx, &command{Op: opRenew, Name: m.cfg.NodeID, Epoch: epoch})
+	if errors.Is(err, ErrRemoved) || err != nil && m.leaderless() >= m.cfg.NoLeaderTimeout && m.askRemoved() {
+		m.log.Error("meta: this node was removed from the cluster (courier cluster forget); its member of the metadata group stops", "node", m.cfg.NodeID)
+		m.raft.Shutdown()
+		return
+	}
 	if err != nil {
 		if !errors.Is(err, ErrClosed) {
 			m.log.Debug("meta: liveness renewal failed", "node", m.cfg.NodeID, "error", err)
@@ -166,4 +171,26 @@ func (m *Meta) expireNodes() {
 			}
 		}
 	}
+}
+
+// askRemoved asks the members whether this node was removed: a removed
+// node may never hear of it through Raft (the leader stops replicating
+// to it), so when it knows no leader it asks.
+func (m *Meta) askRemoved() bool {
+	m.mmu.Lock()
+	members := m.members
+	m.mmu.Unlock()
+	for _, x := range members {
+		if x.ID == m.cfg.NodeID {
+			continue
+		}
+		var resp response
+		ctx, cancel := context.WithTimeout(m.ctx, time.Second)
+		err := m.pool.call(ctx, x.ID, x.Addr, typeStatus, &request{Node: m.cfg.NodeID}, &resp)
+		cancel()
+		if err == nil && resp.Status != nil && resp.Status.Removed {
+			return true
+		}
+	}
+	return false
 }

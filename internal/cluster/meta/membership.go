@@ -38,7 +38,8 @@ func Voters(n int) int {
 // by id: every such node bootstraps the same configuration (those N as
 // voters), as Consul's bootstrap_expect does. On the leader, members not
 // in the group are added: as voters up to [Voters], else as non-voters;
-// a non-voter is promoted when a voter was removed.
+// a non-voter is promoted when a voter is missing, and a voter demoted
+// when there is one too many (after a removal).
 func (m *Meta) Reconcile(ctx context.Context, members []Member) error {
 	if !slices.ContainsFunc(members, func(x Member) bool { return x.ID == m.cfg.NodeID }) {
 		members = append(slices.Clone(members), Member{ID: m.cfg.NodeID, Addr: m.cfg.Advertise})
@@ -166,6 +167,22 @@ func (m *Meta) reconcileLeader() {
 		}
 		m.log.Info("meta: member added to the metadata group", "member", x.ID, "addr", x.Addr, "voters", voters)
 	}
+	// Demote the extra voters (after a removal): an even number of
+	// voters tolerates no more failures than one fewer.
+	for _, s := range slices.Backward(conf.Servers) {
+		if voters <= want {
+			break
+		}
+		if s.Suffrage != raft.Voter || string(s.ID) == m.cfg.NodeID {
+			continue
+		}
+		if err := wait(ctx, m.raft.DemoteVoter(s.ID, 0, 5*time.Second)); err != nil {
+			m.log.Warn("meta: demoting a voter failed", "member", s.ID, "error", err)
+			return
+		}
+		voters--
+		m.log.Info("meta: voter demoted to keep an odd number", "member", s.ID, "voters", voters)
+	}
 	for node := range removed {
 		if !listed[node] {
 			if _, _, err := m.applyLeader(ctx, &command{Op: opUnforget, Name: node}); err != nil {
@@ -225,6 +242,16 @@ func (m *Meta) removeLeader(ctx context.Context, node string) (uint64, error) {
 	}
 	if m.raft.State() != raft.Leader {
 		return 0, ErrNotLeader
+	}
+	known := false
+	m.fsm.read(func(st *State) { _, known = st.Nodes[node] })
+	if f := m.raft.GetConfiguration(); f.Error() == nil {
+		for _, s := range f.Configuration().Servers {
+			known = known || string(s.ID) == node
+		}
+	}
+	if !known {
+		return 0, fmt.Errorf("%w: %q is not in the metadata group", ErrUnknownNode, node)
 	}
 	forget := func() (uint64, error) {
 		idx, res, err := m.applyLeader(ctx, &command{Op: opForget, Name: node})

@@ -39,7 +39,7 @@ const (
 const (
 	typeApply  byte = 1 // body: request{Command}; answer: response{Index, Result}
 	typeRead   byte = 2 // body: request{}; answer: response{Index} (the read index)
-	typeStatus byte = 3 // body: request{}; answer: response{Status}
+	typeStatus byte = 3 // body: request{Node: the asker}; answer: response{Status}
 	typeRemove byte = 4 // body: request{Node}; answer: response{Index}
 	typeOK     byte = 0x80
 	typeError  byte = 0x81
@@ -81,6 +81,9 @@ type Status struct {
 	HasState bool `json:"has_state"`
 	// Leader is the leader it knows, if any.
 	Leader string `json:"leader,omitempty"`
+	// Removed is set when the node that asked was removed from the
+	// group (it is in State.Removed).
+	Removed bool `json:"removed,omitempty"`
 }
 
 // errInfo is an error on the wire: a wire code, or a known sentinel's
@@ -94,7 +97,7 @@ type errInfo struct {
 // sentinels are the errors a forwarded request may end with that the
 // sender tests with errors.Is.
 var sentinels = map[string]error{
-	"no-quorum": ErrNoQuorum, "not-leader": ErrNotLeader, "stale": ErrStale, "unknown-node": ErrUnknownNode,
+	"no-quorum": ErrNoQuorum, "not-leader": ErrNotLeader, "stale": ErrStale, "removed": ErrRemoved, "unknown-node": ErrUnknownNode,
 	"bad-command": ErrBadCommand, "bad-frame": ErrBadFrame, "closed": ErrClosed,
 	"no-user": auth.ErrNoUser, "user-exists": auth.ErrUserExists, "bad-name": auth.ErrBadName,
 	"bad-password": auth.ErrBadPassword, "bad-hash": auth.ErrBadHash, "bad-tag": auth.ErrBadTag,
@@ -288,6 +291,9 @@ func (m *Meta) handle(typ byte, req *request) response {
 		return response{Index: idx, Err: encodeError(err)}
 	case typeStatus:
 		st := m.status()
+		if req.Node != "" {
+			m.fsm.read(func(s *State) { _, st.Removed = s.Removed[req.Node] })
+		}
 		return response{Status: &st}
 	case typeRemove:
 		idx, err := m.removeLeader(ctx, req.Node)
