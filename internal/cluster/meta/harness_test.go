@@ -179,10 +179,25 @@ func testLogger() *slog.Logger {
 // leader.
 func newCluster(t testing.TB, n int, tune func(*Config)) *testCluster {
 	t.Helper()
+	return newClusterOf(t, n, tune, nil)
+}
+
+// newClusterWith is newCluster with an observer per node.
+func newClusterWith(t testing.TB, n int, observer func(id string) Observer) *testCluster {
+	t.Helper()
+	return newClusterOf(t, n, nil, observer)
+}
+
+func newClusterOf(t testing.TB, n int, tune func(*Config), observer func(id string) Observer) *testCluster {
+	t.Helper()
 	c := &testCluster{t: t, tn: newTestNet(), base: t.TempDir(), nodes: map[string]*Meta{}, tune: tune,
 		obs: map[string]Observer{}, stop: make(chan struct{}), done: make(chan struct{})}
 	for i := 1; i <= n; i++ {
-		c.ids = append(c.ids, fmt.Sprintf("n%d", i))
+		id := fmt.Sprintf("n%d", i)
+		c.ids = append(c.ids, id)
+		if observer != nil {
+			c.obs[id] = observer(id)
+		}
 	}
 	for _, id := range c.ids {
 		c.start(id, n)
