@@ -27,7 +27,9 @@ func code(err error) wire.Code {
 // clashes on both alike (the state machine reimplements the broker's
 // match, as it cannot import the broker).
 func TestDeclareMatchesTheBroker(t *testing.T) {
-	rr := func(s string) wire.ExchangeConfig { return wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: s} }
+	rr := func(s string) wire.ExchangeConfig {
+		return wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: s}
+	}
 	tasks := func(f func(*wire.ExchangeConfig)) wire.ExchangeConfig {
 		c := wire.ExchangeConfig{Pattern: wire.PatternTasks}
 		if f != nil {

@@ -2,7 +2,6 @@ package meta
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -330,6 +329,3 @@ func (c *testCluster) follower() *Meta {
 	c.t.Fatal("no follower")
 	return nil
 }
-
-// errIs is errors.Is for table output.
-func errIs(err, target error) bool { return errors.Is(err, target) }
