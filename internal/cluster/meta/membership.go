@@ -120,6 +120,9 @@ func (m *Meta) reconcileLeader() {
 		return
 	}
 	conf := f.Configuration()
+	// The tombstones are read after the configuration: removeLeader
+	// writes the tombstone before it changes the configuration, so a
+	// configuration without a removed node comes with its tombstone.
 	var removed map[string]uint64
 	m.fsm.read(func(st *State) { removed = st.Removed })
 	in := map[string]raft.Server{}
@@ -232,10 +235,11 @@ func (m *Meta) Remove(ctx context.Context, node string) error {
 	}
 }
 
-// removeLeader removes node, on the leader. The record goes first when
-// the leader removes itself (it steps down once the configuration
-// without it commits); otherwise the configuration changes first, so
-// that the removed node cannot renew its record after it is dropped.
+// removeLeader removes node, on the leader: the tombstone first (its
+// renewals are refused from then on, and reconcileLeader, which reads
+// the configuration before the tombstones, cannot add it back), then
+// the configuration. When the leader removes itself it steps down once
+// the configuration without it commits.
 func (m *Meta) removeLeader(ctx context.Context, node string) (uint64, error) {
 	if node == "" {
 		return 0, fmt.Errorf("%w: remove without a node", ErrBadCommand)
@@ -253,25 +257,12 @@ func (m *Meta) removeLeader(ctx context.Context, node string) (uint64, error) {
 	if !known {
 		return 0, fmt.Errorf("%w: %q is not in the metadata group", ErrUnknownNode, node)
 	}
-	forget := func() (uint64, error) {
-		idx, res, err := m.applyLeader(ctx, &command{Op: opForget, Name: node})
-		if err != nil {
-			return 0, err
-		}
-		return idx, res.Err
-	}
-	remove := func() error {
-		return wait(ctx, m.raft.RemoveServer(raft.ServerID(node), 0, timeLeft(ctx)))
-	}
-	if node == m.cfg.NodeID {
-		idx, err := forget()
-		if err != nil {
-			return 0, err
-		}
-		return idx, remove()
-	}
-	if err := remove(); err != nil {
+	idx, res, err := m.applyLeader(ctx, &command{Op: opForget, Name: node})
+	if err != nil {
 		return 0, err
 	}
-	return forget()
+	if res.Err != nil {
+		return 0, res.Err
+	}
+	return idx, wait(ctx, m.raft.RemoveServer(raft.ServerID(node), 0, timeLeft(ctx)))
 }
