@@ -196,6 +196,14 @@ type ForwardLayer interface {
 	Dial(ctx context.Context, id, addr string) (net.Conn, error)
 }
 
+// PeerIdentity is implemented by forwarding connections that know which
+// node is at the other end (the fabric's authenticated streams). The
+// leader then takes from that peer only renewals of its own record and
+// declarations homed on itself.
+type PeerIdentity interface {
+	PeerNode() string
+}
+
 // serveForward accepts forwarding connections until the listener closes.
 func (m *Meta) serveForward() {
 	defer m.wg.Done()
@@ -245,6 +253,10 @@ func (m *Meta) serveConn(c net.Conn) {
 	defer m.trackConn(c, false)
 	defer c.Close()
 	r := bufio.NewReader(c)
+	peer := ""
+	if p, ok := c.(PeerIdentity); ok {
+		peer = p.PeerNode()
+	}
 	for {
 		c.SetReadDeadline(time.Now().Add(idleTimeout))
 		var req request
@@ -256,7 +268,7 @@ func (m *Meta) serveConn(c net.Conn) {
 			}
 			return
 		}
-		resp := m.handle(typ, &req)
+		resp := m.handle(typ, &req, peer)
 		out := typeOK
 		if resp.Err != nil {
 			out = typeError
@@ -268,8 +280,8 @@ func (m *Meta) serveConn(c net.Conn) {
 	}
 }
 
-// handle answers one forwarded request.
-func (m *Meta) handle(typ byte, req *request) response {
+// handle answers one forwarded request from peer ("" if unknown).
+func (m *Meta) handle(typ byte, req *request, peer string) response {
 	d := time.Duration(req.TimeoutMS) * time.Millisecond
 	if d <= 0 {
 		return response{Err: encodeError(fmt.Errorf("%w: no time left", ErrNoQuorum))}
@@ -281,10 +293,14 @@ func (m *Meta) handle(typ byte, req *request) response {
 		if req.Command == nil || !forwardable[req.Command.Op] {
 			return response{Err: encodeError(fmt.Errorf("%w: not a command a peer may send", ErrBadFrame))}
 		}
+		if c := req.Command; peer != "" && (c.Op == opRenew && c.Name != peer || c.Op == opDeclare && c.Home != peer) {
+			return response{Err: encodeError(fmt.Errorf("%w: node %q may not %s for %q", ErrBadFrame, peer, c.Op, c.Name+c.Home))}
+		}
 		idx, res, err := m.applyLeader(ctx, req.Command)
 		if err != nil {
 			return response{Err: encodeError(err)}
 		}
+		m.askNudge()
 		return response{Index: idx, Result: res, Err: encodeError(res.Err)}
 	case typeRead:
 		idx, err := m.readIndexLeader(ctx)

@@ -131,3 +131,26 @@ func TestErrorsCrossTheWire(t *testing.T) {
 		t.Error("nil error not nil")
 	}
 }
+
+// TestPeerIdentityLimitsCommands: a peer whose identity the stream
+// proves may renew only its own record and declare only exchanges homed
+// on itself.
+func TestPeerIdentityLimitsCommands(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	lead := c.leader()
+	cfg := wire.ExchangeConfig{Pattern: wire.PatternPubSub}
+	for _, tc := range []struct {
+		cmd command
+		ok  bool
+	}{
+		{command{Op: opRenew, Name: "n9"}, true},
+		{command{Op: opRenew, Name: "n1"}, false},
+		{command{Op: opDeclare, Name: "x", Config: &cfg, Home: "n9"}, true},
+		{command{Op: opDeclare, Name: "y", Config: &cfg, Home: "n1"}, false},
+	} {
+		resp := lead.handle(typeApply, &request{TimeoutMS: 5000, Command: &tc.cmd}, "n9")
+		if got := resp.Err == nil; got != tc.ok {
+			t.Errorf("%s %s%s from n9: %+v", tc.cmd.Op, tc.cmd.Name, tc.cmd.Home, resp.Err)
+		}
+	}
+}
