@@ -437,6 +437,7 @@ func (m *Meta) askNudge() {
 // forwarded to the leader, retried while no leader is known or the one
 // asked no longer leads; then waits for this node to apply it.
 func (m *Meta) apply(ctx context.Context, c *command) (*result, error) {
+	c.V = cmdVersion
 	ctx, cancel := m.opContext(ctx)
 	defer cancel()
 	var last error

@@ -86,6 +86,12 @@ func TestForwardProtocolRefusesBadFrames(t *testing.T) {
 			t.Fatalf("%s from a peer: %x %+v", op, typ, resp.Err)
 		}
 	}
+	// A command of another version is refused.
+	conn0 := rawForward(t, c, lead)
+	writeFrame(conn0, typeApply, request{TimeoutMS: 1000, Command: &command{V: cmdVersion + 1, Op: opDelete, Name: "x"}})
+	if typ, resp := readAnswer(t, conn0, false); typ != typeError || !errors.Is(resp.Err.err(), ErrBadCommand) {
+		t.Fatalf("command of a later version: %x %+v", typ, resp.Err)
+	}
 	// An unknown request type is refused; a request without time left
 	// too; the connection then serves a good request.
 	conn := rawForward(t, c, lead)
@@ -148,6 +154,7 @@ func TestPeerIdentityLimitsCommands(t *testing.T) {
 		{command{Op: opDeclare, Name: "x", Config: &cfg, Home: "n9"}, true},
 		{command{Op: opDeclare, Name: "y", Config: &cfg, Home: "n1"}, false},
 	} {
+		tc.cmd.V = cmdVersion
 		resp := lead.handle(typeApply, &request{TimeoutMS: 5000, Command: &tc.cmd}, "n9")
 		if got := resp.Err == nil; got != tc.ok {
 			t.Errorf("%s %s%s from n9: %+v", tc.cmd.Op, tc.cmd.Name, tc.cmd.Home, resp.Err)
