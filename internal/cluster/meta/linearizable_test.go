@@ -7,17 +7,20 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/testutil"
 	"github.com/courier-mq/courier/wire"
 )
 
 // The linearizability model: each exchange name is a register holding
-// its pattern ("" when absent). Declare creates it (created), matches it
+// its pattern ("" when absent), each user name one holding "user" when
+// it exists (a put creates or replaces it). Declare creates it (created), matches it
 // (exists) or clashes; delete removes it (deleted) or finds nothing
 // (notfound); get reads it. A write whose outcome is unknown (no quorum,
 // node killed mid-call) may or may not have happened.
@@ -74,8 +77,27 @@ var linModel = porcupine.NondeterministicModel{
 			case out.Result == "notfound" && s == "":
 				return []any{s}
 			}
-		case "get":
+		case "get", "user-get":
 			if out.Result == s {
+				return []any{s}
+			}
+		case "user-put":
+			// Creates or replaces the user: present afterwards either way.
+			if out.Unknown {
+				return []any{s, "user"}
+			}
+			if (out.Result == "created") == (s == "") {
+				return []any{"user"}
+			}
+		case "user-delete":
+			switch {
+			case out.Unknown && s != "":
+				return []any{s, ""}
+			case out.Unknown:
+				return []any{s}
+			case out.Result == "deleted" && s != "":
+				return []any{""}
+			case out.Result == "notfound" && s == "":
 				return []any{s}
 			}
 		}
@@ -90,13 +112,23 @@ var linModel = porcupine.NondeterministicModel{
 		switch in.Op {
 		case "declare":
 			return fmt.Sprintf("declare(%s, %s) → %s", in.Key, in.Pattern, res)
-		case "delete":
-			return fmt.Sprintf("delete(%s) → %s", in.Key, res)
+		case "delete", "user-put", "user-delete":
+			return fmt.Sprintf("%s(%s) → %s", in.Op, in.Key, res)
 		}
 		return fmt.Sprintf("get(%s) → %q", in.Key, res)
 	},
 	DescribeState: func(state any) string { return fmt.Sprintf("%q", state) },
 }
+
+// linHash is the password hash of the users the history puts: made once,
+// argon2 is slow on purpose.
+var linHash = func() string {
+	h, err := auth.HashPassword("linearizable")
+	if err != nil {
+		panic(err)
+	}
+	return h
+}()
 
 // linRecorder records a history for porcupine, timed on the monotonic
 // clock from its start.
@@ -150,6 +182,34 @@ func (r *linRecorder) do(ctx context.Context, client int, m *Meta, in linIn) {
 		if ok {
 			out.Result = ex.Config.Pattern
 		}
+	case "user-put":
+		created, err := m.PutUser(ctx, in.Key, auth.UserChange{PasswordHash: linHash})
+		switch {
+		case err == nil && created:
+			out.Result = "created"
+		case err == nil:
+			out.Result = "replaced"
+		default:
+			out.Unknown = true
+		}
+	case "user-delete":
+		err := m.DeleteUser(ctx, in.Key)
+		switch {
+		case err == nil:
+			out.Result = "deleted"
+		case errors.Is(err, auth.ErrNoUser):
+			out.Result = "notfound"
+		default:
+			out.Unknown = true
+		}
+	case "user-get":
+		_, ok, err := m.GetUser(ctx, in.Key)
+		if err != nil {
+			return
+		}
+		if ok {
+			out.Result = "user"
+		}
 	}
 	ret := r.now()
 	r.mu.Lock()
@@ -185,7 +245,7 @@ func (r *linRecorder) check(t *testing.T) porcupine.CheckResult {
 }
 
 // TestLinearizableUnderFaults runs clients doing declare, delete and get
-// on random nodes while the leader is cut off, then killed and
+// of exchanges, and put, delete and get of users, on random nodes while the leader is cut off, then killed and
 // restarted, and checks the history with porcupine.
 func TestLinearizableUnderFaults(t *testing.T) {
 	if testing.Short() {
@@ -194,8 +254,9 @@ func TestLinearizableUnderFaults(t *testing.T) {
 	c := newCluster(t, 3, nil)
 	rec := newLinRecorder()
 	keys := []string{"k1", "k2", "k3", "k4"}
+	users := []string{"u1", "u2"}
 	patterns := []string{wire.PatternReqResp, wire.PatternPubSub}
-	ops := []string{"declare", "declare", "delete", "get", "get"}
+	ops := []string{"declare", "declare", "delete", "get", "get", "user-put", "user-delete", "user-get"}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for client := range 6 {
@@ -212,6 +273,9 @@ func TestLinearizableUnderFaults(t *testing.T) {
 				in := linIn{Op: ops[rng.IntN(len(ops))], Key: keys[rng.IntN(len(keys))], Pattern: patterns[rng.IntN(len(patterns))]}
 				if in.Op != "declare" {
 					in.Pattern = ""
+				}
+				if strings.HasPrefix(in.Op, "user-") {
+					in.Key = users[rng.IntN(len(users))]
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 				rec.do(ctx, client, m, in)
@@ -245,7 +309,7 @@ func TestLinearizableUnderFaults(t *testing.T) {
 	}
 	rec.mu.Unlock()
 	t.Logf("history: %d operations (%v), %d writes of unknown outcome", n, counts, unknown)
-	if counts["get"] < 50 || counts["declare"] < 50 {
+	if counts["get"] < 50 || counts["declare"] < 50 || counts["user-get"] < 20 || counts["user-put"] < 20 {
 		t.Fatalf("too few operations to judge: %v", counts)
 	}
 	if res := rec.check(t); res != porcupine.Ok {
