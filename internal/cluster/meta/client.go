@@ -3,6 +3,7 @@ package meta
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -109,6 +110,9 @@ func (p *forwardPool) call(ctx context.Context, id, addr string, typ byte, req *
 	req.TimeoutMS = max(time.Until(deadline).Milliseconds(), 1)
 	if err := writeFrame(c, typ, req); err != nil {
 		c.Close()
+		if errors.Is(err, ErrBadFrame) {
+			return err // too large: sending it again would not help
+		}
 		return notSent{err}
 	}
 	rtyp, err := readFrame(c.r, resp, nil)

@@ -34,7 +34,9 @@ const (
 	opForget      = "forget"
 	opUnforget    = "unforget"
 	opNoop        = "noop"
-	maxCommandLen = maxFrame
+	// maxCommandLen bounds a command, leaving room in a forwarding
+	// frame for the request around it.
+	maxCommandLen = maxFrame - 4096
 )
 
 // command is one entry of the log, in JSON.

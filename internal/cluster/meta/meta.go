@@ -391,7 +391,7 @@ func (m *Meta) applyLeader(ctx context.Context, c *command) (uint64, *result, er
 		return 0, nil, err
 	}
 	if len(b) > maxCommandLen {
-		return 0, nil, wire.Errorf(wire.CodeBadOptions, "command of %d bytes, at most %d", len(b), maxCommandLen)
+		return 0, nil, tooLarge(len(b))
 	}
 	f := m.raft.Apply(b, timeLeft(ctx))
 	if err := wait(ctx, f); err != nil {
@@ -402,6 +402,22 @@ func (m *Meta) applyLeader(ctx context.Context, c *command) (uint64, *result, er
 		return 0, nil, fmt.Errorf("meta: unexpected response %T", f.Response())
 	}
 	return f.Index(), res, nil
+}
+
+// checkSize refuses a command too large to replicate before it is sent.
+func checkSize(c *command) error {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	if len(b) > maxCommandLen {
+		return tooLarge(len(b))
+	}
+	return nil
+}
+
+func tooLarge(n int) error {
+	return wire.Errorf(wire.CodeBadOptions, "metadata change of %d bytes, at most %d", n, maxCommandLen)
 }
 
 // nudgeLoop appends a barrier entry each time a forwarded write was
@@ -438,6 +454,9 @@ func (m *Meta) askNudge() {
 // asked no longer leads; then waits for this node to apply it.
 func (m *Meta) apply(ctx context.Context, c *command) (*result, error) {
 	c.V = cmdVersion
+	if err := checkSize(c); err != nil {
+		return nil, err
+	}
 	ctx, cancel := m.opContext(ctx)
 	defer cancel()
 	var last error

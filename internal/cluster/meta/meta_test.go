@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -60,6 +61,12 @@ func TestDeclareOnFollowerReadsItsWrite(t *testing.T) {
 		if err != nil || !ok || got != ex {
 			t.Fatalf("Get on %s: %+v %v %v", m.NodeID(), got, ok, err)
 		}
+	}
+	// A change too large to replicate fails at once, as bad options.
+	huge := wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: "fun", RouteExpr: strings.Repeat("x", maxFrame)}
+	start := time.Now()
+	if _, _, err := f.Declare(ctx, "huge", huge, DeclareOptions{}); !errors.As(err, &we) || we.Code != wire.CodeBadOptions || !strings.Contains(we.Msg, "metadata change") || time.Since(start) > 5*time.Second {
+		t.Fatalf("oversized declare: %v after %v", err, time.Since(start))
 	}
 	if err := f.Delete(ctx, "orders"); err != nil {
 		t.Fatal(err)
