@@ -22,18 +22,18 @@ const cmdVersion = 1
 
 // Operations of commands.
 const (
-	opDeclare     = "declare"
-	opDelete      = "delete"
-	opPutUser     = "put-user"
-	opDeleteUser  = "delete-user"
-	opSetPerms    = "set-permissions"
-	opClearPerms  = "clear-permissions"
-	opRenew       = "renew"
-	opBump        = "bump-epoch"
-	opRehome      = "rehome"
-	opForget      = "forget"
-	opUnforget    = "unforget"
-	opNoop        = "noop"
+	opDeclare    = "declare"
+	opDelete     = "delete"
+	opPutUser    = "put-user"
+	opDeleteUser = "delete-user"
+	opSetPerms   = "set-permissions"
+	opClearPerms = "clear-permissions"
+	opRenew      = "renew"
+	opBump       = "bump-epoch"
+	opRehome     = "rehome"
+	opForget     = "forget"
+	opUnforget   = "unforget"
+	opNoop       = "noop"
 	// maxCommandLen bounds a command, leaving room in a forwarding
 	// frame for the request around it.
 	maxCommandLen = maxFrame - 4096
