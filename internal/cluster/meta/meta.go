@@ -580,7 +580,10 @@ func (m *Meta) sync(ctx context.Context) error {
 		if err == nil {
 			return m.waitApplied(ctx, idx)
 		}
-		if !retryable(err) {
+		// A read changes nothing: whatever failed (the leader asked lost
+		// its leadership, its answer did not come), it is asked again of
+		// the current leader while time is left.
+		if errors.Is(err, ErrClosed) {
 			return err
 		}
 		last = err
