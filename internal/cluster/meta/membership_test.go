@@ -167,3 +167,35 @@ func TestBootstrapWaitsForExpect(t *testing.T) {
 		}, "%s knows the 3 servers", m.NodeID())
 	}
 }
+
+// TestSingleNode: bootstrap_expect 1 forms a group of one at the first
+// Reconcile, which takes writes, reads and renewals alone.
+func TestSingleNode(t *testing.T) {
+	tn := newTestNet()
+	rl, fl := tn.listen(t, "solo")
+	m, err := New(Config{NodeID: "solo", Dir: t.TempDir(), Advertise: rl.Addr().String(), Stream: rl, Forward: fl, BootstrapExpect: 1, Log: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Shutdown()
+	ctx := testutil.Context(t, 30*time.Second)
+	if err := m.Reconcile(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitForf(t, 10*time.Second, m.IsLeader, "solo leads")
+	if _, created, err := m.Declare(ctx, "x", reqresp(""), DeclareOptions{}); err != nil || !created {
+		t.Fatalf("declare: %v %v", created, err)
+	}
+	if _, ok, err := m.Get(ctx, "x"); err != nil || !ok {
+		t.Fatalf("get: %v %v", ok, err)
+	}
+	testutil.WaitForf(t, 10*time.Second, m.LeaseValid, "solo holds a lease")
+	if e, _ := m.Lease(); e != 1 || m.Epoch("solo") != 1 {
+		t.Fatalf("epoch %d / %d, want 1", e, m.Epoch("solo"))
+	}
+	// Calls after Shutdown fail with ErrClosed.
+	m.Shutdown()
+	if _, _, err := m.Declare(ctx, "y", reqresp(""), DeclareOptions{}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("declare after shutdown: %v, want ErrClosed", err)
+	}
+}
