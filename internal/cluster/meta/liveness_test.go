@@ -9,24 +9,33 @@ import (
 	"github.com/courier-mq/courier/internal/testutil"
 )
 
-// TestLivenessNodeGivesUpFirst cuts a node off: it stops trusting its
-// lease on its own clock before the leader expires it (bumps its epoch),
-// its exchanges move to the live nodes, and once healed it renews in the
-// new epoch.
+// TestLivenessNodeGivesUpFirst cuts a node off, a follower then the
+// leader: it stops trusting its lease on its own clock before the
+// leader of the majority expires it (bumps its epoch), its exchanges
+// move to the live nodes, and once healed it renews in the new epoch.
 func TestLivenessNodeGivesUpFirst(t *testing.T) {
+	for _, victim := range []string{"follower", "leader"} {
+		t.Run(victim, func(t *testing.T) { testGivesUpFirst(t, victim == "leader") })
+	}
+}
+
+func testGivesUpFirst(t *testing.T, leader bool) {
 	c := newCluster(t, 3, nil)
 	ctx := testutil.Context(t, 120*time.Second)
 	for _, m := range c.running() {
 		testutil.WaitForf(t, 15*time.Second, m.LeaseValid, "%s holds a lease", m.NodeID())
 	}
 	victim := c.follower()
+	if leader {
+		victim = c.leader()
+	}
 	for i := range 4 {
 		if _, _, err := victim.Declare(ctx, fmt.Sprintf("home.%d", i), reqresp(""), DeclareOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	lead := c.leader()
-	if _, _, err := lead.Declare(ctx, "home.lead", reqresp(""), DeclareOptions{}); err != nil {
+	if _, _, err := c.follower().Declare(ctx, "home.other", reqresp(""), DeclareOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	epoch, _ := victim.Lease()
@@ -68,9 +77,7 @@ func TestLivenessNodeGivesUpFirst(t *testing.T) {
 		t.Fatalf("victim's epoch on the leader: %d, want %d", got, epoch+1)
 	}
 	// Its exchanges are re-homed on the two live nodes, spread by load:
-	// with home.lead on the leader, the other live node takes 3 of 4...
-	// whatever the split, none stays on the victim and loads differ by
-	// at most one.
+	// none stays on the victim and the loads differ by at most one.
 	testutil.WaitForf(t, 15*time.Second, func() bool {
 		load := map[string]int{}
 		for _, ex := range lead.State().Exchanges {
