@@ -2,10 +2,12 @@ package meta
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/courier-mq/courier/internal/testutil"
+	bolt "go.etcd.io/bbolt"
 )
 
 // TestLeaderKillElectsNewLeader kills the leader (Shutdown without
@@ -106,4 +108,33 @@ func TestRestartRecovers(t *testing.T) {
 			t.Fatalf("write after restart on %s: %v", m.NodeID(), err)
 		}
 	}
+}
+
+// TestCorruptLogRefusesToStart: a node whose log file holds a corrupted
+// entry does not start on it; it says so.
+func TestCorruptLogRefusesToStart(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	ctx := testutil.Context(t, 30*time.Second)
+	f := c.follower()
+	if _, _, err := f.Declare(ctx, "x", reqresp(""), DeclareOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	id := f.NodeID()
+	c.kill(id)
+	s, err := openBoltStore(c.base + "/" + id + "/raft.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, _ := s.LastIndex()
+	s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketLogs).Put(key(last), []byte("not an entry"))
+	})
+	s.Close()
+	rl, fl := c.tn.listen(t, id)
+	_, err = New(Config{NodeID: id, Dir: c.base + "/" + id, Advertise: rl.Addr().String(), Stream: rl, Forward: fl, Log: testLogger()})
+	if err == nil || !strings.Contains(err.Error(), "corrupt log entry") {
+		t.Fatalf("start on a corrupted log: %v", err)
+	}
+	rl.Close()
+	fl.Close()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -138,6 +139,12 @@ func TestBootstrapWaitsForExpect(t *testing.T) {
 	}
 	start("a")
 	start("b")
+	// A member that does not answer: nobody bootstraps, and Reconcile
+	// says why.
+	ghost := []Member{{ID: "a", Addr: nodes[0].cfg.Advertise}, {ID: "b", Addr: nodes[1].cfg.Advertise}, {ID: "ghost", Addr: "127.0.0.1:1"}}
+	if err := nodes[0].Reconcile(testutil.Context(t, 5*time.Second), ghost); err == nil || !strings.Contains(err.Error(), "ghost") {
+		t.Fatalf("reconcile with a silent member: %v", err)
+	}
 	reconcile()
 	for _, m := range nodes {
 		if m.status().HasState {
