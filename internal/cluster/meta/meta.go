@@ -261,13 +261,21 @@ func (m *Meta) Shutdown() error {
 	return err
 }
 
+// trackConn records a served connection, for Shutdown to close; one
+// that starts once Shutdown began is closed at once (Shutdown closes
+// done before it closes the recorded ones).
 func (m *Meta) trackConn(c net.Conn, add bool) {
 	m.cmu.Lock()
 	defer m.cmu.Unlock()
-	if add {
-		m.conns[c] = struct{}{}
-	} else {
+	if !add {
 		delete(m.conns, c)
+		return
+	}
+	select {
+	case <-m.done:
+		c.Close()
+	default:
+		m.conns[c] = struct{}{}
 	}
 }
 
