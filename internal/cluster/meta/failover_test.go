@@ -1,0 +1,140 @@
+package meta
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/courier-mq/courier/internal/testutil"
+	bolt "go.etcd.io/bbolt"
+)
+
+// TestLeaderKillElectsNewLeader kills the leader (Shutdown without
+// leaving, its listeners closed) twice over a 5-node cluster: each
+// time the others elect a new leader. The target is 2 s; the test allows
+// 6 s for the loaded machine and logs the figure. Writes go on from
+// every survivor.
+func TestLeaderKillElectsNewLeader(t *testing.T) {
+	c := newCluster(t, 5, nil)
+	ctx := testutil.Context(t, 120*time.Second)
+	for round := range 2 {
+		old := c.waitLeader(10 * time.Second)
+		// Every node knows the leader before the kill.
+		testutil.WaitFor(t, 10*time.Second, func() bool {
+			for _, m := range c.running() {
+				if m.Leader() != old.NodeID() {
+					return false
+				}
+			}
+			return true
+		})
+		killed := time.Now()
+		c.kill(old.NodeID())
+		var lead *Meta
+		testutil.WaitForf(t, 6*time.Second, func() bool { lead = c.leader(); return lead != nil }, "a new leader after killing %s", old.NodeID())
+		t.Logf("round %d: killed leader %s; %s leads %v later", round, old.NodeID(), lead.NodeID(), time.Since(killed).Round(time.Millisecond))
+		for _, m := range c.running() {
+			name := fmt.Sprintf("after-kill-%d-%s", round, m.NodeID())
+			if _, _, err := m.Declare(ctx, name, reqresp(""), DeclareOptions{}); err != nil {
+				t.Fatalf("round %d: declare on %s: %v", round, m.NodeID(), err)
+			}
+			if _, ok := m.Exchange(name); !ok {
+				t.Fatalf("round %d: %s does not read its write", round, m.NodeID())
+			}
+		}
+	}
+}
+
+// TestRestartRecovers restarts nodes from their directories: state from
+// a snapshot plus the log after it comes back, on one node restarted
+// alone and on the whole cluster restarted at once.
+func TestRestartRecovers(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	ctx := testutil.Context(t, 120*time.Second)
+	declare := func(m *Meta, from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			if _, _, err := m.Declare(ctx, fmt.Sprintf("ex%03d", i), reqresp(""), DeclareOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	declare(c.follower(), 0, 20)
+	// A snapshot on every node, then more entries after it.
+	for _, m := range c.running() {
+		if err := m.raft.Snapshot().Error(); err != nil {
+			t.Fatalf("snapshot on %s: %v", m.NodeID(), err)
+		}
+	}
+	declare(c.leader(), 20, 30)
+	if err := c.leader().Delete(ctx, "ex005"); err != nil {
+		t.Fatal(err)
+	}
+	want := c.leader().State().Exchanges
+
+	check := func(m *Meta) {
+		t.Helper()
+		testutil.WaitForf(t, 20*time.Second, func() bool {
+			got := m.State().Exchanges
+			if len(got) != len(want) {
+				return false
+			}
+			for k, v := range want {
+				if got[k] != v {
+					return false
+				}
+			}
+			return true
+		}, "%s recovers %d exchanges (has %d)", m.NodeID(), len(want), len(m.State().Exchanges))
+	}
+	f := c.follower()
+	id := f.NodeID()
+	c.kill(id)
+	check(c.start(id, 3))
+
+	for _, id := range c.ids {
+		c.kill(id)
+	}
+	for _, id := range c.ids {
+		c.start(id, 3)
+	}
+	c.waitLeader(20 * time.Second)
+	for _, m := range c.running() {
+		check(m)
+	}
+	for _, m := range c.running() {
+		if _, _, err := m.Declare(ctx, "after-restart-"+m.NodeID(), reqresp(""), DeclareOptions{}); err != nil {
+			t.Fatalf("write after restart on %s: %v", m.NodeID(), err)
+		}
+	}
+}
+
+// TestCorruptLogRefusesToStart: a node whose log file holds a corrupted
+// entry does not start on it; it says so.
+func TestCorruptLogRefusesToStart(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	ctx := testutil.Context(t, 30*time.Second)
+	f := c.follower()
+	if _, _, err := f.Declare(ctx, "x", reqresp(""), DeclareOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	id := f.NodeID()
+	c.kill(id)
+	s, err := openBoltStore(c.base + "/" + id + "/raft.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, _ := s.LastIndex()
+	s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketLogs).Put(key(last), []byte("not an entry"))
+	})
+	s.Close()
+	rl, fl := c.tn.listen(t, id)
+	_, err = New(Config{NodeID: id, Dir: c.base + "/" + id, Advertise: rl.Addr().String(), Stream: rl, Forward: fl, Log: testLogger()})
+	if err == nil || !strings.Contains(err.Error(), "corrupt log entry") {
+		t.Fatalf("start on a corrupted log: %v", err)
+	}
+	rl.Close()
+	fl.Close()
+}

@@ -1,0 +1,536 @@
+package meta
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"sync"
+
+	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/internal/auth"
+	"github.com/courier-mq/courier/wire"
+	"github.com/hashicorp/raft"
+)
+
+// cmdVersion is the version of the command encoding. A node refuses
+// commands of a later version (an upgrade must finish before new
+// commands are used); see docs/cluster.md.
+const cmdVersion = 1
+
+// Operations of commands.
+const (
+	opDeclare    = "declare"
+	opDelete     = "delete"
+	opPutUser    = "put-user"
+	opDeleteUser = "delete-user"
+	opSetPerms   = "set-permissions"
+	opClearPerms = "clear-permissions"
+	opRenew      = "renew"
+	opBump       = "bump-epoch"
+	opRehome     = "rehome"
+	opForget     = "forget"
+	opUnforget   = "unforget"
+	opNoop       = "noop"
+	// maxCommandLen bounds a command, leaving room in a forwarding
+	// frame for the request around it.
+	maxCommandLen = maxFrame - 4096
+)
+
+// command is one entry of the log, in JSON.
+type command struct {
+	V  int    `json:"v"`
+	Op string `json:"op"`
+	// Name is the exchange, user or node the command is about.
+	Name string `json:"name,omitempty"`
+
+	// declare
+	Config  *wire.ExchangeConfig `json:"config,omitempty"`
+	By      string               `json:"by,omitempty"`
+	Home    string               `json:"home,omitempty"`
+	Passive bool                 `json:"passive,omitempty"`
+
+	// put-user, set-permissions
+	PasswordHash string            `json:"password_hash,omitempty"`
+	Tags         []string          `json:"tags,omitempty"`
+	SetTags      bool              `json:"set_tags,omitempty"`
+	Permissions  *auth.Permissions `json:"permissions,omitempty"`
+	MustExist    bool              `json:"must_exist,omitempty"`
+	MustNotExist bool              `json:"must_not_exist,omitempty"`
+
+	// renew, bump-epoch
+	Epoch   uint64 `json:"epoch,omitempty"`
+	Renewed uint64 `json:"renewed,omitempty"`
+}
+
+// result is what applying a command returns: the ApplyFuture's response
+// on the leader, and the body of a forwarded request's answer.
+type result struct {
+	Exchange *Exchange `json:"exchange,omitempty"`
+	Created  bool      `json:"created,omitempty"`
+	Epoch    uint64    `json:"epoch,omitempty"`
+	Moved    int       `json:"moved,omitempty"`
+	Err      error     `json:"-"`
+}
+
+// fsm is the replicated state machine. raft calls Apply, Snapshot and
+// Restore from one goroutine; readers take mu.
+type fsm struct {
+	obs Observer
+	// onRenew, if set, runs when a renewal is applied (the leader's
+	// liveness monitor notes when it saw each node).
+	onRenew func(node string)
+	maxSnap int64
+
+	mu      sync.RWMutex
+	st      State
+	applied chan struct{} // closed and replaced when st.Index moves
+}
+
+func newFSM(obs Observer, maxSnap int64) *fsm {
+	return &fsm{obs: obs, maxSnap: maxSnap, st: newState(), applied: make(chan struct{})}
+}
+
+// Apply applies one command.
+func (f *fsm) Apply(l *raft.Log) any {
+	var c command
+	var res result
+	var changes []Change
+	if err := decodeCommand(l.Data, &c); err != nil {
+		res.Err = err
+	} else {
+		f.mu.Lock()
+		res, changes = f.apply(l.Index, &c)
+		f.mu.Unlock()
+	}
+	if f.obs != nil {
+		for _, ch := range changes {
+			f.obs.Apply(ch)
+		}
+	}
+	if c.Op == opRenew && res.Err == nil && f.onRenew != nil {
+		f.onRenew(c.Name)
+	}
+	f.advance(l.Index)
+	return &res
+}
+
+// advance records that every command up to index is applied (and seen
+// by the observer) and wakes the waiters.
+func (f *fsm) advance(index uint64) {
+	f.mu.Lock()
+	if index > f.st.Index {
+		f.st.Index = index
+	}
+	close(f.applied)
+	f.applied = make(chan struct{})
+	f.mu.Unlock()
+}
+
+// index returns the last applied index and a channel closed when it
+// moves.
+func (f *fsm) index() (uint64, <-chan struct{}) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.st.Index, f.applied
+}
+
+func decodeCommand(b []byte, c *command) error {
+	if len(b) > maxCommandLen {
+		return fmt.Errorf("%w: %d bytes", ErrBadCommand, len(b))
+	}
+	if err := json.Unmarshal(b, c); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadCommand, err)
+	}
+	if c.V < 1 || c.V > cmdVersion {
+		return fmt.Errorf("%w: version %d (this node reads up to %d)", ErrBadCommand, c.V, cmdVersion)
+	}
+	return nil
+}
+
+// apply runs c at index against the state; f.mu is held. It returns the
+// result and the changes made, for the observer.
+func (f *fsm) apply(index uint64, c *command) (result, []Change) {
+	st := &f.st
+	switch c.Op {
+	case opDeclare:
+		return applyDeclare(st, index, c)
+	case opDelete:
+		ex, ok := st.Exchanges[c.Name]
+		if !ok {
+			return result{Err: wire.Errorf(wire.CodeNotFound, "exchange %q not found", c.Name)}, nil
+		}
+		delete(st.Exchanges, c.Name)
+		return result{Exchange: &ex}, []Change{{Index: index, Kind: ExchangeDeleted, Exchange: ex}}
+	case opPutUser, opSetPerms, opClearPerms:
+		return applyPutUser(st, index, c)
+	case opDeleteUser:
+		u, ok := st.Users[c.Name]
+		if !ok {
+			return result{Err: fmt.Errorf("%w: %q", auth.ErrNoUser, c.Name)}, nil
+		}
+		if slices.Contains(u.Tags, auth.TagAdministrator) && admins(st.Users) == 1 {
+			return result{Err: auth.ErrLastAdmin}, nil
+		}
+		delete(st.Users, c.Name)
+		return result{}, []Change{{Index: index, Kind: UserDeleted, User: auth.User{Name: c.Name}}}
+	case opRenew:
+		return applyRenew(st, index, c)
+	case opBump:
+		return applyBump(st, index, c)
+	case opRehome:
+		n, ok := st.Nodes[c.Name]
+		if ok && !n.Expired {
+			return result{Err: fmt.Errorf("%w: node %q is live", ErrStale, c.Name)}, nil
+		}
+		return rehome(st, index, c.Name)
+	case opForget:
+		n, ok := st.Nodes[c.Name]
+		delete(st.Nodes, c.Name)
+		res, changes := rehome(st, index, c.Name)
+		st.Removed[c.Name] = index
+		if ok {
+			changes = append(changes, Change{Index: index, Kind: NodeChanged, Node: n, Removed: true})
+		}
+		return res, changes
+	case opUnforget:
+		delete(st.Removed, c.Name)
+		return result{}, nil
+	case opNoop:
+		return result{}, nil
+	}
+	return result{Err: fmt.Errorf("%w: unknown operation %q", ErrBadCommand, c.Op)}, nil
+}
+
+// nameRE is broker.ValidName's pattern (the test checks they agree):
+// the state machine cannot import the broker.
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_\-:]+(\.[A-Za-z0-9_\-:]+)*$`)
+
+func validName(name string) bool { return len(name) <= 255 && nameRE.MatchString(name) }
+
+// applyDeclare creates the exchange or checks the existing one matches,
+// with the semantics of broker.Declare: fields left empty match anything.
+func applyDeclare(st *State, index uint64, c *command) (result, []Change) {
+	if c.Config == nil {
+		return result{Err: fmt.Errorf("%w: declare without config", ErrBadCommand)}, nil
+	}
+	cfg := *c.Config
+	if !validName(c.Name) {
+		return result{Err: wire.Errorf(wire.CodeBadOptions, "invalid exchange name %q: use dot-separated words of letters, digits, '_', '-', ':'", c.Name)}, nil
+	}
+	if err := cfg.Check(); err != nil {
+		return result{Err: wire.Errorf(wire.CodeBadOptions, "exchange %q: %v", c.Name, err)}, nil
+	}
+	if ex, ok := st.Exchanges[c.Name]; ok {
+		if err := matches(ex, cfg); err != nil {
+			return result{Err: err}, nil
+		}
+		return result{Exchange: &ex}, nil
+	}
+	if c.Passive {
+		return result{Err: wire.Errorf(wire.CodeNotFound, "exchange %q not found", c.Name)}, nil
+	}
+	if err := normalize(c.Name, &cfg); err != nil {
+		return result{Err: err}, nil
+	}
+	ex := Exchange{Name: c.Name, Config: cfg, DeclaredBy: c.By, Home: c.Home, Index: index}
+	st.Exchanges[c.Name] = ex
+	return result{Exchange: &ex, Created: true}, []Change{{Index: index, Kind: ExchangeDeclared, Exchange: ex}}
+}
+
+// normalize checks the pattern and fills in the default strategy, as
+// the broker does when it creates an exchange, so that a later
+// declaration naming the default matches and one naming another clashes.
+// The node that proposes a declaration checks the rest first (strategy
+// names, expressions, task options: [Config.CheckExchange]).
+func normalize(name string, cfg *wire.ExchangeConfig) error {
+	switch cfg.Pattern {
+	case wire.PatternReqResp:
+		if cfg.Strategy == "" {
+			cfg.Strategy = string(courier.Broadcast)
+		}
+	case wire.PatternTasks:
+		if cfg.Strategy == "" {
+			cfg.Strategy = wire.StrategyCompeting
+		}
+	case wire.PatternPubSub:
+		if cfg.Strategy != "" {
+			return wire.Errorf(wire.CodeBadOptions, "exchange %q: pubsub exchanges take no strategy (got %q)", name, cfg.Strategy)
+		}
+	case "":
+		return wire.Errorf(wire.CodeBadOptions, "exchange %q: pattern missing (reqresp, pubsub or tasks)", name)
+	default:
+		return wire.Errorf(wire.CodeBadOptions, "exchange %q: unknown pattern %q (reqresp, pubsub or tasks)", name, cfg.Pattern)
+	}
+	return nil
+}
+
+// matches is broker's Exchange.matches on the stored configuration: a
+// declaration that names another pattern or other options clashes.
+func matches(ex Exchange, c wire.ExchangeConfig) error {
+	have := ex.Config
+	clash := func(what string, h, w any) error {
+		if hs, ok := h.(string); ok {
+			return wire.Errorf(wire.CodeClash, "exchange %q exists with %s %q, not %q", ex.Name, what, hs, w)
+		}
+		return wire.Errorf(wire.CodeClash, "exchange %q exists with %s %v, not %v", ex.Name, what, h, w)
+	}
+	switch {
+	case c.Pattern != "" && c.Pattern != have.Pattern:
+		return clash("pattern", have.Pattern, c.Pattern)
+	case c.Strategy != "" && c.Strategy != have.Strategy:
+		return clash("strategy", have.Strategy, c.Strategy)
+	case c.KeyExpr != "" && c.KeyExpr != have.KeyExpr:
+		return clash("key_expr", have.KeyExpr, c.KeyExpr)
+	case c.RouteExpr != "" && c.RouteExpr != have.RouteExpr:
+		return clash("route_expr", have.RouteExpr, c.RouteExpr)
+	case c.Controlled && !have.Controlled:
+		return clash("controlled", "false", "true")
+	case c.Transient && !have.Transient:
+		return clash("transient", "false", "true")
+	}
+	if have.Pattern != wire.PatternTasks {
+		return nil
+	}
+	switch {
+	case c.MaxAttempts != 0 && c.MaxAttempts != have.MaxAttempts:
+		return clash("max_attempts", have.MaxAttempts, c.MaxAttempts)
+	case c.TTLMS != 0 && c.TTLMS != have.TTLMS:
+		return clash("ttl_ms", have.TTLMS, c.TTLMS)
+	case c.BackoffMS != 0 && c.BackoffMS != have.BackoffMS:
+		return clash("backoff_ms", have.BackoffMS, c.BackoffMS)
+	case c.BackoffMaxMS != 0 && c.BackoffMaxMS != have.BackoffMaxMS:
+		return clash("backoff_max_ms", have.BackoffMaxMS, c.BackoffMaxMS)
+	case c.DeadLetter != "" && c.DeadLetter != have.DeadLetter:
+		return clash("dead_letter", have.DeadLetter, c.DeadLetter)
+	case c.MaxLength != 0 && c.MaxLength != have.MaxLength:
+		return clash("max_length", have.MaxLength, c.MaxLength)
+	case c.MaxBytes != 0 && c.MaxBytes != have.MaxBytes:
+		return clash("max_bytes", have.MaxBytes, c.MaxBytes)
+	case c.Overflow != "" && c.Overflow != have.Overflow:
+		return clash("overflow", have.Overflow, c.Overflow)
+	}
+	return nil
+}
+
+func admins(users map[string]auth.User) int {
+	n := 0
+	for _, u := range users {
+		if slices.Contains(u.Tags, auth.TagAdministrator) {
+			n++
+		}
+	}
+	return n
+}
+
+// applyPutUser creates or changes a user as auth.Store.PutUser does,
+// with a password hash made by the proposing node.
+func applyPutUser(st *State, index uint64, c *command) (result, []Change) {
+	if err := checkUserCommand(c); err != nil {
+		return result{Err: err}, nil
+	}
+	old, exists := st.Users[c.Name]
+	switch {
+	case !exists && c.MustExist:
+		return result{Err: fmt.Errorf("%w: %q", auth.ErrNoUser, c.Name)}, nil
+	case exists && c.MustNotExist:
+		return result{Err: fmt.Errorf("%w: %q", auth.ErrUserExists, c.Name)}, nil
+	case !exists && c.PasswordHash == "":
+		return result{Err: fmt.Errorf("%w: a new user needs a password", auth.ErrBadPassword)}, nil
+	}
+	u := cloneUser(old)
+	if !exists {
+		u = auth.User{Name: c.Name, Permissions: auth.Permissions{Configure: auth.Patterns{}, Write: auth.Patterns{}, Read: auth.Patterns{}}}
+	}
+	if c.PasswordHash != "" {
+		u.PasswordHash = c.PasswordHash
+	}
+	if c.SetTags {
+		u.Tags = slices.Clone(c.Tags)
+	}
+	switch {
+	case c.Op == opClearPerms:
+		u.Permissions = auth.Permissions{Configure: auth.Patterns{}, Write: auth.Patterns{}, Read: auth.Patterns{}}
+	case c.Permissions != nil:
+		u.Permissions = cloneUser(auth.User{Permissions: *c.Permissions}).Permissions
+	}
+	wasAdmin, isAdmin := slices.Contains(old.Tags, auth.TagAdministrator), slices.Contains(u.Tags, auth.TagAdministrator)
+	if exists && wasAdmin && !isAdmin && admins(st.Users) == 1 {
+		return result{Err: auth.ErrLastAdmin}, nil
+	}
+	st.Users[c.Name] = u
+	kind := UserPut
+	if exists && old.PasswordHash == u.PasswordHash && slices.Equal(old.Tags, u.Tags) {
+		kind = PermissionsChanged
+	}
+	return result{Created: !exists}, []Change{{Index: index, Kind: kind, User: cloneUser(u)}}
+}
+
+// checkUserCommand validates a user command as auth does: name, hash,
+// tags and patterns.
+func checkUserCommand(c *command) error {
+	if err := auth.CheckName(c.Name); err != nil {
+		return err
+	}
+	if c.PasswordHash != "" {
+		if err := auth.CheckHash(c.PasswordHash); err != nil {
+			return err
+		}
+	}
+	for _, t := range c.Tags {
+		if !slices.Contains(auth.Tags, t) {
+			return fmt.Errorf("%w: %q", auth.ErrBadTag, t)
+		}
+	}
+	if c.Permissions != nil {
+		return c.Permissions.Check()
+	}
+	if c.Op == opSetPerms {
+		return fmt.Errorf("%w: set-permissions without permissions", ErrBadCommand)
+	}
+	return nil
+}
+
+// applyRenew renews a node's record, creating it at epoch 1. A renewal
+// that names an older epoch than the record's (the node was expired and
+// bumped) renews the record in its current epoch and returns it: the
+// node then knows that what it did under the old epoch is fenced off.
+func applyRenew(st *State, index uint64, c *command) (result, []Change) {
+	if c.Name == "" {
+		return result{Err: fmt.Errorf("%w: renewal without a node", ErrBadCommand)}, nil
+	}
+	if _, gone := st.Removed[c.Name]; gone {
+		return result{Err: fmt.Errorf("%w: %q", ErrRemoved, c.Name)}, nil
+	}
+	n, ok := st.Nodes[c.Name]
+	changed := !ok || n.Expired
+	if !ok {
+		n = Liveness{Node: c.Name, Epoch: 1}
+	}
+	n.Expired = false
+	n.Renewed = index
+	st.Nodes[c.Name] = n
+	var changes []Change
+	if changed {
+		changes = []Change{{Index: index, Kind: NodeChanged, Node: n}}
+	}
+	return result{Epoch: n.Epoch}, changes
+}
+
+// applyBump expires a node whose renewal the leader found overdue,
+// unless it renewed since the leader looked (Renewed moved) or was
+// already bumped (Epoch moved).
+func applyBump(st *State, index uint64, c *command) (result, []Change) {
+	n, ok := st.Nodes[c.Name]
+	switch {
+	case !ok:
+		return result{Err: fmt.Errorf("%w: %q", ErrUnknownNode, c.Name)}, nil
+	case n.Epoch != c.Epoch || n.Renewed != c.Renewed || n.Expired:
+		return result{Epoch: n.Epoch, Err: fmt.Errorf("%w: node %q is at epoch %d, renewed at %d", ErrStale, c.Name, n.Epoch, n.Renewed)}, nil
+	}
+	n.Epoch++
+	n.Expired = true
+	st.Nodes[c.Name] = n
+	return result{Epoch: n.Epoch}, []Change{{Index: index, Kind: NodeChanged, Node: n}}
+}
+
+// rehome moves every exchange homed on from to a live node: each in
+// turn, by name, to the live node with the fewest exchanges (ties by node
+// name), so that every replica computes the same placement. With no live
+// node the exchanges stay where they are.
+func rehome(st *State, index uint64, from string) (result, []Change) {
+	load := map[string]int{}
+	for name, n := range st.Nodes {
+		if !n.Expired && name != from {
+			load[name] = 0
+		}
+	}
+	if len(load) == 0 {
+		return result{}, nil
+	}
+	var moving []string
+	for name, ex := range st.Exchanges {
+		if _, ok := load[ex.Home]; ok {
+			load[ex.Home]++
+		}
+		if ex.Home == from {
+			moving = append(moving, name)
+		}
+	}
+	slices.Sort(moving)
+	nodes := sortedKeys(load)
+	var changes []Change
+	for _, name := range moving {
+		to := nodes[0]
+		for _, n := range nodes[1:] {
+			if load[n] < load[to] {
+				to = n
+			}
+		}
+		load[to]++
+		ex := st.Exchanges[name]
+		ex.Home = to
+		st.Exchanges[name] = ex
+		changes = append(changes, Change{Index: index, Kind: ExchangeRehomed, Exchange: ex, From: from})
+	}
+	return result{Moved: len(moving)}, changes
+}
+
+// Snapshot captures the state: encoded now, on the apply goroutine, so
+// that later commands do not change it.
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.RLock()
+	b, err := json.Marshal(f.st)
+	f.mu.RUnlock()
+	if err != nil {
+		return nil, fmt.Errorf("meta: snapshot: %w", err)
+	}
+	return snapshot(b), nil
+}
+
+// Restore replaces the state with a snapshot's.
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, f.maxSnap+1))
+	if err != nil {
+		return fmt.Errorf("meta: restore: %w", err)
+	}
+	if int64(len(b)) > f.maxSnap {
+		return fmt.Errorf("meta: restore: snapshot larger than %d bytes", f.maxSnap)
+	}
+	st := newState()
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&st); err != nil {
+		return fmt.Errorf("meta: restore: %w", err)
+	}
+	st = st.clone() // nil maps made empty
+	f.mu.Lock()
+	f.st = st
+	f.mu.Unlock()
+	if f.obs != nil {
+		f.obs.Restore(st.clone())
+	}
+	f.advance(st.Index)
+	return nil
+}
+
+// read runs fn on the state under the read lock.
+func (f *fsm) read(fn func(*State)) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	fn(&f.st)
+}
+
+type snapshot []byte
+
+func (s snapshot) Persist(sink raft.SnapshotSink) error {
+	if _, err := sink.Write(s); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+func (s snapshot) Release() {}

@@ -1,0 +1,60 @@
+package meta
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/hashicorp/raft"
+)
+
+// FuzzReadFrame: any bytes from a peer give a request or an error,
+// never a panic or an allocation past maxFrame.
+func FuzzReadFrame(f *testing.F) {
+	var ok bytes.Buffer
+	writeFrame(&ok, typeApply, request{TimeoutMS: 10, Command: &command{V: 1, Op: opDeclare, Name: "x"}})
+	f.Add(ok.Bytes())
+	f.Add([]byte{protoVersion, typeApply, 0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte{2, typeRead, 0, 0, 0, 2, '{', '}'})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var req request
+		if _, err := readFrame(bytes.NewReader(b), &req, nil); err == nil && len(b) > frameHeader+maxFrame {
+			t.Fatalf("a frame of %d bytes read", len(b))
+		}
+	})
+}
+
+// FuzzDecodeLog: any bytes in the log file give an entry or an error.
+func FuzzDecodeLog(f *testing.F) {
+	f.Add(encodeLog(&raft.Log{Index: 3, Term: 2, Type: raft.LogCommand, Data: []byte("{}"), Extensions: []byte("e")}))
+	f.Add(make([]byte, logHeader+8))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var l raft.Log
+		if decodeLog(b, &l) == nil {
+			if got := encodeLog(&l); !bytes.Equal(got, b) {
+				t.Fatalf("entry does not round-trip")
+			}
+		}
+	})
+}
+
+// FuzzApply: any command bytes leave the state machine consistent.
+func FuzzApply(f *testing.F) {
+	f.Add([]byte(`{"v":1,"op":"declare","name":"a.b","config":{"pattern":"tasks","max_attempts":-1},"home":"n1"}`))
+	f.Add([]byte(`{"v":1,"op":"put-user","name":"u","password_hash":"x","set_tags":true,"tags":["administrator"]}`))
+	f.Add([]byte(`{"v":1,"op":"rehome","name":"n1"}`))
+	f.Add([]byte(`{"v":1,"op":"bump-epoch","name":"n1","epoch":1,"renewed":1}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fs := newFSM(nil, 1<<20)
+		fs.Apply(&raft.Log{Index: 1, Data: []byte(`{"v":1,"op":"renew","name":"n1"}`)})
+		fs.Apply(&raft.Log{Index: 2, Data: b})
+		fs.Apply(&raft.Log{Index: 3, Data: b})
+		for name, ex := range fs.st.Exchanges {
+			if name != ex.Name || !validName(name) || ex.Config.Pattern == "" {
+				t.Fatalf("bad exchange %q: %+v", name, ex)
+			}
+		}
+		if _, err := fs.Snapshot(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

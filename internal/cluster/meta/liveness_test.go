@@ -1,0 +1,104 @@
+package meta
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/courier-mq/courier/internal/testutil"
+)
+
+// TestLivenessNodeGivesUpFirst cuts a node off, a follower then the
+// leader: it stops trusting its lease on its own clock before the
+// leader of the majority expires it (bumps its epoch), its exchanges
+// move to the live nodes, and once healed it renews in the new epoch.
+func TestLivenessNodeGivesUpFirst(t *testing.T) {
+	for _, victim := range []string{"follower", "leader"} {
+		t.Run(victim, func(t *testing.T) { testGivesUpFirst(t, victim == "leader") })
+	}
+}
+
+func testGivesUpFirst(t *testing.T, leader bool) {
+	c := newCluster(t, 3, nil)
+	ctx := testutil.Context(t, 120*time.Second)
+	for _, m := range c.running() {
+		testutil.WaitForf(t, 15*time.Second, m.LeaseValid, "%s holds a lease", m.NodeID())
+	}
+	victim := c.follower()
+	if leader {
+		victim = c.leader()
+	}
+	for i := range 4 {
+		if _, _, err := victim.Declare(ctx, fmt.Sprintf("home.%d", i), reqresp(""), DeclareOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lead := c.leader()
+	if _, _, err := c.follower().Declare(ctx, "home.other", reqresp(""), DeclareOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	epoch, _ := victim.Lease()
+	if epoch == 0 || lead.Epoch(victim.NodeID()) != epoch {
+		t.Fatalf("victim's epoch %d, the leader has %d", epoch, lead.Epoch(victim.NodeID()))
+	}
+
+	// Watch both clocks from the moment of the cut, every millisecond.
+	var gaveUp, expired atomic.Int64
+	start := time.Now()
+	c.tn.cut(victim.NodeID())
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			if gaveUp.Load() == 0 && !victim.LeaseValid() {
+				gaveUp.Store(int64(time.Since(start)))
+			}
+			if expired.Load() == 0 {
+				if l := c.leader(); l != nil && l != victim && l.State().Nodes[victim.NodeID()].Expired {
+					expired.Store(int64(time.Since(start)))
+				}
+			}
+		}
+	}()
+	testutil.WaitForf(t, 30*time.Second, func() bool { return gaveUp.Load() != 0 && expired.Load() != 0 }, "lease lost and expired")
+	g, e := time.Duration(gaveUp.Load()), time.Duration(expired.Load())
+	t.Logf("after the cut: the node gave up its lease at %v, the leader expired it at %v", g.Round(time.Millisecond), e.Round(time.Millisecond))
+	if g >= e {
+		t.Fatalf("the node gave up at %v, not before the leader expired it at %v", g, e)
+	}
+	lead = c.waitLeader(10 * time.Second)
+	if got := lead.Epoch(victim.NodeID()); got != epoch+1 {
+		t.Fatalf("victim's epoch on the leader: %d, want %d", got, epoch+1)
+	}
+	// Its exchanges are re-homed on the two live nodes, spread by load:
+	// none stays on the victim and the loads differ by at most one.
+	testutil.WaitForf(t, 15*time.Second, func() bool {
+		load := map[string]int{}
+		for _, ex := range lead.State().Exchanges {
+			load[ex.Home]++
+		}
+		if load[victim.NodeID()] != 0 || len(load) != 2 {
+			return false
+		}
+		var n []int
+		for _, v := range load {
+			n = append(n, v)
+		}
+		return n[0]-n[1] <= 1 && n[1]-n[0] <= 1
+	}, "exchanges re-homed off %s: %+v", victim.NodeID(), lead.State().Exchanges)
+
+	c.tn.heal(victim.NodeID())
+	testutil.WaitForf(t, 30*time.Second, func() bool {
+		e, ok := victim.Lease()
+		return ok && e == epoch+1
+	}, "the healed node renews in epoch %d", epoch+1)
+	if lead.State().Nodes[victim.NodeID()].Expired {
+		t.Fatal("renewed node still expired on the leader")
+	}
+}
