@@ -26,7 +26,6 @@ import (
 	"net"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -163,6 +162,7 @@ type Fabric struct {
 	ml        *memberlist.Memberlist
 	epoch     time.Time
 	handler   atomic.Pointer[handlerBox]
+	leaving   atomic.Bool
 	warn      logLimiter
 	hsSlots   chan struct{}
 
@@ -654,11 +654,13 @@ type nodeMeta struct {
 	HTTP    string `json:"h,omitempty"`
 	Version string `json:"v,omitempty"`
 	Started int64  `json:"s"` // unix ms
+	Leaving bool   `json:"l,omitempty"`
 	Hosts
 }
 
 func (f *Fabric) nodeMeta() ([]byte, error) {
-	m := nodeMeta{Cluster: f.advertise, Client: f.cfg.ClientURL, HTTP: f.cfg.HTTPURL, Version: f.cfg.Version, Started: f.cfg.Started.UnixMilli()}
+	m := nodeMeta{Cluster: f.advertise, Client: f.cfg.ClientURL, HTTP: f.cfg.HTTPURL, Version: f.cfg.Version,
+		Started: f.cfg.Started.UnixMilli(), Leaving: f.leaving.Load()}
 	if f.cfg.Hosts != nil {
 		m.Hosts = f.cfg.Hosts()
 	}
@@ -757,7 +759,17 @@ func (f *Fabric) Close() error {
 	for _, l := range f.listeners {
 		ls = append(ls, l)
 	}
+	peers := f.peerList()
 	f.mu.Unlock()
+	// memberlist's dead message about a node does not tell the others
+	// whether it left: its metadata and a CLOSE on each link do.
+	f.leaving.Store(true)
+	for _, p := range peers {
+		f.SendControl(p.name, &wire.Frame{Type: wire.TypeClose, Tag: "leaving"})
+	}
+	if err := f.ml.UpdateNode(time.Second); err != nil {
+		f.log.Debug("cluster: leave", "err", err)
+	}
 	if err := f.ml.Leave(time.Second); err != nil {
 		f.log.Debug("cluster: leave", "err", err)
 	}
@@ -767,18 +779,21 @@ func (f *Fabric) Close() error {
 	for _, l := range ls {
 		l.Close()
 	}
-	f.mu.Lock()
-	peers := make([]*peer, 0, len(f.peers))
-	for _, p := range f.peers {
-		peers = append(peers, p)
-	}
-	f.mu.Unlock()
 	for _, p := range peers {
 		f.teardown(p, 0, "this node is closing")
 	}
 	f.tr.wg.Wait()
 	f.wg.Wait()
 	return nil
+}
+
+// peerList returns the peers; f.mu is held.
+func (f *Fabric) peerList() []*peer {
+	peers := make([]*peer, 0, len(f.peers))
+	for _, p := range f.peers {
+		peers = append(peers, p)
+	}
+	return peers
 }
 
 func noDelay(nc net.Conn) {
@@ -837,14 +852,4 @@ func CheckSecret(b []byte) ([]byte, error) {
 		return nil, errors.New("cluster secret over 4 KiB")
 	}
 	return b, nil
-}
-
-// portOf returns the port of a host:port address, or 0.
-func portOf(addr string) int {
-	_, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(p)
-	return n
 }

@@ -57,6 +57,7 @@ type peer struct {
 	// heard of); refused, that a dial found nothing listening since.
 	downSince time.Time
 	refused   bool
+	leaving   bool // it said it is leaving (link CLOSE or metadata)
 	dialing   bool // a maintain goroutine runs
 	wake      chan struct{}
 	stats     [2]linkCounters // per kind, over every session
@@ -137,6 +138,12 @@ func (f *Fabric) memberEvent(n *memberlist.Node, st int) {
 	}
 	if len(n.Meta) > 0 {
 		p.meta = m
+		if m.Leaving {
+			p.leaving = true
+		}
+	}
+	if st == stateDead && p.leaving {
+		st = stateLeft
 	}
 	was := p.ml
 	if was != st {
@@ -144,6 +151,7 @@ func (f *Fabric) memberEvent(n *memberlist.Node, st int) {
 	}
 	if st == stateAlive && was != stateAlive {
 		p.refused = false
+		p.leaving = m.Leaving
 	}
 	up := p.up
 	start := st == stateAlive && f.dialer(p.name) && !p.dialing
@@ -311,10 +319,18 @@ func (f *Fabric) acceptLink(c *Conn) {
 		})
 		return
 	}
-	p.mu.Lock()
-	lc := p.pending
-	p.pending = nil
-	p.mu.Unlock()
+	// The control link's handshake ended first on the dialer's side,
+	// but its goroutine here may not have registered it yet.
+	var lc *link
+	for deadline := time.Now().Add(f.cfg.HandshakeTimeout); ; time.Sleep(5 * time.Millisecond) {
+		p.mu.Lock()
+		lc = p.pending
+		p.pending = nil
+		p.mu.Unlock()
+		if lc != nil || time.Now().After(deadline) {
+			break
+		}
+	}
 	if lc == nil {
 		c.Close()
 		f.warn.log(f.log, "cluster: data link without a control link: dropped", "node", c.peer)
@@ -344,7 +360,7 @@ func (f *Fabric) establishThen(p *peer, lc, ld *link, then func()) bool {
 	p.gen++
 	gen := p.gen
 	p.links = [2]*link{lc, ld}
-	p.up, p.upSince, p.refused = true, time.Now(), false
+	p.up, p.upSince, p.refused, p.leaving = true, time.Now(), false, false
 	if p.ml == stateUnknown || p.ml == stateDead {
 		// memberlist lags the links: they prove the node runs.
 		p.ml, p.mlSince = stateAlive, time.Now()
@@ -505,6 +521,12 @@ func (l *link) readLoop() {
 		case wire.TypePing:
 			pong := &wire.Frame{Type: wire.TypePong, Ref: fr.Ref}
 			l.out.Offer(pong, wire.Control)
+			fr.Release()
+			continue
+		case wire.TypeClose:
+			l.p.mu.Lock()
+			l.p.leaving = true
+			l.p.mu.Unlock()
 			fr.Release()
 			continue
 		case wire.TypePong:

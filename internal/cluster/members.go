@@ -109,6 +109,8 @@ func (p *peer) stateLocked(now time.Time) (string, time.Time) {
 		return StateDead, p.mlSince
 	case p.up:
 		return StateAlive, later(p.mlSince, p.upSince)
+	case p.leaving:
+		return StateLeft, p.downSince
 	case p.refused:
 		return StateDead, p.downSince
 	case now.Sub(p.downSince) >= suspectAfter:
