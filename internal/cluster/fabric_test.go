@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/courier-mq/courier/internal/testutil"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -343,4 +344,99 @@ func TestDialListener(t *testing.T) {
 	if _, err := a.Dial(ctx, "zed", KindRaft); !errors.Is(err, ErrUnknownNode) {
 		t.Errorf("dial of an unknown node: %v", err)
 	}
+}
+
+// TestMutualTLS: nodes with certificates of the cluster CA link; one
+// whose certificate another CA signed is refused, however it knows the
+// secret, and so is one without TLS.
+func TestMutualTLS(t *testing.T) {
+	ca, other := testutil.NewCA(t), testutil.NewCA(t)
+	withCert := func(c testutil.Cert, caFile string) func(*Config) {
+		return func(cfg *Config) { cfg.CertFile, cfg.KeyFile, cfg.CAFile = c.CertFile, c.KeyFile, caFile }
+	}
+	var logA syncBuffer
+	a, _ := startFabric(t, "a", nil, func(cfg *Config) {
+		withCert(ca.Client("a"), ca.File)(cfg)
+		cfg.Log = testLog(t, &logA)
+	})
+	b, _ := startFabric(t, "b", []string{a.Advertise()}, withCert(ca.Server(), ca.File))
+	waitFor(t, 20*time.Second, "a and b linked over mutual TLS", func() bool { return allUp(a, "a", "b") && allUp(b, "a", "b") })
+	if _, err := b.dialAddr(a.Advertise(), KindLinkData, 5*time.Second); err != nil {
+		t.Fatalf("dial with a certificate of the cluster CA: %v", err)
+	}
+	// Another CA's certificate.
+	c, _ := startFabric(t, "c", nil, withCert(other.Client("c"), ca.File))
+	if _, err := c.dialAddr(a.Advertise(), KindLinkData, 5*time.Second); !errors.Is(err, ErrAuth) {
+		t.Errorf("dial with another CA's certificate: %v, want ErrAuth", err)
+	}
+	waitFor(t, 10*time.Second, "a logs the refusal", func() bool { return strings.Contains(logA.String(), "cluster CA") || strings.Contains(logA.String(), "bad certificate") })
+	// No TLS, the secret only.
+	d, _ := startFabric(t, "d", nil, nil)
+	_, err := d.dialAddr(a.Advertise(), KindLinkData, 5*time.Second)
+	if !errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "mutual TLS") {
+		t.Errorf("dial without TLS: %v, want ErrAuth naming the security modes", err)
+	}
+	if _, err := New(Config{Name: "e", Listen: "127.0.0.1:0", CertFile: ca.Server().CertFile}); err == nil {
+		t.Error("a certificate without its key and CA was accepted")
+	}
+}
+
+// TestBadFrameCutsThatLinkAlone: a peer that sends a malformed frame has
+// its link cut (and redialled); the other links stay up.
+func TestBadFrameCutsThatLinkAlone(t *testing.T) {
+	fs, recs := threeNodes(t)
+	a := fs[0]
+	p := a.peers["b"]
+	p.mu.Lock()
+	l := p.links[1]
+	p.mu.Unlock()
+	l.out.Close() // the write loop stops writing; write the bad frame under it
+	l.conn.Write([]byte{0, 0, 0, 3, 0xEE, 0, 0})
+	waitFor(t, 10*time.Second, "b cuts its link with a", func() bool { return recs[1].has("down a") })
+	if recs[1].has("down c") || recs[2].has("down b") || recs[2].has("down a") {
+		t.Errorf("other links went down: b %v, c %v", recs[1].events, recs[2].events)
+	}
+	waitFor(t, 10*time.Second, "a and b linked again", func() bool { return member(a, "b").Link.Up && member(fs[1], "a").Link.Up })
+}
+
+// blocker is a LinkHandler whose FromPeer holds the link's reads until
+// released: a peer that does not read.
+type blocker struct {
+	*recorder
+	release chan struct{}
+}
+
+func (b *blocker) FromPeer(node string, fr *wire.Frame) { <-b.release }
+
+// TestSlowPeerCut: Send never waits for a peer that does not read: it
+// fails with ErrLinkFull once the outbox is full, and the link is cut
+// after the slow-consumer timeout, and redialled.
+func TestSlowPeerCut(t *testing.T) {
+	const slow = time.Second
+	a, ra := startFabric(t, "a", nil, func(c *Config) { c.SlowTimeout = slow })
+	b, rb := startFabric(t, "b", []string{a.Advertise()}, nil)
+	bl := &blocker{recorder: rb, release: make(chan struct{})}
+	b.SetHandler(bl)
+	waitFor(t, 20*time.Second, "a and b up", func() bool { return allUp(a, "a", "b") && allUp(b, "a", "b") })
+	body := make([]byte, 64<<10)
+	var full time.Time
+	for deadline := time.Now().Add(30 * time.Second); full.IsZero(); {
+		start := time.Now()
+		err := a.Send("b", &wire.Frame{Type: wire.TypePublish, Name: "x", Body: body})
+		if took := time.Since(start); took > time.Second {
+			t.Fatalf("Send waited %s", took)
+		}
+		switch {
+		case errors.Is(err, ErrLinkFull):
+			full = time.Now()
+		case err != nil:
+			t.Fatalf("send: %v", err)
+		case time.Now().After(deadline):
+			t.Fatal("the outbox never filled")
+		}
+	}
+	waitFor(t, slow+10*time.Second, "a cuts its link with b, which does not read", func() bool { return ra.has("down b") })
+	t.Logf("link cut %s after the outbox filled (slow-consumer timeout %s)", time.Since(full).Round(time.Millisecond), slow)
+	close(bl.release)
+	waitFor(t, 20*time.Second, "linked again", func() bool { return member(a, "b").Link.Up && member(b, "a").Link.Up })
 }

@@ -193,6 +193,11 @@ func (s *security) clientHandshake(conn net.Conn, kind Kind, self hello, timeout
 	}
 	peer, err := readHello(c)
 	if err != nil {
+		if remoteAlert(err) {
+			// TLS 1.3: the listener checks the dialer's certificate
+			// after the dialer's handshake ended.
+			return nil, refused("TLS: %v", err)
+		}
 		return nil, err
 	}
 	if peer.Error != "" {
@@ -267,6 +272,12 @@ func (s *security) serverHandshake(conn net.Conn, serves func(Kind) bool, self h
 	}
 	c.SetDeadline(time.Time{})
 	return &Conn{Conn: c, kind: kind, peer: peer.Name, peerAddr: peer.Addr}, nil
+}
+
+// remoteAlert reports whether err is a TLS alert from the peer.
+func remoteAlert(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "remote error"
 }
 
 // checkName checks the name and address a peer gave.

@@ -327,7 +327,7 @@ func (f *Fabric) acceptLink(c *Conn) {
 		lc = p.pending
 		p.pending = nil
 		p.mu.Unlock()
-		if lc != nil || time.Now().After(deadline) {
+		if lc != nil || time.Now().After(deadline) || f.isClosed() {
 			break
 		}
 	}
@@ -650,4 +650,13 @@ func (f *Fabric) send(node string, fr *wire.Frame, i int) error {
 	}
 	l.stats.framesOut.Add(1)
 	return nil
+}
+
+func (f *Fabric) isClosed() bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
 }
