@@ -369,7 +369,9 @@ func TestMutualTLS(t *testing.T) {
 	if _, err := c.dialAddr(a.Advertise(), KindLinkData, 5*time.Second); !errors.Is(err, ErrAuth) {
 		t.Errorf("dial with another CA's certificate: %v, want ErrAuth", err)
 	}
-	waitFor(t, 10*time.Second, "a logs the refusal", func() bool { return strings.Contains(logA.String(), "cluster CA") || strings.Contains(logA.String(), "bad certificate") })
+	waitFor(t, 10*time.Second, "a logs the refusal", func() bool {
+		return strings.Contains(logA.String(), "cluster CA") || strings.Contains(logA.String(), "bad certificate")
+	})
 	// No TLS, the secret only.
 	d, _ := startFabric(t, "d", nil, nil)
 	_, err := d.dialAddr(a.Advertise(), KindLinkData, 5*time.Second)
