@@ -164,6 +164,7 @@ type Fabric struct {
 	handler   atomic.Pointer[handlerBox]
 	leaving   atomic.Bool
 	warn      logLimiter
+	conflicts logLimiter
 	hsSlots   chan struct{}
 
 	mu        sync.Mutex // guards peers, listeners, closed
@@ -306,6 +307,7 @@ func (f *Fabric) startMemberlist() error {
 	mc.DeadNodeReclaimTime = time.Second
 	mc.Delegate = (*delegate)(f)
 	mc.Events = (*events)(f)
+	mc.Conflict = (*events)(f)
 	mc.Logger = log.New(&mlLog{log: f.log}, "", 0)
 	if len(f.cfg.Secret) > 0 {
 		key, err := gossipKey(f.cfg.Secret)
@@ -703,22 +705,60 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	(*Fabric)(e).memberEvent(n, st)
 }
 
-// mlLog passes memberlist's log lines on to slog at their level.
-type mlLog struct{ log *slog.Logger }
+// NotifyConflict is told when two nodes have the same name: the others
+// keep the first, and the second is never admitted.
+func (e *events) NotifyConflict(existing, other *memberlist.Node) {
+	f := (*Fabric)(e)
+	f.conflicts.log(f.log, "cluster: two nodes have the same name: node names must be unique; the one that came second is not admitted",
+		"node", existing.Name, "addr", existing.Address(), "other_addr", other.Address())
+}
+
+// mlLog passes memberlist's log lines on to slog at their level, a line
+// of a kind every 10 s at most (memberlist repeats some at each gossip).
+type mlLog struct {
+	log  *slog.Logger
+	mu   sync.Mutex
+	last map[string]time.Time
+}
 
 func (m *mlLog) Write(p []byte) (int, error) {
 	s := strings.TrimSpace(string(p))
+	level := slog.LevelInfo
 	switch {
 	case strings.Contains(s, "[DEBUG]"):
-		m.log.Debug("memberlist: " + s)
+		level = slog.LevelDebug
 	case strings.Contains(s, "[ERR]"):
-		m.log.Warn("memberlist: " + s)
-	case strings.Contains(s, "[WARN]"):
-		m.log.Info("memberlist: " + s)
-	default:
-		m.log.Info("memberlist: " + s)
+		level = slog.LevelWarn
 	}
+	if level > slog.LevelDebug && !m.due(s) {
+		return len(p), nil
+	}
+	m.log.Log(context.Background(), level, "memberlist: "+s)
 	return len(p), nil
+}
+
+// due reports whether a line like s may be logged now.
+func (m *mlLog) due(s string) bool {
+	key := strings.Map(func(r rune) rune {
+		if r >= '0' && r <= '9' {
+			return -1
+		}
+		return r
+	}, s)
+	if len(key) > 60 {
+		key = key[:60]
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.last == nil || len(m.last) > 256 {
+		m.last = make(map[string]time.Time)
+	}
+	now := time.Now()
+	if now.Sub(m.last[key]) < 10*time.Second {
+		return false
+	}
+	m.last[key] = now
+	return true
 }
 
 // logLimiter keeps a hostile peer from flooding the log: one line a
