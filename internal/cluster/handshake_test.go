@@ -13,7 +13,7 @@ import (
 // serveBytes runs the listener's handshake on input, the bytes a peer
 // sends before it half-closes, and returns its error and how long it
 // took. half false: the peer stays silent after input instead.
-func serveBytes(t testing.TB, sec *security, input []byte, timeout time.Duration, half bool) (error, time.Duration) {
+func serveBytes(t testing.TB, sec *security, input []byte, timeout time.Duration, half bool) (time.Duration, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +38,7 @@ func serveBytes(t testing.TB, sec *security, input []byte, timeout time.Duration
 	go io.Copy(io.Discard, client)
 	start := time.Now()
 	_, err = sec.serverHandshake(server, func(k Kind) bool { return k <= KindLinkData }, hello{Name: "srv", Addr: "127.0.0.1:1"}, timeout)
-	return err, time.Since(start)
+	return time.Since(start), err
 }
 
 func plainPreamble(kind Kind, mode byte) []byte {
@@ -74,7 +74,7 @@ func FuzzHandshake(f *testing.F) {
 				in = append(plainPreamble(Kind(in[len(magic)+1]), secSecret), in[preambleLen:]...)
 			}
 			const timeout = 500 * time.Millisecond
-			err, took := serveBytes(t, sec, in, timeout, true)
+			took, err := serveBytes(t, sec, in, timeout, true)
 			if took > timeout+2*time.Second {
 				t.Fatalf("the handshake took %s, bound %s", took, timeout)
 			}
@@ -99,7 +99,7 @@ func TestHandshakeBounded(t *testing.T) {
 		"half preamble": []byte("COUR"),
 		"half hello":    append(plainPreamble(KindLinkData, 0), helloBytes([]byte(`{"name":"x"}`))[:6]...),
 	} {
-		err, took := serveBytes(t, plain, in, timeout, false)
+		took, err := serveBytes(t, plain, in, timeout, false)
 		if !errors.Is(err, ErrHandshake) {
 			t.Errorf("%s: %v, want ErrHandshake", name, err)
 		}
@@ -107,7 +107,7 @@ func TestHandshakeBounded(t *testing.T) {
 			t.Errorf("%s: cut after %s, want the timeout %s (tolerance +5s on a loaded machine)", name, took, timeout)
 		}
 	}
-	err, took := serveBytes(t, plain, append(plainPreamble(KindLinkData, 0), 0xff, 0xff), 10*time.Second, false)
+	took, err := serveBytes(t, plain, append(plainPreamble(KindLinkData, 0), 0xff, 0xff), 10*time.Second, false)
 	if !errors.Is(err, ErrHandshake) || took > 5*time.Second {
 		t.Errorf("oversized hello: %v after %s", err, took)
 	}
