@@ -141,8 +141,7 @@ func (c *Conn) Peer() string { return c.peer }
 // PeerAddr returns the cluster address the peer node advertises.
 func (c *Conn) PeerAddr() string { return c.peerAddr }
 
-// handshakeError is a refusal to log with its reason; the peer is told
-// msg.
+// refused returns an authentication failure with its reason.
 func refused(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrAuth, fmt.Sprintf(format, args...))
 }
