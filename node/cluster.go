@@ -40,8 +40,8 @@ type ClusterConfig struct {
 	Secret []byte `toml:"-"`
 	// TLS turns mutual TLS on between nodes: this node's certificate
 	// and key, and in ClientCAFile the cluster CA, which must have
-	// signed every node's certificate. It needs a secret too (which
-	// keys memberlist's UDP gossip). Default: none.
+	// signed every node's certificate. Without a secret, memberlist's
+	// packets then travel over TCP. Default: none.
 	TLS TLSFiles `toml:"tls"`
 }
 

@@ -196,9 +196,6 @@ func New(cfg Config) (*Fabric, error) {
 	if err != nil {
 		return nil, err
 	}
-	if sec.mode != 0 && len(cfg.Secret) == 0 {
-		return nil, errors.New("cluster: mutual TLS needs a cluster secret too: it keys memberlist's UDP gossip (give --cluster-secret-file)")
-	}
 	if err := checkSecure(cfg.Listen, cfg.Advertise, sec.mode); err != nil {
 		return nil, err
 	}
@@ -210,7 +207,7 @@ func New(cfg Config) (*Fabric, error) {
 	if err := f.listen(); err != nil {
 		return nil, err
 	}
-	f.tr = newTransport(f, f.udp)
+	f.tr = newTransport(f, f.udp, sec.mode == secMTLS)
 	f.wg.Add(1)
 	go f.acceptLoop()
 	if err := f.startMemberlist(); err != nil {
@@ -384,6 +381,8 @@ func (f *Fabric) handshake(nc net.Conn) {
 	switch c.kind {
 	case KindMemberlist:
 		f.tr.accept(c)
+	case KindGossip:
+		f.tr.acceptPackets(c)
 	case KindLinkControl, KindLinkData:
 		f.acceptLink(c)
 	default:
@@ -400,6 +399,8 @@ func (f *Fabric) serves(k Kind) bool {
 	switch k {
 	case KindMemberlist, KindLinkControl, KindLinkData:
 		return true
+	case KindGossip:
+		return f.tr.overTCP
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -477,7 +478,7 @@ func (f *Fabric) Listener(kind Kind) net.Listener {
 	}
 	l := &kindListener{f: f, kind: kind, ch: make(chan *Conn, 64), done: make(chan struct{})}
 	switch kind {
-	case KindMemberlist, KindLinkControl, KindLinkData:
+	case KindMemberlist, KindLinkControl, KindLinkData, KindGossip:
 		close(l.done)
 		return l
 	}

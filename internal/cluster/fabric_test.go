@@ -383,6 +383,43 @@ func TestMutualTLS(t *testing.T) {
 	}
 }
 
+// TestMutualTLSWithoutSecret: with mutual TLS alone memberlist's packets
+// go over authenticated TCP; the nodes find each other, a node that
+// stops is declared dead by memberlist, and nobody reads the UDP socket.
+func TestMutualTLSWithoutSecret(t *testing.T) {
+	ca := testutil.NewCA(t)
+	mtls := func(name string) func(*Config) {
+		c := ca.Client(name)
+		return func(cfg *Config) {
+			cfg.Secret = nil
+			cfg.CertFile, cfg.KeyFile, cfg.CAFile = c.CertFile, c.KeyFile, ca.File
+		}
+	}
+	a, ra := startFabric(t, "a", nil, mtls("a"))
+	b, _ := startFabric(t, "b", []string{a.Advertise()}, mtls("b"))
+	cfg := Config{Name: "c", Listen: "127.0.0.1:0", Join: []string{a.Advertise()}, Log: testLog(t, nil)}
+	mtls("c")(&cfg)
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.crash)
+	for _, f := range []*Fabric{a, b, c} {
+		waitFor(t, 20*time.Second, f.Name()+" sees a, b and c up", func() bool { return allUp(f, "a", "b", "c") })
+	}
+	if !a.tr.overTCP {
+		t.Fatal("memberlist's packets go over UDP without a key")
+	}
+	// Memberlist's own failure detection works over these packets: a
+	// node whose links stay up but whose memberlist stops without
+	// leaving is declared dead.
+	c.ml.Shutdown()
+	waitFor(t, 30*time.Second, "a's memberlist declares c dead", func() bool { return member(a, "c").State == StateDead })
+	if !ra.has("down c") {
+		t.Error("no PeerDown for a node memberlist declared dead")
+	}
+}
+
 // TestBadFrameCutsThatLinkAlone: a peer that sends a malformed frame has
 // its link cut (and redialled); the other links stay up.
 func TestBadFrameCutsThatLinkAlone(t *testing.T) {
@@ -441,4 +478,24 @@ func TestSlowPeerCut(t *testing.T) {
 	t.Logf("link cut %s after the outbox filled (slow-consumer timeout %s)", time.Since(full).Round(time.Millisecond), slow)
 	close(bl.release)
 	waitFor(t, 20*time.Second, "linked again", func() bool { return member(a, "b").Link.Up && member(b, "a").Link.Up })
+}
+
+// crash stops f as a crash would: no leave, links and sockets closed.
+func (f *Fabric) crash() {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return
+	}
+	f.closed = true
+	peers := f.peerList()
+	f.mu.Unlock()
+	close(f.done)
+	f.ml.Shutdown()
+	f.closeSockets()
+	for _, p := range peers {
+		f.teardown(p, 0, "crash")
+	}
+	f.tr.wg.Wait()
+	f.wg.Wait()
 }

@@ -25,7 +25,7 @@ import (
 // to whoever serves that kind ([Fabric.Listener]).
 type Kind uint8
 
-// Connection kinds. Others may add theirs after KindLinkData; a kind
+// Connection kinds. Others may add theirs after KindGossip; a kind
 // nobody serves is refused in the handshake.
 const (
 	KindMemberlist  Kind = 1 // memberlist's streams (push/pull, fallback probes)
@@ -33,6 +33,7 @@ const (
 	KindMetaRPC     Kind = 3 // requests to the metadata leader
 	KindLinkControl Kind = 4 // a node link's control connection
 	KindLinkData    Kind = 5 // a node link's data connection
+	KindGossip      Kind = 6 // memberlist's packets, with mutual TLS and no secret
 )
 
 func (k Kind) String() string {
@@ -47,6 +48,8 @@ func (k Kind) String() string {
 		return "link-control"
 	case KindLinkData:
 		return "link-data"
+	case KindGossip:
+		return "gossip"
 	}
 	return fmt.Sprintf("kind-%d", uint8(k))
 }
