@@ -24,6 +24,7 @@ import (
 	"github.com/courier-mq/courier/internal/admin"
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/internal/cluster"
 	"github.com/courier-mq/courier/internal/queue"
 	"github.com/courier-mq/courier/internal/server"
 	"github.com/courier-mq/courier/internal/store"
@@ -122,6 +123,9 @@ type Config struct {
 	Limits Limits `toml:"limits"`
 	// Supervision sets the restart intensity of the node's components.
 	Supervision Supervision `toml:"supervision"`
+	// Cluster makes the node one of a cluster. Default: none (a single
+	// node).
+	Cluster ClusterConfig `toml:"cluster"`
 }
 
 // Limits bound what clients may take of a node. Reaching one refuses
@@ -285,6 +289,9 @@ func (c Config) Validate() error {
 	if err := c.HTTPTLS.Validate(); err != nil {
 		return err
 	}
+	if err := c.Cluster.Validate(); err != nil {
+		return err
+	}
 	l := c.Limits
 	for _, v := range []struct {
 		key string
@@ -346,6 +353,11 @@ type Node struct {
 	users  *auth.Store
 	tls    []*tlsFiles // the listeners' TLS files, read again by Reload
 	closed atomic.Bool
+	// fabric is the cluster's membership and links; nil for a single
+	// node.
+	fabric  *cluster.Fabric
+	started time.Time
+	adminLn net.Listener // until the supervisor serves it
 	// clientLn is the client listener being served (a net.Listener), for
 	// tests that break it.
 	clientLn atomic.Value
@@ -384,8 +396,9 @@ func Start(cfg Config) (*Node, error) {
 		sup: supervise.New(supervise.Config{
 			MaxRestarts: cfg.Supervision.MaxRestarts, Window: cfg.Supervision.RestartWindow, Log: cfg.Log,
 		}),
-		conns: make(map[*localTransport]struct{}),
-		users: users,
+		conns:   make(map[*localTransport]struct{}),
+		users:   users,
+		started: time.Now(),
 	}
 	users.OnChange(func() { n.broker.Reauthorize() })
 	sc := broker.StoreConfig{Dir: filepath.Join(cfg.DataDir, storeDirName)}
@@ -413,6 +426,7 @@ func Start(cfg Config) (*Node, error) {
 		cfg.Log.Warn("store recovered with damage", "dir", sc.Dir, "recovery", rec)
 	}
 	n.sup.Add(supervise.Component{Name: "sweeper", Critical: true, Run: n.broker.Sweep})
+	ok := false // Start succeeded
 	if cfg.Listen != "" {
 		l := cfg.Limits
 		scfg := server.Config{
@@ -439,8 +453,8 @@ func Start(cfg Config) (*Node, error) {
 		n.srv, n.addr = srv, ln.Addr()
 		n.sup.Add(supervise.Component{Name: "listener", Critical: true, Run: n.serveClients(ln)})
 		defer func() {
-			if n.admin == nil && cfg.HTTP != "" {
-				ln.Close() // the management listener failed: Start fails
+			if !ok {
+				ln.Close() // the management listener or the cluster failed: Start fails
 			}
 		}()
 	}
@@ -450,6 +464,15 @@ func Start(cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
+	if err := n.startCluster(); err != nil {
+		if n.admin != nil {
+			n.adminLn.Close()
+			n.admin.Shutdown(context.Background())
+		}
+		n.broker.Close()
+		return nil, err
+	}
+	ok = true
 	logFDs()
 	n.sup.Start()
 	return n, nil
@@ -571,7 +594,13 @@ func (n *Node) startAdmin() error {
 		Listen: n.cfg.HTTP, Broker: n.broker, Node: n.cfg.Name, Log: n.cfg.Log,
 		Describe: describe, CloseConn: server.Close, Supervised: true, Components: n.components,
 		Queues: queueSource{n.broker},
-		Users:  n.users, TLS: httpTLS, MetricsAuth: n.cfg.MetricsAuth, MaxConns: n.cfg.Limits.MaxHTTPConns,
+		Users:  n.users, TLS: httpTLS, ClientURL: n.URL, HTTPURL: n.HTTPURL,
+		Cluster: func() []admin.ClusterNode {
+			if n.fabric == nil {
+				return nil
+			}
+			return n.clusterNodes()
+		}, MetricsAuth: n.cfg.MetricsAuth, MaxConns: n.cfg.Limits.MaxHTTPConns,
 		Listeners: func() []admin.Listener {
 			if n.addr == nil {
 				return nil
@@ -591,7 +620,7 @@ func (n *Node) startAdmin() error {
 		a.Shutdown(context.Background())
 		return err
 	}
-	n.admin, n.http = a, ln.Addr()
+	n.admin, n.http, n.adminLn = a, ln.Addr(), ln
 	n.sup.Add(supervise.Component{Name: "http", Run: func(ctx context.Context) error {
 		if ln == nil {
 			if ln, err = net.Listen("tcp", n.http.String()); err != nil {
@@ -758,6 +787,10 @@ func (n *Node) Shutdown(ctx context.Context) error {
 func (n *Node) Close() error {
 	if n.closed.Swap(true) {
 		return nil
+	}
+	if n.fabric != nil {
+		// Leave first: the other nodes see this one left, not dead.
+		n.fabric.Close()
 	}
 	n.broker.StopQueues()
 	if n.admin != nil {

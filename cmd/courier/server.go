@@ -75,7 +75,7 @@ func serverCmd() *cobra.Command {
 // newServerCmd returns the server command, its flags bound to sc.
 func newServerCmd(sc *serverConfig) *cobra.Command {
 	cfg := &sc.Config
-	var configPath, adminPasswordFile string
+	var configPath, adminPasswordFile, join string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run a broker: clients on 127.0.0.1:7400, dashboard on http://127.0.0.1:7480, data in ./courier-data",
@@ -111,6 +111,12 @@ manage users with 'courier users'.`,
 				}
 				httpSet = httpSet || set
 			}
+			if cmd.Flags().Changed("join") {
+				cfg.Cluster.Join = splitList(join)
+			}
+			if cfg.Cluster.SecretFile == "" && len(cfg.Cluster.Secret) == 0 {
+				cfg.Cluster.Secret = node.SecretFromEnv()
+			}
 			log, err := newLogger(sc.Log.Level, sc.Log.Format)
 			if err != nil {
 				return withCode(exitUsage, err)
@@ -143,7 +149,7 @@ manage users with 'courier users'.`,
 			if err != nil {
 				return withCode(exitFailure, err)
 			}
-			log.Info("courier server started", "node", n.Name(), "url", n.URL(), "http", n.HTTPURL(), "data", cfg.DataDir, "config", configPath)
+			log.Info("courier server started", "node", n.Name(), "url", n.URL(), "http", n.HTTPURL(), "cluster", n.ClusterAddr(), "data", cfg.DataDir, "config", configPath)
 		wait:
 			for {
 				select {
@@ -183,6 +189,14 @@ manage users with 'courier users'.`,
 	f.StringVar(&cfg.HTTP, "http", d.HTTP, `management API, metrics and dashboard address; loopback only until the node has users ("" or "off": none)`)
 	f.StringVar(&cfg.DataDir, "data", d.DataDir, "data directory")
 	f.StringVar(&cfg.Name, "name", d.Name, "node name")
+	f.StringVar(&cfg.Name, "node", d.Name, "node name (the same as --name)")
+	f.StringVar(&cfg.Cluster.Listen, "cluster", "", "cluster address, TCP and UDP, such as 127.0.0.1:7500: the node joins a cluster (default: none, a single node)")
+	f.StringVar(&cfg.Cluster.Advertise, "cluster-advertise", "", "cluster address the other nodes reach this one at (default: --cluster's)")
+	f.StringVar(&join, "join", "", "cluster addresses of seed nodes, comma-separated, tried until one answers")
+	f.StringVar(&cfg.Cluster.SecretFile, "cluster-secret-file", "", "file holding the shared cluster secret, mode 600 (or env COURIER_CLUSTER_SECRET); needed beyond loopback")
+	f.StringVar(&cfg.Cluster.TLS.CertFile, "cluster-tls-cert", "", "PEM certificate of this node for mutual TLS between nodes")
+	f.StringVar(&cfg.Cluster.TLS.KeyFile, "cluster-tls-key", "", "PEM private key of --cluster-tls-cert")
+	f.StringVar(&cfg.Cluster.TLS.ClientCAFile, "cluster-tls-ca", "", "PEM file of the cluster CA, which signed every node's certificate")
 	f.DurationVar(&cfg.Heartbeat, "heartbeat", d.Heartbeat, "heartbeat interval; silent clients are cut after three")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "on SIGTERM, how long requests in flight may take to finish")
 	f.Var(&cfg.MinFreeDisk, "min-free-disk", "free disk space under which publishers of durable queues are held (default 1GiB; -1: no check)")

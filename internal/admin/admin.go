@@ -90,6 +90,12 @@ type Config struct {
 	// History is how many samples the overview keeps for its rate charts
 	// (?msg_rates_age=). Default: 600 (ten minutes at 1s).
 	History int
+	// Cluster returns the nodes of the cluster as this node sees it,
+	// itself included, for /api/nodes. Default: nil, a single node.
+	Cluster func() []ClusterNode
+	// ClientURL and HTTPURL are this node's URLs, shown by /api/nodes on
+	// a single node. Default: none.
+	ClientURL, HTTPURL func() string
 	// Components returns the state of the node's supervised components
 	// for the overview, the node and the metrics. Default: nil.
 	Components func() []Component

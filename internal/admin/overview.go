@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/courier-mq/courier/internal/broker"
@@ -253,6 +254,39 @@ type nodeInfo struct {
 	// without one), and the free space of the store's disk (-1 when
 	// unknown).
 	memLimit, memBudget, memPage, diskFree int64
+	// c is the node as the cluster sees it; nil on a single node. For
+	// another node than this one, o describes this one: only the
+	// fields read through c describe the other.
+	c *ClusterNode
+}
+
+// remote reports whether the row is another node than this one.
+func (n *nodeInfo) remote() bool { return n.c != nil && !n.c.Self }
+
+func (n *nodeInfo) name() string {
+	if n.c != nil {
+		return n.c.Name
+	}
+	return n.o.s.cfg.Node
+}
+
+func (n *nodeInfo) state() string {
+	if n.c != nil {
+		return n.c.State
+	}
+	return "alive"
+}
+
+// local returns get for this node's row and zero for the others: what
+// only the node itself knows.
+func local[T any](get func(*nodeInfo) T) func(*nodeInfo) T {
+	return func(n *nodeInfo) T {
+		if n.remote() {
+			var zero T
+			return zero
+		}
+		return get(n)
+	}
 }
 
 var runtimeMetrics = []string{
@@ -283,31 +317,112 @@ func (o *overview) readRuntime() {
 }
 
 var nodeSchema = newSchema("name",
-	strField("name", func(n *nodeInfo) string { return n.o.s.cfg.Node }),
-	boolField("running", func(*nodeInfo) bool { return true }),
-	strField("courier_version", func(n *nodeInfo) string { return n.o.s.cfg.Version }),
-	strField("go_version", func(*nodeInfo) string { return runtime.Version() }),
-	intField("os_pid", func(*nodeInfo) int64 { return int64(os.Getpid()) }),
-	intField("uptime", func(n *nodeInfo) int64 { return n.o.uptime.Milliseconds() }),
-	uintField("processors", func(n *nodeInfo) uint64 { return n.o.procs }),
-	uintField("goroutines", func(n *nodeInfo) uint64 { return n.o.goroutines }),
-	uintField("mem_used", func(n *nodeInfo) uint64 { return n.o.memUsed }),
-	uintField("mem_heap_live", func(n *nodeInfo) uint64 { return n.o.heapLive }),
-	intField("connections", func(n *nodeInfo) int64 { return int64(n.o.conns) }),
-	intField("exchanges", func(n *nodeInfo) int64 { return int64(n.o.exchanges) }),
-	intField("queues", func(n *nodeInfo) int64 { return int64(n.o.queues) }),
-	intField("attachments", func(n *nodeInfo) int64 { return int64(n.o.atts) }),
-	intField("patterns", func(n *nodeInfo) int64 { return n.o.patterns.Patterns }),
-	intField("mem_patterns", func(n *nodeInfo) int64 { return n.o.patterns.Bytes }),
-	intField("mem_budget_limit", func(n *nodeInfo) int64 { return n.memLimit }),
-	intField("mem_budget_used", func(n *nodeInfo) int64 { return n.memBudget }),
-	intField("mem_budget", func(n *nodeInfo) int64 { return n.memPage }),
-	boolField("mem_alarm", func(n *nodeInfo) bool { return n.o.has(AlarmMemory) }),
-	intField("disk_free", func(n *nodeInfo) int64 { return n.diskFree }),
-	boolField("disk_free_alarm", func(n *nodeInfo) bool { return n.o.has(AlarmDisk) }),
-	rawField("listeners", func(b []byte, n *nodeInfo) []byte { return appendListeners(b, n.o.listeners) }, nil),
-	rawField("components", func(b []byte, n *nodeInfo) []byte { return appendComponents(b, n.o.components) }, nil),
-	rawField("alarms", func(b []byte, n *nodeInfo) []byte { return appendAlarms(b, n.o.alarms) }, nil),
+	strField("name", (*nodeInfo).name),
+	strField("type", func(*nodeInfo) string { return "disc" }),
+	boolField("running", func(n *nodeInfo) bool { return running(n.state()) }),
+	strField("state", (*nodeInfo).state),
+	intField("state_since", func(n *nodeInfo) int64 {
+		if n.c != nil {
+			return unixMilli(n.c.Since)
+		}
+		return unixMilli(n.o.s.started)
+	}),
+	strField("courier_version", func(n *nodeInfo) string {
+		if n.remote() {
+			return n.c.Version
+		}
+		return n.o.s.cfg.Version
+	}),
+	strField("go_version", local(func(*nodeInfo) string { return runtime.Version() })),
+	intField("os_pid", local(func(*nodeInfo) int64 { return int64(os.Getpid()) })),
+	intField("uptime", func(n *nodeInfo) int64 {
+		if !n.remote() {
+			return n.o.uptime.Milliseconds()
+		}
+		if !running(n.c.State) || n.c.Started.IsZero() {
+			return 0
+		}
+		return max(n.o.s.cfg.now().Sub(n.c.Started).Milliseconds(), 0)
+	}),
+	strField("cluster_address", func(n *nodeInfo) string {
+		if n.c == nil {
+			return ""
+		}
+		return n.c.ClusterAddr
+	}),
+	strField("client_url", func(n *nodeInfo) string {
+		if n.c == nil {
+			return n.o.s.clientURL()
+		}
+		return n.c.ClientURL
+	}),
+	strField("http_url", func(n *nodeInfo) string {
+		if n.c == nil {
+			return n.o.s.httpURL()
+		}
+		return n.c.HTTPURL
+	}),
+	boolField("meta_leader", func(n *nodeInfo) bool { return n.c != nil && n.c.MetaLeader }),
+	uintField("processors", local(func(n *nodeInfo) uint64 { return n.o.procs })),
+	uintField("goroutines", local(func(n *nodeInfo) uint64 { return n.o.goroutines })),
+	uintField("mem_used", local(func(n *nodeInfo) uint64 { return n.o.memUsed })),
+	uintField("mem_heap_live", local(func(n *nodeInfo) uint64 { return n.o.heapLive })),
+	intField("connections", func(n *nodeInfo) int64 {
+		if n.remote() {
+			return int64(n.c.Connections)
+		}
+		return int64(n.o.conns)
+	}),
+	intField("exchanges", func(n *nodeInfo) int64 {
+		if n.remote() {
+			return int64(n.c.Exchanges)
+		}
+		return int64(n.o.exchanges)
+	}),
+	intField("queues", func(n *nodeInfo) int64 {
+		if n.remote() {
+			return int64(n.c.Queues)
+		}
+		return int64(n.o.queues)
+	}),
+	intField("attachments", local(func(n *nodeInfo) int64 { return int64(n.o.atts) })),
+	intField("patterns", local(func(n *nodeInfo) int64 { return n.o.patterns.Patterns })),
+	intField("mem_patterns", local(func(n *nodeInfo) int64 { return n.o.patterns.Bytes })),
+	intField("mem_budget_limit", local(func(n *nodeInfo) int64 { return n.memLimit })),
+	intField("mem_budget_used", local(func(n *nodeInfo) int64 { return n.memBudget })),
+	intField("mem_budget", local(func(n *nodeInfo) int64 { return n.memPage })),
+	boolField("mem_alarm", local(func(n *nodeInfo) bool { return n.o.has(AlarmMemory) })),
+	intField("disk_free", func(n *nodeInfo) int64 {
+		if n.remote() {
+			return -1
+		}
+		return n.diskFree
+	}),
+	boolField("disk_free_alarm", local(func(n *nodeInfo) bool { return n.o.has(AlarmDisk) })),
+	rawField("links", func(b []byte, n *nodeInfo) []byte {
+		if n.c == nil {
+			return append(b, "[]"...)
+		}
+		return appendLinks(b, n.c.Links)
+	}, nil),
+	rawField("listeners", func(b []byte, n *nodeInfo) []byte {
+		if n.remote() {
+			return append(b, "[]"...)
+		}
+		return appendListeners(b, n.o.listeners)
+	}, nil),
+	rawField("components", func(b []byte, n *nodeInfo) []byte {
+		if n.remote() {
+			return append(b, "[]"...)
+		}
+		return appendComponents(b, n.o.components)
+	}, nil),
+	rawField("alarms", func(b []byte, n *nodeInfo) []byte {
+		if n.remote() {
+			return append(b, "[]"...)
+		}
+		return appendAlarms(b, n.o.alarms)
+	}, nil),
 )
 
 // has reports whether an alarm of kind is on.
@@ -333,12 +448,32 @@ func (s *Server) readNode() *nodeInfo {
 	return n
 }
 
+// readNodes returns every node: this one alone, or the cluster as this
+// node sees it.
+func (s *Server) readNodes() []nodeInfo {
+	self := s.readNode()
+	var cn []ClusterNode
+	if s.cfg.Cluster != nil {
+		cn = s.cfg.Cluster()
+	}
+	if len(cn) == 0 {
+		return []nodeInfo{*self}
+	}
+	rows := make([]nodeInfo, 0, len(cn))
+	for i := range cn {
+		r := *self
+		r.c = &cn[i]
+		rows = append(rows, r)
+	}
+	return rows
+}
+
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		methodNotAllowed(w, "GET")
 		return
 	}
-	serveList(w, r, nodeSchema, []nodeInfo{*s.readNode()}, func(n *nodeInfo) string { return n.o.s.cfg.Node })
+	serveList(w, r, nodeSchema, s.readNodes(), (*nodeInfo).name)
 }
 
 func (s *Server) node(w http.ResponseWriter, r *http.Request) {
@@ -346,9 +481,14 @@ func (s *Server) node(w http.ResponseWriter, r *http.Request) {
 		methodNotAllowed(w, "GET")
 		return
 	}
-	if name := r.PathValue("name"); name != s.cfg.Node {
-		writeError(w, notFound("node %q not found; this node is %q", name, s.cfg.Node))
-		return
+	name := r.PathValue("name")
+	var names []string
+	for _, n := range s.readNodes() {
+		if n.name() == name {
+			serveObject(w, r, nodeSchema, &n, http.StatusOK)
+			return
+		}
+		names = append(names, n.name())
 	}
-	serveObject(w, r, nodeSchema, s.readNode(), http.StatusOK)
+	writeError(w, notFound("node %q not found; the nodes are %s", name, strings.Join(names, ", ")))
 }

@@ -298,6 +298,7 @@ async function refreshOverview(full) {
   const path = full ? "/api/overview?msg_rates_age=" + CHART_AGE + "&msg_rates_incr=" + CHART_INCR : "/api/overview";
   const o = await api(path);
   $("#node-name").textContent = o.node;
+  thisNode = o.node;
   $("#node-version").textContent = o.courier_version;
   $("#node-uptime").textContent = fmtDuration(o.uptime);
   const t = o.object_totals;
@@ -343,7 +344,7 @@ async function refreshOverview(full) {
   });
 
   const nodes = await api("/api/nodes");
-  const n = nodes[0];
+  const n = nodes.find((x) => x.name === o.node) || nodes[0];
   const rows = [
     ["Node", n.name],
     ["Version", n.courier_version + " (" + n.go_version + ")"],
@@ -361,6 +362,20 @@ async function refreshOverview(full) {
 }
 
 // ---- lists ----
+
+// thisNode is the name of the node serving the dashboard.
+let thisNode = "";
+
+// nodeLink renders this node's link with a node of /api/nodes.
+function nodeLink(x) {
+  if (x.name === thisNode) return muted(x.cluster_address ? "this node" : "single node");
+  const l = (x.links || [])[0];
+  if (!l) return muted("–");
+  const rtt = l.rtt_ms > 0 ? " · " + l.rtt_ms.toFixed(2) + " ms" : "";
+  return el("span", { title: "control " + fmtInt(l.control.frames_out) + " frames out, " + fmtInt(l.control.frames_in) + " in; data " +
+    fmtInt(l.data.frames_out) + " out, " + fmtInt(l.data.frames_in) + " in (" + fmtBytes(l.data.bytes_out) + " / " + fmtBytes(l.data.bytes_in) + ")" },
+    tag(l.up ? "alive" : "dead", l.up ? "up" : "down"), rtt);
+}
 
 const tag = (cls, text) => el("span", { class: "tag " + cls }, text);
 
@@ -425,6 +440,24 @@ const LISTS = {
   },
 };
 
+LISTS.nodes = {
+  path: "/api/nodes",
+  empty: "No nodes.",
+  columns: [
+    { key: "name", label: "Name", cls: "name", render: (x) => x.name === thisNode ? el("span", {}, x.name + " ", tag("self", "this node")) : x.name },
+    { key: "state", label: "State", fetch: ["state", "state_since"], render: (x) => el("span", { title: "since " + new Date(x.state_since).toLocaleString() }, tag(x.state, x.state), " ", muted(fmtSince(x.state_since))) },
+    { key: "uptime", label: "Uptime", num: true, render: (x) => x.uptime > 0 ? fmtDuration(x.uptime) : muted("–") },
+    { key: "cluster_address", label: "Cluster address", cls: "mono", render: (x) => x.cluster_address || muted("–") },
+    { key: "client_url", label: "Client URL", cls: "mono", render: (x) => x.client_url || muted("–") },
+    { key: "http_url", label: "Dashboard", cls: "mono", render: (x) => x.http_url ? el("a", { href: x.http_url + "/#nodes" }, x.http_url) : muted("–") },
+    { key: "meta_leader", label: "Meta leader", render: (x) => x.meta_leader ? tag("leader", "leader") : muted("no") },
+    { key: "connections", label: "Connections", num: true, render: (x) => fmtInt(x.connections) },
+    { key: "exchanges", label: "Exchanges", num: true, render: (x) => fmtInt(x.exchanges) },
+    { key: "queues", label: "Queues", num: true, render: (x) => fmtInt(x.queues) },
+    { key: "links", label: "Link", nosort: true, fetch: ["links", "cluster_address"], render: nodeLink },
+  ],
+};
+
 // Per list: sort, reverse, page, page size, filter.
 const state = {};
 for (const name of Object.keys(LISTS)) {
@@ -446,7 +479,7 @@ function renderHead(name) {
   const l = LISTS[name], st = state[name];
   const tr = el("tr");
   for (const c of l.columns) {
-    if (c.nosort) { tr.append(el("th")); continue; }
+    if (c.nosort) { tr.append(el("th", {}, c.label)); continue; }
     const th = el("th", { class: "sortable" + (c.num ? " num" : ""), "data-sort": c.key, title: "sort by " + c.label }, c.label);
     if (st.sort === c.key) th.append(el("span", { class: "arrow" }, st.reverse ? "▼" : "▲"));
     th.addEventListener("click", () => {
