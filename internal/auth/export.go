@@ -57,10 +57,15 @@ func CheckImport(users []Imported) error {
 
 // Import creates or updates users, all in one change of the users file:
 // either every entry is applied or none. Users not listed are left as
-// they are. Importing the same users again changes nothing.
+// they are. Importing the same users again changes nothing. In a cluster
+// (see [Store.SetRemote]) each user is one change of the cluster's
+// users, in order, and a failure keeps those before it.
 func (s *Store) Import(users []Imported) (created int, err error) {
 	if err := CheckImport(users); err != nil {
 		return 0, err
+	}
+	if r := s.getRemote(); r != nil {
+		return s.importRemote(r, users)
 	}
 	err = s.change(func(all map[string]*User) error {
 		created = 0

@@ -5,117 +5,118 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"slices"
-	"strings"
 	"time"
 )
 
-// In a cluster, the users are the same on every node: a change made on
-// any node is recorded in the cluster's catalog (the metadata Raft
-// group), which applies it on every node, in one order, with
-// [Store.ApplyReplicated]; the users file is then each node's copy.
-//
-// A change is computed here, against this node's users, and recorded
-// only if the catalog still holds the version of the users it was
-// computed from (compare and swap): two nodes changing users at once
-// never lose one of the changes; the later is computed again.
+// In a cluster, the users are the same on every node. A change made on
+// any node goes to the cluster's metadata group (a [Remote]), which checks
+// it with the rules of this package (the last administrator, a new
+// user's password, ...) and applies it on every node, in one order, with
+// [Store.ApplyUser] and [Store.ApplyDeleteUser]; each node's users file is
+// its copy.
 
-// Replicator records a whole set of users in the cluster's catalog if the
-// catalog's version of the users is still base, and returns once this
-// node has applied the record ([Store.ApplyReplicated]). It returns
-// [ErrStale] when the catalog's version is not base, once this node has
-// applied the catalog's newer version.
-type Replicator func(ctx context.Context, base uint64, users []User) error
-
-// ErrStale is a Replicator's answer when the users changed in the
-// catalog since the version a change was computed from.
-var ErrStale = errors.New("auth: the cluster's users changed meanwhile")
+// Remote records changes of the users in a cluster's metadata group. Each
+// call returns once this node has applied the change, with this package's
+// errors.
+type Remote interface {
+	PutUser(ctx context.Context, name string, ch UserChange) (created bool, err error)
+	DeleteUser(ctx context.Context, name string) error
+}
 
 // ErrReplicated refuses to reload the users file of a node in a
 // cluster: the file is a copy of the cluster's users, which change
 // through the management API of any node.
 var ErrReplicated = errors.New("auth: in a cluster, users change through the management API (courier users), not by editing users.json")
 
-// replicateTimeout bounds a change's wait for the catalog, its tries
-// again after [ErrStale] included; between tries it waits a random
-// moment up to replicateBackoff, so that changes racing on many nodes
-// spread out.
-const (
-	replicateTimeout = 10 * time.Second
-	replicateBackoff = 20 * time.Millisecond
-)
+// remoteTimeout bounds a change's wait for the metadata group.
+const remoteTimeout = 10 * time.Second
 
-// SetReplicator makes every later change of the users go through r. base
-// is the catalog's version of the users the store holds now (0: the
-// catalog has none yet).
-func (s *Store) SetReplicator(r Replicator, base uint64) {
+// SetRemote makes every later change of the users go through r.
+func (s *Store) SetRemote(r Remote) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.repl, s.replBase = r, base
+	s.remote = r
 }
 
-// changeReplicated is change through the catalog.
-func (s *Store) changeReplicated(fn func(map[string]*User) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), replicateTimeout)
+func (s *Store) getRemote() Remote {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.remote
+}
+
+// putRemote is PutUser through r.
+func (s *Store) putRemote(r Remote, name string, ch UserChange) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), remoteTimeout)
 	defer cancel()
-	for tries := 1; ; tries++ {
-		s.mu.Lock()
-		repl, base := s.repl, s.replBase
-		old := s.state.Load()
-		s.mu.Unlock()
-		users := make(map[string]*User, len(old.users)+1)
-		for name, e := range old.users {
-			u := e.User
-			users[name] = &u
-		}
-		if err := fn(users); err != nil {
-			return err
-		}
-		next, err := compileUsers(slices.Collect(maps.Values(users)))
-		if err != nil {
-			return err
-		}
-		if err := s.guard(old.users, next); err != nil {
-			return err
-		}
-		list := make([]User, 0, len(users))
-		for _, u := range users {
-			list = append(list, *u)
-		}
-		slices.SortFunc(list, func(a, b User) int { return strings.Compare(a.Name, b.Name) })
-		err = repl(ctx, base, list)
-		if !errors.Is(err, ErrStale) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w %d times within %s; try again", ErrStale, tries, replicateTimeout)
-		case <-time.After(rand.N(replicateBackoff)):
-		}
-	}
+	return r.PutUser(ctx, name, ch)
 }
 
-// ApplyReplicated makes users, the catalog's version version of the
-// cluster's users, this node's users: it writes the users file and tells
-// the listeners, as a local change would. The catalog calls it on every
-// node in the order of its records.
-func (s *Store) ApplyReplicated(users []User, version uint64) error {
-	ptrs := make([]*User, len(users))
-	for i := range users {
-		u := users[i]
-		ptrs[i] = &u
+// importRemote is Import through r: one change per user, in order. A
+// failure stops it; the users imported before it stay.
+func (s *Store) importRemote(r Remote, users []Imported) (created int, err error) {
+	for _, in := range users {
+		ch := UserChange{PasswordHash: in.PasswordHash, Permissions: in.Permissions}
+		if in.PasswordHash != "" {
+			ch.Tags = slices.Clone(in.Tags)
+			if ch.Tags == nil {
+				ch.Tags = []string{}
+			}
+		} else {
+			ch.MustExist = true
+		}
+		made, err := s.putRemote(r, in.Name, ch)
+		if err != nil {
+			return created, fmt.Errorf("user %q: %w", in.Name, err)
+		}
+		if made {
+			created++
+		}
 	}
-	next, err := compileUsers(ptrs)
+	return created, nil
+}
+
+// ApplyUser makes u one of this node's users, as the cluster's metadata
+// group applied it: it writes the users file and tells the listeners.
+func (s *Store) ApplyUser(u User) error {
+	return s.applyRemote(func(users map[string]*User) { users[u.Name] = &u })
+}
+
+// ApplyDeleteUser deletes user name on this node, as the cluster's
+// metadata group applied it.
+func (s *Store) ApplyDeleteUser(name string) error {
+	return s.applyRemote(func(users map[string]*User) { delete(users, name) })
+}
+
+// ApplyUsers makes users this node's users, all of them: the metadata
+// group's whole state, when a node loads it.
+func (s *Store) ApplyUsers(users []User) error {
+	return s.applyRemote(func(all map[string]*User) {
+		clear(all)
+		for i := range users {
+			all[users[i].Name] = &users[i]
+		}
+	})
+}
+
+// applyRemote applies a change the metadata group checked already.
+func (s *Store) applyRemote(fn func(map[string]*User)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.state.Load()
+	users := make(map[string]*User, len(old.users)+1)
+	for name, e := range old.users {
+		u := e.User
+		users[name] = &u
+	}
+	fn(users)
+	next, err := compileUsers(slices.Collect(maps.Values(users)))
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if err := writeFile(s.path, next); err != nil {
 		return err
 	}
-	s.replBase = version
-	s.publish(s.state.Load(), next)
+	s.publish(old, next)
 	return nil
 }

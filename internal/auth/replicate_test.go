@@ -8,43 +8,56 @@ import (
 	"testing"
 )
 
-// memUsersCatalog is the users' record of a cluster in one process: a
-// version and the users, applied to every node's store on each change.
-type memUsersCatalog struct {
-	mu      sync.Mutex
-	version uint64
-	stores  []*Store
-	stale   int // ErrStale answers given
+// memRemote is a cluster's users in one process: an authoritative store
+// (the metadata group's state) whose every change is then applied to
+// each node's store, in one order.
+type memRemote struct {
+	mu     sync.Mutex
+	truth  *Store
+	stores []*Store
 }
 
-func (c *memUsersCatalog) replicate(_ context.Context, base uint64, users []User) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if base != c.version {
-		c.stale++
-		return ErrStale
+func (r *memRemote) PutUser(_ context.Context, name string, ch UserChange) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	created, err := r.truth.PutUser(name, ch)
+	if err != nil {
+		return false, err
 	}
-	c.version++
-	for _, s := range c.stores {
-		if err := s.ApplyReplicated(users, c.version); err != nil {
+	return created, r.spread()
+}
+
+func (r *memRemote) DeleteUser(_ context.Context, name string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.truth.DeleteUser(name); err != nil {
+		return err
+	}
+	return r.spread()
+}
+
+func (r *memRemote) spread() error {
+	all := r.truth.Export()
+	for _, s := range r.stores {
+		if err := s.ApplyUsers(all); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func newUsersCluster(t *testing.T, n int) ([]*Store, *memUsersCatalog) {
-	c := &memUsersCatalog{}
+func newUsersCluster(t *testing.T, n int) []*Store {
+	r := &memRemote{truth: openStore(t, t.TempDir(), false)}
 	for range n {
 		s := openStore(t, t.TempDir(), false)
-		s.SetReplicator(c.replicate, 0)
-		c.stores = append(c.stores, s)
+		s.SetRemote(r)
+		r.stores = append(r.stores, s)
 	}
-	return c.stores, c
+	return r.stores
 }
 
-func TestReplicatedUsersEverywhere(t *testing.T) {
-	stores, _ := newUsersCluster(t, 3)
+func TestRemoteUsersEverywhere(t *testing.T) {
+	stores := newUsersCluster(t, 3)
 	p := FullAccess()
 	if _, err := stores[0].PutUser("admin", UserChange{PasswordHash: testHash(t), Tags: []string{TagAdministrator}, Permissions: &p}); err != nil {
 		t.Fatal(err)
@@ -56,44 +69,61 @@ func TestReplicatedUsersEverywhere(t *testing.T) {
 		if s.Perms("admin", "x")&Configure == 0 || s.Perms("admin", "y") != 0 {
 			t.Errorf("node %d: admin's permissions were not replicated: x=%v y=%v", i, s.Perms("admin", "x"), s.Perms("admin", "y"))
 		}
+		// Each node's file is its copy: a node restarted alone has them.
+		again := openStore(t, s.path[:len(s.path)-len(FileName)-1], false)
+		if again.Perms("admin", "x")&Configure == 0 {
+			t.Errorf("node %d's users file does not hold the change", i)
+		}
 	}
-	// The last administrator cannot be deleted from any node.
 	if err := stores[1].DeleteUser("admin"); !errors.Is(err, ErrLastAdmin) {
 		t.Errorf("deleting the last admin on node 1: %v, want ErrLastAdmin", err)
 	}
+	n, err := stores[1].Import([]Imported{{Name: "bob", PasswordHash: testHash(t)}, {Name: "carol", PasswordHash: testHash(t)}})
+	if err != nil || n != 2 {
+		t.Fatalf("import on node 1: %d created, %v", n, err)
+	}
+	if err := stores[0].DeleteUser("bob"); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range stores {
+		if _, ok := s.User("bob"); ok {
+			t.Errorf("node %d still has bob", i)
+		}
+		if _, ok := s.User("carol"); !ok {
+			t.Errorf("node %d lacks carol", i)
+		}
+	}
 }
 
-// Changes made at once on different nodes all land: a change computed
-// from a stale version is computed again.
-func TestReplicatedUsersConcurrent(t *testing.T) {
-	stores, c := newUsersCluster(t, 3)
+func TestRemoteUsersConcurrent(t *testing.T) {
+	stores := newUsersCluster(t, 3)
 	hash := testHash(t)
 	var wg sync.WaitGroup
-	errs := make(chan error, 12)
 	for i := range 12 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := stores[i%3].PutUser(fmt.Sprintf("u%d", i), UserChange{PasswordHash: hash})
-			errs <- err
+			if _, err := stores[i%3].PutUser(fmt.Sprintf("u%d", i), UserChange{PasswordHash: hash}); err != nil {
+				t.Error(err)
+			}
 		}()
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Error(err)
-		}
-	}
 	for i, s := range stores {
 		if got := len(s.Users()); got != 12 {
 			t.Errorf("node %d has %d users, want 12", i, got)
 		}
 	}
-	t.Logf("%d stale answers", c.stale)
 }
 
-// testHash returns a password hash made once per test.
+func TestRemoteNoReload(t *testing.T) {
+	stores := newUsersCluster(t, 1)
+	if err := stores[0].Reload(); !errors.Is(err, ErrReplicated) {
+		t.Errorf("Reload in a cluster: %v, want ErrReplicated", err)
+	}
+}
+
+// testHash returns a password hash.
 func testHash(t *testing.T) string {
 	t.Helper()
 	h, err := HashPassword("secret-password")
@@ -101,11 +131,4 @@ func testHash(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return h
-}
-
-func TestReplicatedNoReload(t *testing.T) {
-	stores, _ := newUsersCluster(t, 1)
-	if err := stores[0].Reload(); !errors.Is(err, ErrReplicated) {
-		t.Errorf("Reload in a cluster: %v, want ErrReplicated", err)
-	}
 }

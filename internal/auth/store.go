@@ -91,14 +91,12 @@ type Store struct {
 	path string
 	log  *slog.Logger
 
-	mu       sync.Mutex // serializes changes and reloads; guards onChange, require, repl, replBase
+	mu       sync.Mutex // serializes changes and reloads; guards onChange, require, remote
 	require  bool
 	onChange []func()
-	// repl, when set, records every change in the cluster's catalog
-	// instead of writing the file (see replicate.go); replBase is the
-	// catalog's version of the users this store holds.
-	repl     Replicator
-	replBase uint64
+	// remote, when set, makes every change in the cluster's metadata
+	// group instead of here (see replicate.go).
+	remote Remote
 
 	state atomic.Pointer[state]
 
@@ -374,6 +372,9 @@ func (s *Store) PutUser(name string, ch UserChange) (created bool, err error) {
 	if err := CheckName(name); err != nil {
 		return false, err
 	}
+	if r := s.getRemote(); r != nil {
+		return s.putRemote(r, name, ch)
+	}
 	hash := ch.PasswordHash
 	if hash != "" {
 		if err := CheckHash(hash); err != nil {
@@ -443,6 +444,11 @@ func (s *Store) SetPermissions(user string, p Permissions) error {
 
 // DeleteUser deletes a user.
 func (s *Store) DeleteUser(name string) error {
+	if r := s.getRemote(); r != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), remoteTimeout)
+		defer cancel()
+		return r.DeleteUser(ctx, name)
+	}
 	return s.change(func(users map[string]*User) error {
 		if users[name] == nil {
 			return fmt.Errorf("%w: %q", ErrNoUser, name)
@@ -456,10 +462,6 @@ func (s *Store) DeleteUser(name string) error {
 // to the file and publishes it.
 func (s *Store) change(fn func(map[string]*User) error) error {
 	s.mu.Lock()
-	if s.repl != nil {
-		s.mu.Unlock()
-		return s.changeReplicated(fn)
-	}
 	defer s.mu.Unlock()
 	old := s.state.Load()
 	users := make(map[string]*User, len(old.users)+1)
@@ -530,7 +532,7 @@ func (s *Store) publish(old *state, next map[string]*entry) {
 func (s *Store) Reload() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.repl != nil {
+	if s.remote != nil {
 		return ErrReplicated
 	}
 	users, err := readFile(s.path)
