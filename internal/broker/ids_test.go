@@ -59,8 +59,8 @@ func TestNodeNameFrom(t *testing.T) {
 
 func TestConnIDs(t *testing.T) {
 	for _, tc := range []struct {
-		node       string
-		boot, n    uint64
+		node        string
+		boot, n     uint64
 		want, want2 string
 	}{
 		{"n1", 0, 7, "n1/c7", "n1"},
