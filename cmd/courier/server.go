@@ -28,6 +28,23 @@ func init() { commands = append(commands, serverCmd) }
 type serverConfig struct {
 	node.Config
 	Log logConfig `toml:"log"`
+	// OldName is the node's name under the key of versions before node;
+	// see nodeName.
+	OldName string `toml:"name"`
+}
+
+// nodeName takes the name of the old key name when node is not set,
+// and refuses the two set apart.
+func (sc *serverConfig) nodeName() error {
+	switch {
+	case sc.OldName == "" || sc.OldName == sc.Name:
+	case sc.Name == "":
+		sc.Name = sc.OldName
+	default:
+		return fmt.Errorf("config: node = %q and name = %q: name is the old spelling of node; keep one", sc.Name, sc.OldName)
+	}
+	sc.OldName = ""
+	return nil
 }
 
 type logConfig struct {
@@ -58,6 +75,9 @@ func loadServerConfig(path string, flags *pflag.FlagSet, cfg *serverConfig) (htt
 			names[i] = k.String()
 		}
 		return false, fmt.Errorf("config %s: unknown key(s) %s; docs/operations.md lists the keys", path, strings.Join(names, ", "))
+	}
+	if err := cfg.nodeName(); err != nil {
+		return false, fmt.Errorf("%s: %w", path, err)
 	}
 	for name, v := range given {
 		if err := flags.Set(name, v); err != nil {
@@ -182,7 +202,9 @@ manage users with 'courier users'.`,
 	f.StringVar(&cfg.Listen, "listen", d.Listen, "client listener address; loopback only until the node has users")
 	f.StringVar(&cfg.HTTP, "http", d.HTTP, `management API, metrics and dashboard address; loopback only until the node has users ("" or "off": none)`)
 	f.StringVar(&cfg.DataDir, "data", d.DataDir, "data directory")
-	f.StringVar(&cfg.Name, "name", d.Name, "node name")
+	f.StringVar(&cfg.Name, "node", d.Name, "node name: letters, digits, '-', '_' (default: the one recorded in the data directory, or on a new one the host's name and 4 hex digits)")
+	f.StringVar(&cfg.Name, "name", d.Name, "the old spelling of --node")
+	f.MarkHidden("name")
 	f.DurationVar(&cfg.Heartbeat, "heartbeat", d.Heartbeat, "heartbeat interval; silent clients are cut after three")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "on SIGTERM, how long requests in flight may take to finish")
 	f.Var(&cfg.MinFreeDisk, "min-free-disk", "free disk space under which publishers of durable queues are held (default 1GiB; -1: no check)")
