@@ -157,6 +157,9 @@ manage users with 'courier users'.`,
 				cfg.HTTP = ""
 				n, err = node.Start(*cfg)
 			}
+			if errors.Is(err, node.ErrDataDirOfAnotherNode) || errors.Is(err, node.ErrBadIdentity) {
+				return withCode(exitUsage, err)
+			}
 			if le := (*store.LockedError)(nil); errors.As(err, &le) {
 				return withCode(exitFailure, fmt.Errorf("data directory %s is in use: %s holds %s; stop it, or give this server another --data", cfg.DataDir, le.Holder(), le.Path))
 			}
