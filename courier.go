@@ -85,7 +85,9 @@ type Conn struct {
 
 // ConnOptions configure [NewConn].
 type ConnOptions struct {
-	// ID is the broker's name for this connection, such as "c7".
+	// ID is the broker's name for this connection, such as "n1/c7": the
+	// node's name and the connection's number there (docs/protocol.md
+	// §5.3).
 	ID string
 	// Log receives what the Conn cannot return to a caller, such as a
 	// handler that panicked. Default: slog.Default().
