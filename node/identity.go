@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -43,35 +42,49 @@ type identity struct {
 // it belongs to the node name ("" takes the recorded name, or a fresh
 // one from [broker.NewNodeName] for a directory without one), counts
 // this start and records it before the node serves anything. It returns
-// the node's name and boot count (1 on the first start).
+// the node's name and boot count (1 on the first start), and undo, which
+// a start that fails before it served anything calls to take its count
+// back, so that a start retried at once (`courier server` does so when
+// the default management address is taken) keeps the short ids of its
+// count.
 //
 // A directory recorded under another name than an explicit one is
 // refused with [ErrDataDirOfAnotherNode]. Two processes that start on
 // one directory at once may both count a start; only one of them then
 // gets the store's lock and serves, so a boot count is never served
-// twice.
-func claimDataDir(dir, name string, log *slog.Logger) (string, uint64, error) {
+// twice. undo restores the count only while the file still holds what
+// this start wrote: a later start's count is never taken back.
+func claimDataDir(dir, name string) (_ string, boot uint64, undo func(), _ error) {
 	path := filepath.Join(dir, IdentityFile)
 	id, found, err := readIdentity(path)
 	if err != nil {
-		return "", 0, err
+		return "", 0, nil, err
 	}
 	switch {
 	case found && name != "" && name != id.Name:
-		return "", 0, fmt.Errorf("%w: %s is node %q's, not %q's: start the node as %q (--node %s, or node = %q in the configuration), "+
+		return "", 0, nil, fmt.Errorf("%w: %s is node %q's, not %q's: start the node as %q (--node %s, or node = %q in the configuration), "+
 			"or give node %q a data directory of its own; to rename this node, change \"name\" in %s while it is stopped",
 			ErrDataDirOfAnotherNode, dir, id.Name, name, id.Name, id.Name, id.Name, name, path)
 	case found:
 		name = id.Name
 	case name == "":
 		name = broker.NewNodeName()
-		log.Info("node name chosen; it is kept in the data directory", "node", name, "file", path)
 	}
 	next := identity{Version: identityVersion, Name: name, Boot: id.Boot + 1}
 	if err := writeIdentity(path, next); err != nil {
-		return "", 0, err
+		return "", 0, nil, err
 	}
-	return name, next.Boot, nil
+	undo = func() {
+		if now, ok, err := readIdentity(path); err != nil || !ok || now != next {
+			return
+		}
+		if found {
+			writeIdentity(path, id) // at worst the count stays taken: ids then skip it
+		} else {
+			os.Remove(path)
+		}
+	}
+	return name, next.Boot, undo, nil
 }
 
 // readIdentity reads IdentityFile at path; found is false when there is

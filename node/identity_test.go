@@ -3,6 +3,7 @@ package node_test
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -91,6 +92,42 @@ func TestNodeNameChecked(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, node.IdentityFile)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("name %q: identity file written: %v", name, err)
 		}
+	}
+}
+
+// TestFailedStartRecordsNothing: a start that fails (a listener beyond
+// loopback without users, refused before the data directory is claimed;
+// a management address in use, found after) neither names the data
+// directory nor counts a start, so that a start retried at once keeps
+// its count, as `courier server` retries without the management API
+// when its default address is taken.
+func TestFailedStartRecordsNothing(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	dir := t.TempDir()
+	path := filepath.Join(dir, node.IdentityFile)
+	for _, cfg := range []node.Config{
+		{DataDir: dir, Log: quiet(), Listen: "0.0.0.0:0"},
+		{DataDir: dir, Log: quiet(), Listen: "127.0.0.1:0", HTTP: busy.Addr().String()},
+	} {
+		if _, err := node.Start(cfg); err == nil {
+			t.Fatalf("%+v started", cfg)
+		}
+		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("identity file after a failed first start: %v", err)
+		}
+	}
+	startAt(t, dir, "gamma").Close()
+	if _, err := node.Start(node.Config{DataDir: dir, Log: quiet(), HTTP: busy.Addr().String()}); err == nil {
+		t.Fatal("started on a management address in use")
+	}
+	if n := startAt(t, dir, ""); n.Name() != "gamma" || n.Boot() != 2 {
+		t.Errorf("after a failed second start: name %q, boot %d; want gamma, 2", n.Name(), n.Boot())
+	} else {
+		n.Close()
 	}
 }
 

@@ -368,11 +368,6 @@ func Start(cfg Config) (*Node, error) {
 	if err := prepareDataDir(cfg.DataDir, cfg.Log); err != nil {
 		return nil, err
 	}
-	name, boot, err := claimDataDir(cfg.DataDir, cfg.Name, cfg.Log)
-	if err != nil {
-		return nil, err
-	}
-	cfg.Name = name
 	logFDs := func() {}
 	if cfg.Listen != "" || cfg.HTTP != "" {
 		logFDs = applyFDLimit(&cfg)
@@ -381,6 +376,20 @@ func Start(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	// After the checks that refuse a configuration: a start refused
+	// records no name and counts no start.
+	named := cfg.Name
+	name, boot, undo, err := claimDataDir(cfg.DataDir, cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			undo() // nothing was served: the start is not counted
+		}
+	}()
+	cfg.Name = name
 	n := &Node{
 		cfg: cfg,
 		broker: broker.New(broker.Config{
@@ -464,6 +473,10 @@ func Start(cfg Config) (*Node, error) {
 	}
 	logFDs()
 	n.sup.Start()
+	started = true
+	if named == "" && boot == 1 {
+		cfg.Log.Info("node name chosen; the data directory keeps it", "node", name, "file", filepath.Join(cfg.DataDir, IdentityFile))
+	}
 	return n, nil
 }
 
