@@ -57,14 +57,13 @@ type identity struct {
 func claimDataDir(dir, name string) (_ string, boot uint64, undo func(), _ error) {
 	path := filepath.Join(dir, IdentityFile)
 	id, found, err := readIdentity(path)
+	if err == nil {
+		err = checkOwner(dir, id, found, name)
+	}
 	if err != nil {
 		return "", 0, nil, err
 	}
 	switch {
-	case found && name != "" && name != id.Name:
-		return "", 0, nil, fmt.Errorf("%w: %s is node %q's, not %q's: start the node as %q (--node %s, or node = %q in the configuration), "+
-			"or give node %q a data directory of its own; to rename this node, change \"name\" in %s while it is stopped",
-			ErrDataDirOfAnotherNode, dir, id.Name, name, id.Name, id.Name, id.Name, name, path)
 	case found:
 		name = id.Name
 	case name == "":
@@ -85,6 +84,28 @@ func claimDataDir(dir, name string) (_ string, boot uint64, undo func(), _ error
 		}
 	}
 	return name, next.Boot, undo, nil
+}
+
+// checkDataDir refuses, before anything is written in it, a data
+// directory that belongs to another node than name ("" for any), or
+// whose identity cannot be read.
+func checkDataDir(dir, name string) error {
+	id, found, err := readIdentity(filepath.Join(dir, IdentityFile))
+	if err != nil {
+		return err
+	}
+	return checkOwner(dir, id, found, name)
+}
+
+// checkOwner refuses the identity id of data directory dir, if found,
+// for a node called name ("" for any).
+func checkOwner(dir string, id identity, found bool, name string) error {
+	if !found || name == "" || name == id.Name {
+		return nil
+	}
+	return fmt.Errorf("%w: %s is node %q's, not %q's: start the node as %q (--node %s, or node = %q in the configuration), "+
+		"or give node %q a data directory of its own; to rename this node, change \"name\" in %s while it is stopped",
+		ErrDataDirOfAnotherNode, dir, id.Name, name, id.Name, id.Name, id.Name, name, filepath.Join(dir, IdentityFile))
 }
 
 // readIdentity reads IdentityFile at path; found is false when there is

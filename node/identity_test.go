@@ -63,7 +63,11 @@ func TestGeneratedNameIsKept(t *testing.T) {
 func TestDataDirOfAnotherNode(t *testing.T) {
 	dir := t.TempDir()
 	startAt(t, dir, "alpha").Close()
-	_, err := node.Start(node.Config{Name: "beta", DataDir: dir, Log: quiet()})
+	// Refused before anything is written: no first administrator either.
+	_, err := node.Start(node.Config{Name: "beta", DataDir: dir, Log: quiet(), AdminUser: "admin", AdminPassword: "secret-pw-1"})
+	if _, serr := os.Stat(filepath.Join(dir, "users.json")); !errors.Is(serr, os.ErrNotExist) {
+		t.Errorf("users file written by a refused start: %v", serr)
+	}
 	if !errors.Is(err, node.ErrDataDirOfAnotherNode) {
 		t.Fatalf("start as beta on alpha's directory: %v, want ErrDataDirOfAnotherNode", err)
 	}

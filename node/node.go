@@ -368,6 +368,9 @@ func Start(cfg Config) (*Node, error) {
 	if err := prepareDataDir(cfg.DataDir, cfg.Log); err != nil {
 		return nil, err
 	}
+	if err := checkDataDir(cfg.DataDir, cfg.Name); err != nil {
+		return nil, err // before the users file may get a first administrator
+	}
 	logFDs := func() {}
 	if cfg.Listen != "" || cfg.HTTP != "" {
 		logFDs = applyFDLimit(&cfg)
