@@ -87,17 +87,30 @@ func connID(node string, boot, n uint64) string {
 }
 
 // parseConnID returns the node and the connection number of a connection
-// id, and whether id has the shape of one.
+// id, and whether id is one as [connID] writes them.
 func parseConnID(id string) (node string, n uint64, ok bool) {
 	node, rest, ok := strings.Cut(id, "/c")
 	if !ok || !ValidNodeName(node) {
 		return "", 0, false
 	}
-	if _, num, qualified := strings.Cut(rest, "-"); qualified {
+	if boot, num, qualified := strings.Cut(rest, "-"); qualified {
+		if b, ok := parseNumber(boot); !ok || b < 2 {
+			return "", 0, false
+		}
 		rest = num
 	}
-	n, err := strconv.ParseUint(rest, 10, 64)
-	return node, n, err == nil
+	n, ok = parseNumber(rest)
+	return node, n, ok
+}
+
+// parseNumber parses a positive decimal number written without a sign or
+// leading zeros.
+func parseNumber(s string) (uint64, bool) {
+	if s == "" || s[0] == '0' {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	return n, err == nil
 }
 
 // NodeOf returns the node of a connection or member id, such as "n2" for

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -79,7 +80,7 @@ func TestConnIDs(t *testing.T) {
 			t.Errorf("NodeOf(%q) = %q, want %q", id+".2", got, tc.want2)
 		}
 	}
-	for _, bad := range []string{"c7", "n1/7", "n1/c", "n1/cx", "n.1/c7", "/c7", "n1/c3-", "n1/c-7x"} {
+	for _, bad := range []string{"c7", "n1/7", "n1/c", "n1/cx", "n.1/c7", "/c7", "n1/c3-", "n1/c-7x", "n1/c07", "n1/c0", "n1/cx-7", "n1/c1-7", "n1/c+7", "n1/c3-07"} {
 		if _, _, ok := parseConnID(bad); ok {
 			t.Errorf("parseConnID(%q) accepted it", bad)
 		}
@@ -168,6 +169,34 @@ func TestIDsCarryTheNodeAndBoot(t *testing.T) {
 		if b.SessionByID("n8"+strings.TrimPrefix(s1.ID(), "n7")) != nil {
 			t.Error("SessionByID found a session under another node's name")
 		}
+		if other := connID("n7", tc.boot+1, s1.Number()); b.SessionByID(other) != nil {
+			t.Errorf("SessionByID(%q) found a session of another start", other)
+		}
 		b.Close()
 	}
+}
+
+// FuzzParseConnID: ids come from URLs and frames; parsing any string
+// neither panics nor accepts what it would not give out.
+func FuzzParseConnID(f *testing.F) {
+	for _, id := range []string{"n1/c7", "web-3fa2/c3-12", "c7", "n1/c", "n.1/c7", "n1/c-", "n1/c1-2-3", "/c1"} {
+		f.Add(id)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		node, n, ok := parseConnID(id)
+		if !ok {
+			return
+		}
+		if !ValidNodeName(node) || NodeOf(id) != node {
+			t.Fatalf("parseConnID(%q) = %q, %d: node invalid or not NodeOf's %q", id, node, n, NodeOf(id))
+		}
+		_, rest, _ := strings.Cut(id, "/c")
+		boot := uint64(1)
+		if b, _, qualified := strings.Cut(rest, "-"); qualified {
+			boot, _ = strconv.ParseUint(b, 10, 64)
+		}
+		if again := connID(node, boot, n); again != id {
+			t.Fatalf("parseConnID(%q) = %q, %d, which connID writes %q", id, node, n, again)
+		}
+	})
 }
