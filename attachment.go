@@ -137,7 +137,8 @@ type Attachment struct {
 	done     chan struct{}
 }
 
-// ID returns the attachment's member id, such as "c7.3".
+// ID returns the attachment's member id, such as "n1/c7.3": its
+// connection's id and its attach id.
 func (a *Attachment) ID() string { return a.member }
 
 // Exchange returns the exchange's name.

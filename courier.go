@@ -85,7 +85,9 @@ type Conn struct {
 
 // ConnOptions configure [NewConn].
 type ConnOptions struct {
-	// ID is the broker's name for this connection, such as "c7".
+	// ID is the broker's name for this connection, such as "n1/c7": the
+	// node's name and the connection's number there (docs/protocol.md
+	// §5.3).
 	ID string
 	// Log receives what the Conn cannot return to a caller, such as a
 	// handler that panicked. Default: slog.Default().
@@ -665,3 +667,14 @@ var (
 	ErrLimit        = &wire.Error{Code: wire.CodeLimit}
 	ErrUnauthorized = &wire.Error{Code: wire.CodeUnauthorized}
 )
+
+// ErrFuncsNotReplicable is the error of declaring an exchange with Go
+// functions ([WithRouteFunc], [WithKeyFunc]) on a node that is part of a
+// cluster: a function lives in one process and cannot be replicated to
+// the other nodes, which must route the exchange's requests too.
+// Declare it with [RouteExpr] or [KeyExpr] instead, which every node
+// compiles from the replicated definition. A single node accepts Go
+// functions as before. docs/cluster.md, "Names and ids", has the
+// decision.
+var ErrFuncsNotReplicable = errors.New("courier: an exchange with Go functions (WithRouteFunc, WithKeyFunc) cannot be declared in a cluster: " +
+	"a function cannot be replicated to the other nodes; use an expression instead (RouteExpr, KeyExpr)")

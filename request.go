@@ -328,7 +328,7 @@ type Request struct {
 	body      []byte
 	tag       string
 	from      string
-	deadline  int64        // unix ns, 0 for none
+	deadline  time.Time    // arrival + Aux, with its monotonic reading; zero for none
 	state     atomic.Int32 // reqServing, reqParked or reqFinished
 	cancelled atomic.Bool
 	ext       atomic.Pointer[reqExtra] // made by Context or Ask
@@ -376,10 +376,10 @@ func (r *Request) Attachment() *Attachment { return r.a }
 
 // Deadline returns the request's deadline, if it has one.
 func (r *Request) Deadline() (time.Time, bool) {
-	if r.deadline == 0 {
+	if r.deadline.IsZero() {
 		return time.Time{}, false
 	}
-	return time.Unix(0, r.deadline), true
+	return r.deadline, true
 }
 
 // Context returns a context that ends when the request's deadline passes
@@ -609,7 +609,9 @@ func (r *Request) answer(f *wire.Frame) {
 func (a *Attachment) serve(f *wire.Frame) {
 	r := &Request{a: a, id: f.Ref, key: f.Key, header: f.Header, body: f.Body, tag: f.Tag, from: f.Name}
 	if f.Aux != 0 { // its timeout in ms
-		r.deadline = time.Now().UnixNano() + int64(f.Aux)*int64(time.Millisecond)
+		// Counted from arrival on this process's monotonic clock: a wall
+		// clock set back or forth meanwhile changes nothing.
+		r.deadline = time.Now().Add(time.Duration(f.Aux) * time.Millisecond)
 	}
 	f.Release()
 	a.serving.Store(r)

@@ -35,9 +35,15 @@ import (
 // Config configures a Node. The toml keys are those of the
 // configuration file of `courier server` (docs/operations.md).
 type Config struct {
-	// Name names the node in member ids, logs and the management API.
-	// Default: "n1".
-	Name string `toml:"name"`
+	// Name names the node in connection and member ids ("n1/c7.2"),
+	// logs and the management API: 1 to 64 letters, digits, '-' and '_',
+	// the first a letter or a digit. The data directory records the
+	// name of its node ([IdentityFile]): a restart keeps it, and Start
+	// refuses a data directory recorded under another name
+	// ([ErrDataDirOfAnotherNode]). Default: the recorded name, or on a
+	// new data directory a fresh one, the host's short name and four
+	// random hexadecimal digits ("web1-3fa2").
+	Name string `toml:"node"`
 	// DataDir holds the node's durable state. It is created if missing.
 	// Default: "courier-data".
 	DataDir string `toml:"data_dir"`
@@ -215,7 +221,7 @@ const DefaultScrubRate ByteSize = 64 << 20
 func DefaultConfig() Config {
 	sd := server.DefaultConfig()
 	return Config{
-		Name: "n1", DataDir: "courier-data", Heartbeat: sd.Heartbeat, DrainTimeout: 10 * time.Second,
+		DataDir: "courier-data", Heartbeat: sd.Heartbeat, DrainTimeout: 10 * time.Second,
 		ScrubRate: DefaultScrubRate,
 		Limits: Limits{
 			MaxFrame: sd.MaxFrame, MaxConns: sd.MaxConns, MaxAttachments: 4096, MaxInflight: 65536,
@@ -232,7 +238,6 @@ func DefaultConfig() Config {
 // setDefaults fills the zero fields with their defaults.
 func (c *Config) setDefaults() {
 	d := DefaultConfig()
-	setDefault(&c.Name, d.Name)
 	setDefault(&c.DataDir, d.DataDir)
 	setDefault(&c.Heartbeat, d.Heartbeat)
 	setDefault(&c.DrainTimeout, d.DrainTimeout)
@@ -274,8 +279,8 @@ func setDefault[T comparable](v *T, d T) {
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
-	if c.Name == "" {
-		return fmt.Errorf("node: name is empty")
+	if c.Name != "" && !broker.ValidNodeName(c.Name) {
+		return fmt.Errorf("node: invalid node name %q: use 1 to %d letters, digits, '-' and '_', starting with a letter or a digit", c.Name, broker.MaxNodeName)
 	}
 	if (c.AdminUser == "") != (c.AdminPassword == "") {
 		return fmt.Errorf("node: the first administrator needs both a user name and a password")
@@ -351,6 +356,7 @@ type Node struct {
 	admin  *admin.Server
 	http   net.Addr
 	users  *auth.Store
+	boot   uint64
 	tls    []*tlsFiles // the listeners' TLS files, read again by Reload
 	closed atomic.Bool
 	// fabric is the cluster's membership and links; nil for a single
@@ -374,6 +380,9 @@ func Start(cfg Config) (*Node, error) {
 	if err := prepareDataDir(cfg.DataDir, cfg.Log); err != nil {
 		return nil, err
 	}
+	if err := checkDataDir(cfg.DataDir, cfg.Name); err != nil {
+		return nil, err // before the users file may get a first administrator
+	}
 	logFDs := func() {}
 	if cfg.Listen != "" || cfg.HTTP != "" {
 		logFDs = applyFDLimit(&cfg)
@@ -382,10 +391,24 @@ func Start(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	// After the checks that refuse a configuration: a start refused
+	// records no name and counts no start.
+	named := cfg.Name
+	name, boot, undo, err := claimDataDir(cfg.DataDir, cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			undo() // nothing was served: the start is not counted
+		}
+	}()
+	cfg.Name = name
 	n := &Node{
 		cfg: cfg,
 		broker: broker.New(broker.Config{
-			Node: cfg.Name, Log: cfg.Log, Supervised: true,
+			Node: cfg.Name, Boot: boot, Log: cfg.Log, Supervised: true,
 			Memory:      cfg.memory(),
 			Policy:      users,
 			MaxInflight: cfg.Limits.MaxInflight, MaxAttachments: cfg.Limits.MaxAttachments, MaxDeadline: cfg.Limits.MaxDeadline,
@@ -398,6 +421,7 @@ func Start(cfg Config) (*Node, error) {
 		}),
 		conns:   make(map[*localTransport]struct{}),
 		users:   users,
+		boot:    boot,
 		started: time.Now(),
 	}
 	users.OnChange(func() { n.broker.Reauthorize() })
@@ -475,6 +499,10 @@ func Start(cfg Config) (*Node, error) {
 	ok = true
 	logFDs()
 	n.sup.Start()
+	started = true
+	if named == "" && boot == 1 {
+		cfg.Log.Info("node name chosen; the data directory keeps it", "node", name, "file", filepath.Join(cfg.DataDir, IdentityFile))
+	}
 	return n, nil
 }
 
@@ -701,8 +729,13 @@ func (n *Node) URL() string {
 	return "courier://" + n.addr.String()
 }
 
-// Name returns the node's name.
+// Name returns the node's name: Config.Name, or the one recorded in or
+// chosen for its data directory.
 func (n *Node) Name() string { return n.cfg.Name }
+
+// Boot returns how many times a node has started on this data directory,
+// this start included (1 for the first); see [IdentityFile].
+func (n *Node) Boot() uint64 { return n.boot }
 
 // Broker returns the routing core, for the server and the management API
 // inside this module.

@@ -222,8 +222,8 @@ func TestExampleFrames(t *testing.T) {
 		},
 		{
 			name: "RESPONSE",
-			f:    &Frame{Type: TypeResponse, Flags: FlagLast, Ref: 7, Name: "c2.1", Body: []byte("pong")},
-			hex:  "0000000d 21 10 89 07 04 63322e31 706f6e67",
+			f:    &Frame{Type: TypeResponse, Flags: FlagLast, Ref: 7, Name: "n1/c2.1", Body: []byte("pong")},
+			hex:  "00000010 21 10 89 07 07 6e312f63322e31 706f6e67",
 		},
 	}
 	for _, tc := range cases {

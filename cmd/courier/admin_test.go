@@ -17,7 +17,7 @@ func adminServer(t *testing.T) (url, api string) {
 	t.Helper()
 	for attempt := 0; ; attempt++ {
 		addr, httpAddr := "127.0.0.1:"+cliFreePort(t), "127.0.0.1:"+cliFreePort(t)
-		srv := cliStart(t, "", nil, "server", "--listen", addr, "--http", httpAddr, "--data", t.TempDir(), "--log-level", "warn")
+		srv := cliStart(t, "", nil, "server", "--node", "cli-admin", "--listen", addr, "--http", httpAddr, "--data", t.TempDir(), "--log-level", "warn")
 		var err error
 		up := func() bool {
 			var resp *http.Response
@@ -48,7 +48,7 @@ func TestCLIAdmin(t *testing.T) {
 
 	t.Run("Overview", func(t *testing.T) {
 		out := cliOK(t, a("overview")...)
-		for _, w := range []string{"node", "n1", "objects", "1 connections, 1 exchanges, 0 queues, 1 attachments",
+		for _, w := range []string{"node", "cli-admin", "objects", "1 connections, 1 exchanges, 0 queues, 1 attachments",
 			"listeners", "courier 127.0.0.1:", "http 127.0.0.1:", "alarms", "none", "MESSAGES", "publish", "deliver"} {
 			if !strings.Contains(out, w) {
 				t.Errorf("overview lacks %q:\n%s", w, out)
@@ -66,7 +66,7 @@ func TestCLIAdmin(t *testing.T) {
 	t.Run("Connections", func(t *testing.T) {
 		out := cliOK(t, a("connections")...)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
-		if len(lines) != 2 || !strings.HasPrefix(lines[0], "ID") || !strings.Contains(lines[1], "courier-cli") ||
+		if len(lines) != 2 || !strings.HasPrefix(lines[0], "ID") || !strings.HasPrefix(lines[1], "cli-admin/c") || !strings.Contains(lines[1], "courier-cli") ||
 			!strings.Contains(lines[1], "network") || !strings.Contains(lines[1], "127.0.0.1:") {
 			t.Errorf("connections table:\n%s", out)
 		}

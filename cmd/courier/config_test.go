@@ -13,7 +13,7 @@ import (
 func TestServerConfigFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "courier.toml")
 	os.WriteFile(path, []byte(`
-name = "from-file"
+node = "from-file"
 listen = "127.0.0.1:7411"
 http = "off"
 drain_timeout = "3s"
@@ -35,7 +35,7 @@ restart_window = "10s"
 `), 0o644)
 	sc := defaultServerConfig()
 	cmd := newServerCmd(&sc)
-	if err := cmd.ParseFlags([]string{"--config", path, "--name", "from-flag", "--max-connections", "20"}); err != nil {
+	if err := cmd.ParseFlags([]string{"--config", path, "--node", "from-flag", "--max-connections", "20"}); err != nil {
 		t.Fatal(err)
 	}
 	httpSet, err := loadServerConfig(path, cmd.Flags(), &sc)
@@ -56,13 +56,33 @@ restart_window = "10s"
 	}
 }
 
+// TestServerNodeNameOldSpelling: --name and the key name, the spellings
+// before --node and node, still set the node's name.
+func TestServerNodeNameOldSpelling(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "courier.toml")
+	os.WriteFile(path, []byte("name = \"old-key\"\n"), 0o644)
+	sc := defaultServerConfig()
+	if _, err := loadServerConfig(path, newServerCmd(&sc).Flags(), &sc); err != nil || sc.Name != "old-key" {
+		t.Errorf("key name: %q, %v; want old-key", sc.Name, err)
+	}
+	sc = defaultServerConfig()
+	cmd := newServerCmd(&sc)
+	if err := cmd.ParseFlags([]string{"--name", "old-flag"}); err != nil || sc.Name != "old-flag" {
+		t.Errorf("--name: %q, %v; want old-flag", sc.Name, err)
+	}
+	if f := cmd.Flags().Lookup("name"); f == nil || !f.Hidden {
+		t.Error("--name is not a hidden alias")
+	}
+}
+
 // TestServerConfigFileErrors: typos and bad values are clear errors.
 func TestServerConfigFileErrors(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
 		{"lisen = \"x\"\n", "unknown key(s) lisen"},
 		{"[limits]\nmax_conections = 1\n", "unknown key(s) limits.max_conections"},
 		{"drain_timeout = \"soon\"\n", "soon"},
-		{"name = \n", "config"},
+		{"node = \n", "config"},
+		{"node = \"a\"\nname = \"b\"\n", "old spelling of node"},
 	} {
 		path := filepath.Join(t.TempDir(), "c.toml")
 		os.WriteFile(path, []byte(tc.body), 0o644)

@@ -17,7 +17,7 @@ func TestCLIQuiet(t *testing.T) {
 	var srv *cliProc
 	for attempt := 0; ; attempt++ {
 		addr = "127.0.0.1:" + cliFreePort(t)
-		srv = cliStart(t, "", nil, "server", "--listen", addr, "--http", "off", "--data", t.TempDir(), "--log-level", "info")
+		srv = cliStart(t, "", nil, "server", "--node", "quiet", "--listen", addr, "--http", "off", "--data", t.TempDir(), "--log-level", "info")
 		up := func() bool {
 			c, err := net.DialTimeout("tcp", addr, time.Second)
 			if err == nil {
@@ -59,7 +59,7 @@ func TestCLIQuiet(t *testing.T) {
 	if c := closed[0]; !strings.Contains(c, "level=INFO") || strings.Contains(c, "err=") || !strings.Contains(c, `reason="the client sent CLOSE: client closed"`) {
 		t.Errorf("connection closed line: %q", c)
 	}
-	if n := strings.Count(srv.stderr.String(), "conn=c1 "); n != 2 {
+	if n := strings.Count(srv.stderr.String(), "conn=quiet/c1 "); n != 2 {
 		t.Errorf("%d lines about the command's connection, want 2:\n%s", n, srv.stderr.String())
 	}
 }

@@ -28,6 +28,23 @@ func init() { commands = append(commands, serverCmd) }
 type serverConfig struct {
 	node.Config
 	Log logConfig `toml:"log"`
+	// OldName is the node's name under the key of versions before node;
+	// see nodeName.
+	OldName string `toml:"name"`
+}
+
+// nodeName takes the name of the old key name when node is not set,
+// and refuses the two set apart.
+func (sc *serverConfig) nodeName() error {
+	switch {
+	case sc.OldName == "" || sc.OldName == sc.Name:
+	case sc.Name == "":
+		sc.Name = sc.OldName
+	default:
+		return fmt.Errorf("config: node = %q and name = %q: name is the old spelling of node; keep one", sc.Name, sc.OldName)
+	}
+	sc.OldName = ""
+	return nil
 }
 
 type logConfig struct {
@@ -58,6 +75,9 @@ func loadServerConfig(path string, flags *pflag.FlagSet, cfg *serverConfig) (htt
 			names[i] = k.String()
 		}
 		return false, fmt.Errorf("config %s: unknown key(s) %s; docs/operations.md lists the keys", path, strings.Join(names, ", "))
+	}
+	if err := cfg.nodeName(); err != nil {
+		return false, fmt.Errorf("%s: %w", path, err)
 	}
 	for name, v := range given {
 		if err := flags.Set(name, v); err != nil {
@@ -143,6 +163,9 @@ manage users with 'courier users'.`,
 				cfg.HTTP = ""
 				n, err = node.Start(*cfg)
 			}
+			if errors.Is(err, node.ErrDataDirOfAnotherNode) || errors.Is(err, node.ErrBadIdentity) {
+				return withCode(exitUsage, err)
+			}
 			if le := (*store.LockedError)(nil); errors.As(err, &le) {
 				return withCode(exitFailure, fmt.Errorf("data directory %s is in use: %s holds %s; stop it, or give this server another --data", cfg.DataDir, le.Holder(), le.Path))
 			}
@@ -188,8 +211,9 @@ manage users with 'courier users'.`,
 	f.StringVar(&cfg.Listen, "listen", d.Listen, "client listener address; loopback only until the node has users")
 	f.StringVar(&cfg.HTTP, "http", d.HTTP, `management API, metrics and dashboard address; loopback only until the node has users ("" or "off": none)`)
 	f.StringVar(&cfg.DataDir, "data", d.DataDir, "data directory")
-	f.StringVar(&cfg.Name, "name", d.Name, "node name")
-	f.StringVar(&cfg.Name, "node", d.Name, "node name (the same as --name)")
+	f.StringVar(&cfg.Name, "node", d.Name, "node name: letters, digits, '-', '_' (default: the one recorded in the data directory, or on a new one the host's name and 4 hex digits)")
+	f.StringVar(&cfg.Name, "name", d.Name, "the old spelling of --node")
+	f.MarkHidden("name")
 	f.StringVar(&cfg.Cluster.Listen, "cluster", "", "cluster address, TCP and UDP, such as 127.0.0.1:7500: the node joins a cluster (default: none, a single node)")
 	f.StringVar(&cfg.Cluster.Advertise, "cluster-advertise", "", "cluster address the other nodes reach this one at (default: --cluster's)")
 	f.StringVar(&join, "join", "", "cluster addresses of seed nodes, comma-separated, tried until one answers")

@@ -254,6 +254,7 @@ func (s *Server) routes() {
 	api("/api/exchanges/{name}/publish", s.publish)
 	api("/api/connections", getOnly(s.listConnections))
 	api("/api/connections/{id}", s.connection)
+	api("/api/connections/{node}/{id}", s.connection) // an id such as n1/c7, its '/' not escaped
 	api("/api/whoami", getOnly(s.whoami))
 	api("/api/users", getOnly(s.listUsers))
 	api("/api/users/{name}", s.user)

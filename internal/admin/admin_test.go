@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"reflect"
 	"slices"
 	"strings"
@@ -672,11 +673,19 @@ func TestConnections(t *testing.T) {
 		t.Errorf("connected_at %v, want about %v", at, before)
 	}
 
-	var o obj
-	h.get("/api/connections/"+net1.ID()+"?columns=id,peer", &o)
-	if k := o.keys(); !slices.Equal(k, []string{"id", "peer"}) || o["id"] != net1.ID() {
-		t.Errorf("one connection: %v", o)
+	// Ids name the node ("n1/c2"); a connection's URL takes its id as
+	// two path segments or as one with the '/' escaped.
+	if !strings.HasPrefix(net1.ID(), "n1/c") || !strings.HasPrefix(emb.ID(), "n1/c") {
+		t.Errorf("connection ids %q and %q do not name the node n1", net1.ID(), emb.ID())
 	}
+	for _, path := range []string{"/api/connections/" + net1.ID(), "/api/connections/" + url.PathEscape(net1.ID())} {
+		var o obj
+		h.get(path+"?columns=id,peer", &o)
+		if k := o.keys(); !slices.Equal(k, []string{"id", "peer"}) || o["id"] != net1.ID() {
+			t.Errorf("one connection at %s: %v", path, o)
+		}
+	}
+	h.fails("GET", "/api/connections/n9/"+strings.TrimPrefix(net1.ID(), "n1/"), "", 404, "not_found", "n9/c")
 	h.get("/api/connections?columns=id&sort=id&sort_reverse=true", &list)
 	if ids := names(list, "id"); !slices.Equal(ids, []string{net1.ID(), emb.ID()}) {
 		t.Errorf("reverse by id: %v", ids)
@@ -689,6 +698,7 @@ func TestConnections(t *testing.T) {
 	if len(list) != 1 || list[0]["name"] != "worker-1" {
 		t.Errorf("name=worker: %v", list)
 	}
+	h.fails("GET", "/api/connections/n1/c999", "", 404, "not_found", "n1/c999")
 	h.fails("GET", "/api/connections/c999", "", 404, "not_found", "c999")
 	h.fails("GET", "/api/connections/x", "", 404, "not_found")
 	h.fails("POST", "/api/connections/"+net1.ID(), "", 405, "method_not_allowed")

@@ -88,6 +88,9 @@ func (s *Server) connection(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
+	if node := r.PathValue("node"); node != "" {
+		id = node + "/" + id
+	}
 	sess := s.b.SessionByID(id)
 	if sess == nil {
 		writeError(w, notFound("connection %q not found", id))

@@ -31,7 +31,7 @@ var exchangeSchema = newSchema("name",
 )
 
 // appendMembers encodes members as wire.Member does:
-// [{"id": "c7.1", "role": "handler", "service_tag": "eu", ...}].
+// [{"id": "n1/c7.1", "role": "handler", "service_tag": "eu", ...}].
 func appendMembers(b []byte, members []wire.Member) []byte {
 	b = append(b, '[')
 	for i, m := range members {

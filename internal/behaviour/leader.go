@@ -2,6 +2,7 @@ package behaviour
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,6 +53,11 @@ func (s *suite) testLeader(t *testing.T) {
 		}
 		if !first.IsLeader {
 			t.Errorf("the first member's leader event says IsLeader=false")
+		}
+		// Member ids name their node and connection (docs/protocol.md
+		// §5.3), so that they are unique across a cluster and restarts.
+		if node, _, ok := strings.Cut(first.Leader, "/c"); !ok || node == "" || !strings.HasPrefix(first.Leader, m1.c.ID()+".") {
+			t.Errorf("leader's member id %q, want <node>/c<number>.<attach> under its connection %q", first.Leader, m1.c.ID())
 		}
 		if first.Exchange != ex.Name() {
 			t.Errorf("event for exchange %q, want %q", first.Exchange, ex.Name())

@@ -450,7 +450,7 @@ func (s *suite) testInverted(t *testing.T) {
 		}
 		err = other.SubscribeMember(e.ctx, sub.ID(), "orders.*")
 		mustErr(t, err, courier.ErrNotAllowed, "a subscriber subscribing another")
-		err = ctl.SubscribeMember(e.ctx, "c999999.1", "orders.*")
+		err = ctl.SubscribeMember(e.ctx, "nowhere/c999999.1", "orders.*")
 		mustErr(t, err, courier.ErrNotFound, "subscribing an unknown member")
 	})
 	t.Run("NoController", func(t *testing.T) {

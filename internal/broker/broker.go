@@ -37,8 +37,14 @@ import (
 
 // Config configures a Broker.
 type Config struct {
-	// Node names this broker in member ids and logs. Default: "n1".
+	// Node names this broker in connection and member ids and logs; see
+	// [ValidNodeName]. Default: a fresh name from [NewNodeName], which a
+	// node keeps in its data directory.
 	Node string
+	// Boot is the node's start count on its data directory, 1 for the
+	// first: from 2 on it qualifies connection ids ("n2/c3-7"), so that a
+	// node never gives out an id it gave out before a restart. Default: 1.
+	Boot uint64
 	// Log receives structured logs. Default: slog.Default().
 	Log *slog.Logger
 	// MaxInflight bounds the requests one session may have in flight as a
@@ -104,7 +110,7 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if c.Node == "" {
-		c.Node = "n1"
+		c.Node = NewNodeName()
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
@@ -369,7 +375,8 @@ func (b *Broker) Sweep(ctx context.Context) error {
 			return nil
 		case <-ctx.Done():
 			return nil
-		case now := <-t.C:
+		case <-t.C:
+			now := monoNow()
 			b.mu.RLock()
 			list = list[:0]
 			for _, s := range b.sessions {
@@ -379,7 +386,7 @@ func (b *Broker) Sweep(ctx context.Context) error {
 			}
 			b.mu.RUnlock()
 			for _, s := range list {
-				s.expire(now.UnixNano())
+				s.expire(now)
 			}
 		}
 	}
@@ -665,7 +672,8 @@ func (b *Broker) member(id string) *Attachment {
 }
 
 // Open starts a session whose frames go to sink. name appears in logs; the
-// session's id (such as "c7") prefixes the member ids of its attachments.
+// session's id (such as "n1/c7", see [NodeOf]) prefixes the member ids of
+// its attachments ("n1/c7.2").
 //
 // The session may do anything; see [Broker.OpenAs] for a user's session.
 func (b *Broker) Open(sink Sink, name string) *Session {
@@ -679,7 +687,7 @@ func (b *Broker) open(sink Sink, name string) *Session {
 	return &Session{
 		b:           b,
 		n:           n,
-		id:          fmt.Sprintf("c%d", n),
+		id:          connID(b.cfg.Node, b.cfg.Boot, n),
 		name:        name,
 		sink:        sink,
 		attachments: make(map[uint32]*Attachment),

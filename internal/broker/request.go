@@ -24,16 +24,35 @@ type pending struct {
 	inf      *inflight   // broadcast: the shared record; nil for unicast
 	a        *Attachment // unicast: the handler
 	id       uint64      // unicast: the id in the handler's session
-	deadline int64       // unix ns after which the broker gives up; 0: none
+	deadline int64       // monoNow after which the broker gives up; 0: none
 	w        any         // the requester's wire.Frame.Waiter
 }
 
-// deadlineOf turns a REQUEST's timeout in ms into an absolute deadline.
-func deadlineOf(f *wire.Frame) int64 {
+// Deadlines travel as time remaining, never as a clock reading: a
+// REQUEST's Aux is its timeout in ms from when it was sent. The broker
+// counts it from the request's arrival (start, on the monotonic clock),
+// and gives each handler what remains of it when the request is
+// delivered, after routing (expressions, redirects) took its share.
+// Clocks of different machines, or a wall clock set back or forth, then
+// never shorten nor lengthen a deadline.
+
+// deadlineOf returns the monotonic deadline of request f that arrived at
+// start (monoNow), 0 for none.
+func deadlineOf(f *wire.Frame, start int64) int64 {
 	if f.Aux == 0 {
 		return 0
 	}
-	return time.Now().UnixNano() + int64(f.Aux)*int64(time.Millisecond)
+	return start + int64(f.Aux)*int64(time.Millisecond)
+}
+
+// remainingMS is what a handler receives as Aux for request f that
+// arrived at start: its timeout less the time spent since, in whole
+// milliseconds, at least 1; 0 (none) for a request without a deadline.
+func remainingMS(f *wire.Frame, start int64) uint64 {
+	if f.Aux == 0 {
+		return 0
+	}
+	return uint64(max(timeLeft(f, start).Milliseconds(), 1))
 }
 
 // inflight is a broadcast request. The requester's shard lock for reqID
@@ -531,7 +550,7 @@ func (s *Session) sendOne(f *wire.Frame, a *Attachment, start int64) error {
 		return wire.Errorf(wire.CodeHandlerGone, "the handler's connection closed")
 	}
 	a.addBusy(1)
-	if err := s.register(f.Ref, pending{a: a, id: id, deadline: deadlineOf(f), w: f.Waiter}); err != nil {
+	if err := s.register(f.Ref, pending{a: a, id: id, deadline: deadlineOf(f, start), w: f.Waiter}); err != nil {
 		if _, ok := h.handling.get(id, true); ok {
 			a.addBusy(-1)
 		}
@@ -548,7 +567,7 @@ func (s *Session) sendOne(f *wire.Frame, a *Attachment, start int64) error {
 		return nil
 	}
 	h.stats.Delivered.Add(f.Ref, 1)
-	f.Ref, f.Attach, f.Name, f.Waiter = id, a.id, s.id, nil
+	f.Ref, f.Attach, f.Name, f.Aux, f.Waiter = id, a.id, s.id, remainingMS(f, start), nil
 	h.sink.Deliver(f)
 	return nil
 }
@@ -559,7 +578,7 @@ func (s *Session) send(f *wire.Frame, list []*Attachment, start int64) error {
 		return s.sendOne(f, list[0], start)
 	}
 	inf := &inflight{requester: s, reqID: f.Ref, w: f.Waiter, start: start, remaining: len(list), targets: make([]target, len(list))}
-	if err := s.register(f.Ref, pending{inf: inf, deadline: deadlineOf(f), w: f.Waiter}); err != nil {
+	if err := s.register(f.Ref, pending{inf: inf, deadline: deadlineOf(f, start), w: f.Waiter}); err != nil {
 		return err
 	}
 	for i, a := range list {
@@ -581,7 +600,7 @@ func (s *Session) send(f *wire.Frame, list []*Attachment, start int64) error {
 			continue
 		}
 		g := f.Clone()
-		g.Ref, g.Attach, g.Name, g.Waiter = id, a.id, s.id, nil
+		g.Ref, g.Attach, g.Name, g.Aux, g.Waiter = id, a.id, s.id, remainingMS(f, start), nil
 		a.addBusy(1)
 		a.s.stats.Delivered.Add(f.Ref, 1)
 		a.s.sink.Deliver(g)
@@ -792,7 +811,7 @@ func (s *Session) answer(f *wire.Frame) {
 }
 
 // expire fails the requests of this session whose deadline passed before
-// now: the requester gets a timeout, the handlers a CANCEL. Clients cancel
+// now (monoNow): the requester gets a timeout, the handlers a CANCEL. Clients cancel
 // on their own deadline too; this is for those that do not.
 func (s *Session) expire(now int64) {
 	type due struct {

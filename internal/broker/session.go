@@ -60,7 +60,7 @@ type SessionStats struct {
 	Delivered Counter // messages and requests delivered to it
 }
 
-// ID returns the session id, such as "c7".
+// ID returns the session id, such as "n1/c7"; see [Broker.Open].
 func (s *Session) ID() string { return s.id }
 
 // Name returns the client name given at Open.

@@ -1,9 +1,6 @@
 package broker
 
 import (
-	"strconv"
-	"strings"
-
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -34,15 +31,11 @@ func (b *Broker) Sessions(dst []*Session) []*Session {
 	return dst
 }
 
-// SessionByID returns the open session whose id is id (such as "c7"), or
-// nil.
+// SessionByID returns the open session whose id is id (such as "n1/c7"),
+// or nil.
 func (b *Broker) SessionByID(id string) *Session {
-	num, ok := strings.CutPrefix(id, "c")
-	if !ok {
-		return nil
-	}
-	n, err := strconv.ParseUint(num, 10, 64)
-	if err != nil {
+	node, n, ok := parseConnID(id)
+	if !ok || node != b.cfg.Node {
 		return nil
 	}
 	b.mu.RLock()
@@ -113,8 +106,8 @@ func (ex *Exchange) Subscribers() int {
 	return ex.nsubs
 }
 
-// Number returns the session's sequence number: 7 for "c7". Sessions
-// opened later have higher numbers.
+// Number returns the session's sequence number: 7 for "n1/c7" (and for
+// "n1/c3-7"). Sessions opened later have higher numbers.
 func (s *Session) Number() uint64 { return s.n }
 
 // Sink returns the sink the session was opened with: for the management
