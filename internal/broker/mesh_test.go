@@ -41,12 +41,23 @@ func newMesh(t testing.TB, names ...string) *mesh {
 // to its name).
 func newMeshConfig(t testing.TB, cfg Config, names ...string) *mesh {
 	t.Helper()
+	return newMeshPrepared(t, cfg, nil, names...)
+}
+
+// newMeshPrepared is newMeshConfig, with prepare, if not nil, called on
+// each broker before it has links: what it does there is the state of a
+// node before it joins its cluster.
+func newMeshPrepared(t testing.TB, cfg Config, prepare func(name string, b *Broker), names ...string) *mesh {
+	t.Helper()
 	m := &mesh{t: t, brokers: map[string]*Broker{}, links: map[[2]string]*meshLink{},
 		cut: map[[2]string]bool{}, sent: map[string]int{}}
 	for _, n := range names {
 		c := cfg
 		c.Node = n
 		b := New(c)
+		if prepare != nil {
+			prepare(n, b)
+		}
 		b.SetPeers(meshPeers{m, n})
 		m.brokers[n] = b
 		t.Cleanup(func() { b.Close() })

@@ -206,11 +206,9 @@ type remoteAsk struct {
 	controller *Attachment
 	body       []byte // the SUBREQUEST's
 	member     string
+	// weight is what it counts in psPeer.asks: its patterns, at least 1.
+	weight int64
 }
-
-// maxAsksPerPeer bounds the subscription requests of one node waiting
-// here for a controller: past it, they are refused at once.
-const maxAsksPerPeer = 65536
 
 // maxTries bounds the times a subscription request is sent to another
 // node's controller that is gone: then it is refused.
@@ -276,14 +274,18 @@ func (b *Broker) remoteSubRequest(pp *psPeer, f *wire.Frame) {
 		answer(wire.VerdictRefuse, "bad subscription request")
 		return
 	}
-	if pp.asks.Add(1) > maxAsksPerPeer {
-		pp.asks.Add(-1)
+	if len(sr.Patterns) > b.cfg.MaxPatternsPerAttachment {
+		answer(wire.VerdictRefuse, "more patterns than a subscriber may have")
+		return
+	}
+	ra := &remoteAsk{pp: pp, ref: f.Ref, body: jsonBody(sr), member: sr.Member.ID, weight: int64(max(1, len(sr.Patterns)))}
+	if pp.asks.Add(ra.weight) > int64(b.cfg.MaxPatternsPerPeer) {
+		pp.asks.Add(-ra.weight)
 		answer(wire.VerdictRefuse, "too many subscription requests from node "+pp.p.node+" wait for a controller")
 		return
 	}
-	ra := &remoteAsk{pp: pp, ref: f.Ref, body: jsonBody(sr), member: sr.Member.ID}
 	if !ex.deliverAsk(ra) {
-		pp.asks.Add(-1)
+		pp.asks.Add(-ra.weight)
 		answer(verdictAgain, "")
 	}
 }
@@ -319,7 +321,7 @@ func (ex *Exchange) remoteDecision(f *wire.Frame) error {
 	if ra == nil {
 		return nil // the subscriber went away meanwhile
 	}
-	ra.pp.asks.Add(-1)
+	ra.pp.asks.Add(-ra.weight)
 	d := wire.NewFrame(wire.TypeRDecide)
 	d.Ref, d.Name, d.Aux, d.Tag = ra.ref, ex.name, f.Aux, f.Tag
 	patterns, err := checkDecision(f.Aux, f.Body)
@@ -385,7 +387,7 @@ func (ex *Exchange) remoteControllerGone(ctrl *Attachment) {
 		if ex.deliverAsk(ra) {
 			continue
 		}
-		ra.pp.asks.Add(-1)
+		ra.pp.asks.Add(-ra.weight)
 		d := wire.NewFrame(wire.TypeRDecide)
 		d.Ref, d.Name, d.Aux = ra.ref, ex.name, verdictAgain
 		ex.b.sendControl(ra.pp, d, nil)

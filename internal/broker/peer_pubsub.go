@@ -56,7 +56,8 @@ type psPeer struct {
 	seq   uint64     // the last RSUB number sent
 	down  bool
 	waits []pendingAck // in seq order
-	// asks counts its RSUBREQs waiting here for a controller.
+	// asks counts the patterns of its RSUBREQs waiting here for a
+	// controller (at least 1 each), bounded by MaxPatternsPerPeer.
 	asks atomic.Int64
 }
 
@@ -270,18 +271,21 @@ func (ex *Exchange) gainInterest(patterns []string) {
 	if !ex.b.clustered() || len(patterns) == 0 {
 		return
 	}
-	if ex.interest == nil {
-		ex.interest = make(map[string]*localInterest)
-	}
 	var first []string
-	for _, p := range patterns {
-		li := ex.interest[p]
-		if li == nil {
-			li = &localInterest{}
-			ex.interest[p] = li
-			first = append(first, p)
+	if ex.interest == nil {
+		// Never announced: every pattern is a first, a's fresh ones
+		// included (they are in the tree already).
+		first = slices.Sorted(maps.Keys(ex.buildInterestLocked()))
+	} else {
+		for _, p := range patterns {
+			li := ex.interest[p]
+			if li == nil {
+				li = &localInterest{}
+				ex.interest[p] = li
+				first = append(first, p)
+			}
+			li.n++
 		}
-		li.n++
 	}
 	if len(first) == 0 {
 		return
@@ -290,6 +294,29 @@ func (ex *Exchange) gainInterest(patterns []string) {
 	for _, p := range first {
 		ex.interest[p].wait = w
 	}
+}
+
+// buildInterestLocked makes the exchange's interest table from its
+// local subscribers: the table is kept only once the node has links
+// (see clustered), and subscribers may be older, such as durable
+// subscriptions brought back from the store before the node joined its
+// cluster. ex.subMu is held.
+func (ex *Exchange) buildInterestLocked() map[string]*localInterest {
+	ex.interest = make(map[string]*localInterest)
+	for _, a := range ex.subs.all() {
+		if a.isStandIn() {
+			continue
+		}
+		for _, p := range a.patterns {
+			li := ex.interest[p]
+			if li == nil {
+				li = &localInterest{}
+				ex.interest[p] = li
+			}
+			li.n++
+		}
+	}
+	return ex.interest
 }
 
 // loseInterest counts a local subscriber less for each of patterns and
@@ -610,8 +637,17 @@ func (b *Broker) pubsubPeerUp(p *peer) {
 
 // sendTable sends pp every pattern ex has local interest in.
 func (ex *Exchange) sendTable(pp *psPeer) {
+	var last *interestWait
+	defer func() {
+		if last != nil {
+			last.release() // with no lock held: it may end waits
+		}
+	}()
 	ex.subMu.Lock()
 	defer ex.subMu.Unlock()
+	if ex.interest == nil && !ex.subsClosed {
+		ex.buildInterestLocked()
+	}
 	if len(ex.interest) == 0 {
 		return
 	}
@@ -632,9 +668,7 @@ func (ex *Exchange) sendTable(pp *psPeer) {
 			}
 		}
 		ex.b.sendControl(pp, f, w)
-		if w != nil {
-			w.release()
-		}
+		last = w
 	}
 }
 

@@ -759,3 +759,59 @@ func TestLeaderOf(t *testing.T) {
 		t.Error("a leader of none")
 	}
 }
+
+// Subscribers a node had before it joined its cluster (such as durable
+// subscriptions brought back from its store) are in the table it sends.
+func TestMeshInterestFromBeforeJoining(t *testing.T) {
+	sinks := map[string]*meshSink{}
+	m := newMeshPrepared(t, Config{}, func(name string, b *Broker) {
+		if _, err := b.Declare("x", Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternPubSub}}); err != nil {
+			t.Fatal(err)
+		}
+		if name != "b" {
+			return
+		}
+		k := newMeshSink()
+		sinks[name] = k
+		s := b.Open(k, "early")
+		t.Cleanup(s.Close)
+		s.Handle(attachFrame(1, "x", wire.RoleSubscriber, "early.*"))
+	}, "a", "b")
+	waitUntil(t, "a installs b's early interest", func() bool { return linkStats(m.brokers["a"], "b").Patterns == 1 })
+	pub := m.client("a")
+	pub.publish("x", "early.1", "e")
+	waitUntil(t, "the early subscriber gets a's publication", func() bool { return len(sinks["b"].got(1)) == 1 })
+	// And a later subscriber of another pattern is announced as usual.
+	sub := m.client("b")
+	sub.subscribe(1, "x", "late")
+	if got := linkStats(m.brokers["a"], "b").Patterns; got != 2 {
+		t.Errorf("a holds %d of b's patterns, want 2", got)
+	}
+}
+
+// A node's subscription requests waiting for a controller here are
+// bounded: past MaxPatternsPerPeer patterns, they are refused at once.
+func TestMeshRemoteAsksBounded(t *testing.T) {
+	m := newMeshConfig(t, Config{MaxPatternsPerPeer: 5}, "a", "b")
+	m.declareEverywhere("cx", true)
+	ctrl := m.controller("a", "cx")
+	a := m.brokers["a"]
+	ask := func(token uint64, patterns ...string) {
+		f := wire.NewFrame(wire.TypeRSubReq)
+		f.Ref, f.Name = token, "cx"
+		f.Body = jsonBody(wire.SubRequestBody{Member: wire.Member{ID: fmt.Sprintf("b/c1.%d", token)}, Patterns: patterns})
+		a.FromPeer("b", f)
+	}
+	ask(1, "p.1", "p.2", "p.3")
+	ask(2, "p.4", "p.5")
+	ask(3, "p.6") // past the bound: refused at once
+	waitUntil(t, "the refusal", func() bool { return m.count("a", "b", wire.TypeRDecide) == 1 })
+	req, _ := ctrl.nextSubRequest()
+	ctrl.decide(req, wire.VerdictRefuse, "", nil)
+	ctrl.nextSubRequest()
+	ask(4, "p.7") // room again
+	ctrl.nextSubRequest()
+	if n := m.count("a", "b", wire.TypeRDecide); n != 2 {
+		t.Errorf("%d RDECIDEs, want 2 (the refusal at once, the controller's)", n)
+	}
+}
