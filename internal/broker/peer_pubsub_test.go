@@ -189,69 +189,83 @@ func linkStats(b *Broker, node string) PeerPubSubStats {
 	return PeerPubSubStats{Node: node}
 }
 
-// The count: 10,000 subscribers spread over 5 nodes receive a
-// publication as one RPUB per interested node, each subscriber once,
-// however many of its node's patterns match.
+// The count: 50,000 subscribers spread over 5 nodes (10,000
+// under the race detector) receive a publication as one RPUB per
+// interested node, each subscriber once, however many of its node's
+// patterns match.
 func TestMeshOneCopyPerInterestedNode(t *testing.T) {
 	nodes := []string{"a", "b", "c", "d", "e"}
 	m := newMesh(t, nodes...)
 	m.declareEverywhere("x", false)
-	const perNode = 2000
-	clients := map[string]*meshClient{}
+	perNode := 10000
+	if raceEnabled {
+		perNode = 2000
+	}
+	const perClient = 2000 // under Config.MaxAttachments
+	clients := map[string][]*meshClient{}
 	for _, n := range nodes {
-		c := m.client(n)
-		clients[n] = c
-		for i := range uint32(perNode) {
-			// Overlapping patterns: each subscriber matches once, and so
-			// does each node.
-			patterns := []string{"t.*"}
-			switch i % 3 {
-			case 1:
-				patterns = append(patterns, "t.#")
-			case 2:
-				patterns = append(patterns, "*.1", "t.1")
+		for len(clients[n])*perClient < perNode {
+			c := m.client(n)
+			clients[n] = append(clients[n], c)
+			for i := range uint32(perClient) {
+				// Overlapping patterns: each subscriber matches once, and
+				// so does each node.
+				patterns := []string{"t.*"}
+				switch i % 3 {
+				case 1:
+					patterns = append(patterns, "t.#")
+				case 2:
+					patterns = append(patterns, "*.1", "t.1")
+				}
+				c.subscribe(i+1, "x", patterns...)
 			}
-			c.subscribe(i+1, "x", patterns...)
 		}
 	}
 	// A node with interest in the other key only.
 	only := m.client("e")
-	only.subscribe(perNode+1, "x", "u.only")
+	only.subscribe(1, "x", "u.only")
 
 	for _, from := range nodes {
 		for _, to := range nodes {
 			if from == to {
 				continue
 			}
-			// One RSUB per distinct pattern transition: at most 4 here
-			// (t.*, t.#, *.1, t.1 went 0→1 at different times), never one
-			// per subscriber.
+			// One RSUB per pattern's first subscriber (t.*, t.#, *.1,
+			// t.1, u.only), never one per subscriber.
 			if n := m.count(from, to, wire.TypeRSub); n > 5 {
 				t.Errorf("%s→%s: %d RSUBs for %d subscribers, want ≤5", from, to, n, perNode)
 			}
 		}
 	}
 
-	clients["a"].publish("x", "t.1", "hello")
+	clients["a"][0].publish("x", "t.1", "hello")
 	total := int64(len(nodes) * perNode)
-	waitUntil(t, "every subscriber gets the publication", func() bool {
+	delivered := func() int64 {
 		var n int64
-		for _, c := range clients {
-			n += c.k.n.Load()
+		for _, cs := range clients {
+			for _, c := range cs {
+				n += c.k.n.Load()
+			}
 		}
-		return n >= total
-	})
+		return n
+	}
+	waitUntil(t, "every subscriber gets the publication", func() bool { return delivered() >= total })
 	for _, to := range nodes[1:] {
 		if n := m.count("a", to, wire.TypeRPub); n != 1 {
 			t.Errorf("a→%s: %d RPUB, want 1", to, n)
 		}
 	}
 	for _, n := range nodes {
-		for i := range uint32(perNode) {
-			if got := clients[n].k.got(i + 1); len(got) != 1 || got[0] != "hello" {
-				t.Fatalf("subscriber %d on %s got %q, want [hello] once", i+1, n, got)
+		for _, c := range clients[n] {
+			for i := range uint32(perClient) {
+				if got := c.k.got(i + 1); len(got) != 1 || got[0] != "hello" {
+					t.Fatalf("subscriber %d on %s got %q, want [hello] once", i+1, n, got)
+				}
 			}
 		}
+	}
+	if got := delivered(); got != total {
+		t.Errorf("%d deliveries, want %d", got, total)
 	}
 	if got := only.k.n.Load(); got != 0 {
 		t.Errorf("the subscriber of u.only got %d messages", got)
@@ -263,9 +277,12 @@ func TestMeshOneCopyPerInterestedNode(t *testing.T) {
 	if st := linkStats(m.brokers["b"], "a"); st.PubsReceived != 1 {
 		t.Errorf("b's link to a: %+v, want 1 RPUB received", st)
 	}
+	t.Logf("%d subscribers on %d nodes: one publication on a sent %d RPUBs (a→b %d, a→c %d, a→d %d, a→e %d)",
+		total, len(nodes), m.count("a", "b", wire.TypeRPub)+m.count("a", "c", wire.TypeRPub)+m.count("a", "d", wire.TypeRPub)+m.count("a", "e", wire.TypeRPub),
+		m.count("a", "b", wire.TypeRPub), m.count("a", "c", wire.TypeRPub), m.count("a", "d", wire.TypeRPub), m.count("a", "e", wire.TypeRPub))
 
 	// A key only e wants crosses one link.
-	clients["b"].publish("x", "u.only", "just e")
+	clients["b"][0].publish("x", "u.only", "just e")
 	waitUntil(t, "e's subscriber gets u.only", func() bool { return only.k.n.Load() == 1 })
 	for _, to := range []string{"a", "c", "d"} {
 		if n := m.count("b", to, wire.TypeRPub); n != 0 {
