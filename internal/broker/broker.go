@@ -577,6 +577,7 @@ func (b *Broker) declareRouter(ex *Exchange, spec Spec, by Declarer, rq *recover
 	if rq == nil {
 		b.log.Info("exchange declared", "exchange", ex.name, "pattern", ex.cfg.Pattern, "strategy", ex.cfg.Strategy, "durable", ex.def.ID != 0)
 	}
+	b.pubsubDeclared(ex) // peer_pubsub.go
 	return ex, nil
 }
 

@@ -73,6 +73,10 @@ type peerCounters struct {
 	subsSent, unsubsSent, subsReceived, unsubsReceived     atomic.Uint64
 	unknown, refused                                       atomic.Uint64
 	patterns, collapsed                                    atomic.Int64
+	// seq is the last RSUB number sent to the node: a link coming up
+	// numbers on from it, so that an RSUBACK of an earlier link can
+	// never end a wait of this one.
+	seq atomic.Uint64
 }
 
 // PeerPubSubStats are the pub-sub counters of the links to one node of
@@ -186,6 +190,7 @@ func (b *Broker) sendControl(pp *psPeer, f *wire.Frame, w *interestWait) bool {
 	if typ == wire.TypeRSub {
 		pp.seq++
 		f.Ref = pp.seq
+		pp.c.seq.Store(pp.seq)
 	}
 	if err := (*links).SendControl(pp.p.node, f); err != nil {
 		return false // the link is down: PeerDown follows
@@ -575,6 +580,10 @@ func (b *Broker) remoteInterest(pp *psPeer, f *wire.Frame) {
 		pp.c.unknown.Add(1)
 		return
 	}
+	if sub && f.Aux == rsubResend {
+		ex.sendTable(pp)
+		return
+	}
 	var pb wire.PatternsBody
 	if err := json.Unmarshal(f.Body, &pb); err != nil || checkPatterns(pb.Patterns) != nil {
 		pp.c.refused.Add(1)
@@ -587,6 +596,25 @@ func (b *Broker) remoteInterest(pp *psPeer, f *wire.Frame) {
 		ex.installLocked(pp, pb.Patterns)
 	} else if len(pb.Patterns) > 0 {
 		ex.uninstallLocked(pp, pb.Patterns)
+	}
+}
+
+// rsubResend is the Aux of an RSUB that asks for the receiving node's
+// table of its exchange, and carries no patterns: the sending node just
+// declared the exchange, and may have dropped interest in it before.
+const rsubResend = 1
+
+// pubsubDeclared asks the other nodes for their interest in ex, a
+// pub-sub exchange this node just declared: what they sent before it
+// existed here was dropped.
+func (b *Broker) pubsubDeclared(ex *Exchange) {
+	if ex.subs == nil || !b.clustered() {
+		return
+	}
+	for _, pp := range b.livePeers() {
+		f := wire.NewFrame(wire.TypeRSub)
+		f.Name, f.Aux = ex.name, rsubResend
+		b.sendControl(pp, f, nil)
 	}
 }
 
@@ -620,6 +648,7 @@ func (b *Broker) interestAcked(pp *psPeer, ref uint64) {
 // other nodes waits for p too.
 func (b *Broker) pubsubPeerUp(p *peer) {
 	pp := &psPeer{p: p, c: b.ps.counterOf(p.node)}
+	pp.seq = pp.c.seq.Load()
 	b.ps.mu.Lock()
 	if b.ps.peers == nil {
 		b.ps.peers = make(map[string]*psPeer)

@@ -231,8 +231,9 @@ func TestMeshOneCopyPerInterestedNode(t *testing.T) {
 				continue
 			}
 			// One RSUB per pattern's first subscriber (t.*, t.#, *.1,
-			// t.1, u.only), never one per subscriber.
-			if n := m.count(from, to, wire.TypeRSub); n > 5 {
+			// t.1, u.only), never one per subscriber; and one as x was
+			// declared.
+			if n := m.count(from, to, wire.TypeRSub); n > 6 {
 				t.Errorf("%s→%s: %d RSUBs for %d subscribers, want ≤5", from, to, n, perNode)
 			}
 		}
@@ -300,12 +301,13 @@ func TestMeshOneCopyPerInterestedNode(t *testing.T) {
 func TestMeshInterestRefcounted(t *testing.T) {
 	m := newMesh(t, "a", "b")
 	m.declareEverywhere("x", false)
+	base := m.count("b", "a", wire.TypeRSub) // b's request for a's table of x, as it declared it
 	sub := m.client("b")
 	const n = 1000
 	for i := range uint32(n) {
 		sub.subscribe(i+1, "x", "k.#")
 	}
-	if got := m.count("b", "a", wire.TypeRSub); got != 1 {
+	if got := m.count("b", "a", wire.TypeRSub) - base; got != 1 {
 		t.Fatalf("%d RSUBs for %d subscribers of one pattern, want 1", got, n)
 	}
 	pub := m.client("a")
@@ -327,11 +329,11 @@ func TestMeshInterestRefcounted(t *testing.T) {
 		t.Errorf("%d RPUBs a→b, want 1 (none after the RUNSUB)", got)
 	}
 	st := linkStats(m.brokers["b"], "a")
-	if st.SubsSent != 1 || st.UnsubsSent != 1 {
-		t.Errorf("b's counters: %+v, want 1 RSUB and 1 RUNSUB sent", st)
+	if st.SubsSent != uint64(base)+1 || st.UnsubsSent != 1 {
+		t.Errorf("b's counters: %+v, want %d RSUBs and 1 RUNSUB sent", st, base+1)
 	}
-	if st := linkStats(m.brokers["a"], "b"); st.SubsReceived != 1 || st.UnsubsReceived != 1 {
-		t.Errorf("a's counters: %+v, want 1 RSUB and 1 RUNSUB received", st)
+	if st := linkStats(m.brokers["a"], "b"); st.SubsReceived != uint64(base)+1 || st.UnsubsReceived != 1 {
+		t.Errorf("a's counters: %+v, want %d RSUBs and 1 RUNSUB received", st, base+1)
 	}
 }
 
@@ -896,4 +898,27 @@ func BenchmarkMeshFanOut(b *testing.B) {
 			}
 		})
 	}
+}
+
+// A node that declares an exchange after another node subscribed to it
+// (whose RSUB it dropped then) asks for that node's table.
+func TestMeshExchangeDeclaredLate(t *testing.T) {
+	m := newMesh(t, "a", "b")
+	spec := Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternPubSub}}
+	if _, err := m.brokers["b"].Declare("x", spec); err != nil {
+		t.Fatal(err)
+	}
+	sub := m.client("b")
+	sub.subscribe(1, "x", "late.*")
+	// Subscribe returned: a answered b's RSUB, dropped (and b's request
+	// for a's table of x, sent as b declared it).
+	if got := linkStats(m.brokers["a"], "b").DroppedUnknown; got != 2 {
+		t.Fatalf("a dropped %d frames of b for x, want 2", got)
+	}
+	if _, err := m.brokers["a"].Declare("x", spec); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "a gets b's table of x", func() bool { return linkStats(m.brokers["a"], "b").Patterns == 1 })
+	m.client("a").publish("x", "late.1", "found")
+	waitUntil(t, "b's subscriber gets a's publication", func() bool { return len(sub.k.got(1)) == 1 })
 }
