@@ -389,6 +389,7 @@ func (ex *Exchange) close() {
 			ex.unreserve(p)
 			p.s.sendError(p.ref, wire.Errorf(wire.CodeExchangeDeleted, "exchange %q was deleted", ex.name))
 		}
+		ex.closeControl() // peer_control.go
 	}
 	for _, a := range append(members, subs...) {
 		a.s.forget(a)

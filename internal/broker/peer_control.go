@@ -421,6 +421,22 @@ func (ex *Exchange) controlPeerDown(pp *psPeer) {
 	}
 }
 
+// closeControl refuses the other nodes' subscription requests that
+// waited for a controller of ex, deleted, and forgets their controllers.
+func (ex *Exchange) closeControl() {
+	ex.pendMu.Lock()
+	asks := ex.asks
+	ex.asks = nil
+	ex.ctrl = controlState{}
+	ex.pendMu.Unlock()
+	for _, ra := range asks {
+		ra.pp.asks.Add(-ra.weight)
+		d := wire.NewFrame(wire.TypeRDecide)
+		d.Ref, d.Name, d.Aux, d.Tag = ra.ref, ex.name, wire.VerdictRefuse, "exchange "+ex.name+" was deleted on node "+ex.b.cfg.Node
+		ex.b.sendControl(ra.pp, d, nil)
+	}
+}
+
 // memberOp is a local controller's SUBSCRIBE or UNSUBSCRIBE of another
 // node's member, waiting for that node's answer.
 type memberOp struct {

@@ -922,3 +922,24 @@ func TestMeshExchangeDeclaredLate(t *testing.T) {
 	m.client("a").publish("x", "late.1", "found")
 	waitUntil(t, "b's subscriber gets a's publication", func() bool { return len(sub.k.got(1)) == 1 })
 }
+
+// Deleting a controlled exchange on the controllers' node refuses the
+// subscription requests of other nodes that waited there.
+func TestMeshControlledExchangeDeleted(t *testing.T) {
+	m := newMesh(t, "a", "b")
+	m.declareEverywhere("cx", true)
+	ctrl := m.controller("a", "cx")
+	waitUntil(t, "b learns of a's controller", func() bool {
+		node, _ := m.brokers["b"].Exchange("cx").remoteController()
+		return node == "a"
+	})
+	sub := m.client("b")
+	ref := sub.send(attachFrame(1, "cx", wire.RoleSubscriber, "k"))
+	ctrl.nextSubRequest()
+	if err := m.brokers["a"].Delete("cx"); err != nil {
+		t.Fatal(err)
+	}
+	if f := sub.reply(ref); f.Type != wire.TypeError || wire.Code(f.Aux) != wire.CodeRejected || !strings.Contains(f.Tag, "deleted") {
+		t.Fatalf("got %s %d %q", f.Type, f.Aux, f.Tag)
+	}
+}
