@@ -20,6 +20,7 @@ type mesh struct {
 	mu    sync.Mutex
 	links map[[2]string]*meshLink // by from, to
 	cut   map[[2]string]bool      // pairs cut by cutLink, both directions
+	held  map[[2]string]bool      // directions held by hold
 	sent  map[string]int          // frames sent, by "from>to type"
 }
 
@@ -50,7 +51,7 @@ func newMeshConfig(t testing.TB, cfg Config, names ...string) *mesh {
 func newMeshPrepared(t testing.TB, cfg Config, prepare func(name string, b *Broker), names ...string) *mesh {
 	t.Helper()
 	m := &mesh{t: t, brokers: map[string]*Broker{}, links: map[[2]string]*meshLink{},
-		cut: map[[2]string]bool{}, sent: map[string]int{}}
+		cut: map[[2]string]bool{}, held: map[[2]string]bool{}, sent: map[string]int{}}
 	for _, n := range names {
 		c := cfg
 		c.Node = n
@@ -93,18 +94,22 @@ func (m *mesh) up(a, b string) (start func()) {
 func (m *mesh) link(from, to string) *meshLink {
 	l := &meshLink{control: make(chan []byte, 1<<16), data: make(chan []byte, 1<<16), done: make(chan struct{}),
 		gate: make(chan struct{})}
-	close(l.gate)
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.held[[2]string{from, to}] {
+		close(l.gate)
+	}
 	m.links[[2]string{from, to}] = l
-	m.mu.Unlock()
 	return l
 }
 
 // hold stops the delivery of the frames from→to, both links, until
-// release: they wait, in order, as on a slow link.
+// release: they wait, in order, as on a slow link. A link made anew
+// meanwhile (heal) is held too.
 func (m *mesh) hold(from, to string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.held[[2]string{from, to}] = true
 	if l := m.links[[2]string{from, to}]; l != nil {
 		l.gateMu.Lock()
 		l.gate = make(chan struct{})
@@ -116,6 +121,7 @@ func (m *mesh) hold(from, to string) {
 func (m *mesh) release(from, to string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	delete(m.held, [2]string{from, to})
 	if l := m.links[[2]string{from, to}]; l != nil {
 		l.gateMu.Lock()
 		select {

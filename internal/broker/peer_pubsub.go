@@ -687,12 +687,15 @@ func (ex *Exchange) sendTable(pp *psPeer) {
 		f.Name, f.Body = ex.name, jsonBody(wire.PatternsBody{Patterns: chunk})
 		var w *interestWait
 		if i == len(chunks)-1 {
-			// The RSUBs still unacknowledged wait for this one too:
-			// its RSUBACK comes after the whole table is in place.
+			// Its RSUBACK comes once the whole table is in place: the
+			// RSUBs still unacknowledged wait for it too, and so does a
+			// new subscriber of a pattern already known elsewhere.
 			w = newInterestWait()
 			for _, li := range ex.interest {
 				if li.wait != nil && li.wait.hold() {
 					w.onDone(li.wait.release)
+				} else {
+					li.wait = w
 				}
 			}
 		}

@@ -943,3 +943,24 @@ func TestMeshControlledExchangeDeleted(t *testing.T) {
 		t.Fatalf("got %s %d %q", f.Type, f.Aux, f.Tag)
 	}
 }
+
+// A node coming up learns the whole table; until it has it in place, a
+// new subscriber of a pattern the others knew already waits for it too.
+func TestMeshSubscribeWaitsForNodeComingUp(t *testing.T) {
+	m := newMesh(t, "a", "b", "c")
+	m.declareEverywhere("x", false)
+	sub := m.client("b")
+	sub.subscribe(1, "x", "j.*")
+	m.cutLink("a", "b")
+	m.hold("a", "b") // a's RSUBACK of b's table will wait
+	m.heal("a", "b")
+	waitUntil(t, "a installs b's table", func() bool { return linkStats(m.brokers["a"], "b").Patterns == 1 })
+	ref := sub.send(attachFrame(2, "x", wire.RoleSubscriber, "j.*"))
+	if f := sub.poll(func(f *wire.Frame) bool { return f.Ref == ref }, 50*time.Millisecond); f != nil {
+		t.Fatalf("subscribe answered (%s) before a acknowledged b's table", f.Type)
+	}
+	m.release("a", "b")
+	sub.must(ref)
+	m.client("a").publish("x", "j.1", "after")
+	waitUntil(t, "both subscribers get it", func() bool { return len(sub.k.got(1)) == 1 && len(sub.k.got(2)) == 1 })
+}
