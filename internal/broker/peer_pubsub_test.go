@@ -964,3 +964,46 @@ func TestMeshSubscribeWaitsForNodeComingUp(t *testing.T) {
 	m.client("a").publish("x", "j.1", "after")
 	waitUntil(t, "both subscribers get it", func() bool { return len(sub.k.got(1)) == 1 && len(sub.k.got(2)) == 1 })
 }
+
+// Malformed or out-of-place pub-sub frames from a node are dropped (and
+// counted where they are malformed), never a panic nor a change.
+func TestMeshBadFramesFromANode(t *testing.T) {
+	m := newMesh(t, "a", "b")
+	m.declareEverywhere("x", false)
+	m.declareEverywhere("cx", true)
+	a := m.brokers["a"]
+	before := a.PatternStats()
+	frames := []*wire.Frame{
+		{Type: wire.TypeRSub, Ref: 1, Name: "x", Body: []byte("{")},
+		{Type: wire.TypeRSub, Ref: 2, Name: "x", Body: []byte(`{"patterns":["#.#.#.#.#"]}`)},
+		{Type: wire.TypeRUnsub, Name: "x", Body: []byte(`{"patterns":[""]}`)},
+		{Type: wire.TypeRPub, Name: "cx"},                                                                         // no one there: fanned out to nobody
+		{Type: wire.TypeRSubAck, Ref: 1 << 40},                                                                    // acknowledges what was never sent
+		{Type: wire.TypeRDecide, Ref: 12345, Name: "cx"},                                                          // no such request
+		{Type: wire.TypeRDecide, Ref: 12345, Name: "nope"},                                                        // no such exchange
+		{Type: wire.TypeRCtrl, Name: "cx", Tag: "c/c1.1"},                                                         // another node's controller: ignored
+		{Type: wire.TypeRCtrl, Name: "x", Tag: "b/c1.1"},                                                          // not controlled
+		{Type: wire.TypeRSubReq, Ref: 3, Name: "cx", Body: []byte(`{"member":{"id":"z/c1.1"},"patterns":["k"]}`)}, // not b's member
+		{Type: wire.TypeRSubReq, Ref: 4, Name: "cx", Body: []byte(`{`)},
+		{Type: wire.TypeRSubReq, Ref: 5, Name: "x", Body: []byte(`{}`)},
+		{Type: wire.TypeRMember, Ref: 6, Name: "cx", Tag: "a/c99.1", Body: []byte(`{"patterns":["k"]}`)},
+		{Type: wire.TypeRMember, Ref: 7, Name: "cx", Tag: "a/c99.1", Body: []byte(`{"patterns":["a..b"]}`)},
+	}
+	for _, f := range frames {
+		g := wire.NewFrame(f.Type)
+		*g = *f
+		a.FromPeer("b", g)
+	}
+	if got := a.PatternStats(); got.Patterns != before.Patterns {
+		t.Errorf("a's patterns went from %d to %d", before.Patterns, got.Patterns)
+	}
+	if node, _ := a.Exchange("cx").remoteController(); node != "" {
+		t.Errorf("a took %s for a controller's node", node)
+	}
+	st := linkStats(a, "b")
+	if st.Refused != 6 {
+		t.Errorf("a's link to b: %+v, want 6 refused", st)
+	}
+	// Every RSUBREQ and RMEMBER is answered, so nothing waits on b.
+	waitUntil(t, "the answers", func() bool { return m.count("a", "b", wire.TypeRDecide) == 5 })
+}

@@ -518,7 +518,11 @@ func (s *Session) subscribe(f *wire.Frame) {
 			s.sendError(f.Ref, err)
 			return
 		}
-		ex.whenKnown(pb.Patterns, func() { s.reply(ref, jsonBody(wire.PatternsBody{Patterns: now}), nil) })
+		known := pb.Patterns
+		if f.Type == wire.TypeUnsubscribe {
+			known = nil // an unsubscribe need not wait
+		}
+		ex.whenKnown(known, func() { s.reply(ref, jsonBody(wire.PatternsBody{Patterns: now}), nil) })
 		return
 	}
 	if f.Type == wire.TypeSubscribe && target == self && ex.cfg.Controlled {
