@@ -1,11 +1,13 @@
 package broker
 
 import (
+	"cmp"
 	"encoding/json"
 	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/courier-mq/courier/wire"
 )
@@ -45,6 +47,8 @@ type pubsubCluster struct {
 	// local controller, waiting for that node's answer (see
 	// peer_control.go).
 	ops map[uint64]*memberOp
+	// maxWait is maxInterestWait; tests shorten it.
+	maxWait time.Duration
 }
 
 // psPeer is one node's link, for pub-sub.
@@ -391,16 +395,29 @@ func (ex *Exchange) whenKnown(patterns []string, then func()) {
 		then()
 		return
 	}
+	var once sync.Once
+	wait := cmp.Or(ex.b.ps.maxWait, maxInterestWait)
+	timer := time.AfterFunc(wait, func() {
+		ex.b.log.Warn("a subscribe answers without every node's acknowledgement", "exchange", ex.name, "waited", wait)
+		once.Do(then)
+	})
 	var left atomic.Int32
 	left.Store(int32(len(waits)))
 	for _, w := range waits {
 		w.onDone(func() {
 			if left.Add(-1) == 0 {
-				then()
+				timer.Stop()
+				once.Do(then)
 			}
 		})
 	}
 }
+
+// maxInterestWait bounds a subscribe's wait for the other nodes'
+// RSUBACKs: a node that keeps its link up but never answers (a bug, or
+// a hostile node) cannot hold a subscriber for longer. A silent node's
+// link is cut well before (its heartbeats).
+const maxInterestWait = 5 * time.Second
 
 // standIn is another node's aggregated subscription to an exchange: an
 // attachment of its peer session, never in the session's attachments

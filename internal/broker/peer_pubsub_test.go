@@ -157,7 +157,9 @@ func (c *meshClient) publish(exchange, key, body string) {
 	c.send(f)
 }
 
-// declareEverywhere declares a pub-sub exchange on every node.
+// declareEverywhere declares a pub-sub exchange on every node, and waits
+// until each has answered the others' requests for its table (see
+// pubsubDeclared).
 func (m *mesh) declareEverywhere(name string, controlled bool) {
 	m.t.Helper()
 	for _, b := range m.brokers {
@@ -165,6 +167,22 @@ func (m *mesh) declareEverywhere(name string, controlled bool) {
 			m.t.Fatal(err)
 		}
 	}
+	m.settle()
+}
+
+// settle waits until every RSUB sent so far was acknowledged.
+func (m *mesh) settle() {
+	m.t.Helper()
+	waitUntil(m.t, "every RSUB acknowledged", func() bool {
+		for a := range m.brokers {
+			for b := range m.brokers {
+				if a != b && m.count(a, b, wire.TypeRSub) != m.count(b, a, wire.TypeRSubAck) {
+					return false
+				}
+			}
+		}
+		return true
+	})
 }
 
 // waitUntil polls cond for up to 10s.
@@ -1006,4 +1024,19 @@ func TestMeshBadFramesFromANode(t *testing.T) {
 	}
 	// Every RSUBREQ and RMEMBER is answered, so nothing waits on b.
 	waitUntil(t, "the answers", func() bool { return m.count("a", "b", wire.TypeRDecide) == 5 })
+}
+
+// A node that keeps its link up but never acknowledges interest holds a
+// subscribe no longer than maxInterestWait (shortened here).
+func TestMeshSubscribeWaitIsBounded(t *testing.T) {
+	m := newMesh(t, "a", "b")
+	m.declareEverywhere("x", false)
+	m.brokers["b"].ps.maxWait = 200 * time.Millisecond
+	m.hold("a", "b") // a's RSUBACK never comes while the test runs
+	sub := m.client("b")
+	start := time.Now()
+	sub.subscribe(1, "x", "k")
+	if took := time.Since(start); took < 200*time.Millisecond {
+		t.Errorf("subscribe returned after %s, before the wait's bound", took)
+	}
 }
