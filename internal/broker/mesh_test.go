@@ -31,6 +31,7 @@ type meshLink struct {
 	gateMu        sync.Mutex
 	gate          chan struct{} // closed while frames may pass (see hold)
 	lost          atomic.Bool   // set when cut: frames left are dropped
+	inflight      atomic.Int64  // frames sent and not yet delivered or dropped
 }
 
 // newMesh starts a broker per name, with default config, all linked.
@@ -138,6 +139,7 @@ func (m *mesh) drain(from, to string, l *meshLink) {
 	defer close(l.done)
 	dst := m.brokers[to]
 	deliver := func(p []byte) {
+		defer l.inflight.Add(-1)
 		l.gateMu.Lock()
 		gate := l.gate
 		l.gateMu.Unlock()
@@ -209,6 +211,19 @@ func (m *mesh) count(from, to string, t wire.Type) int {
 	return m.sent[fmt.Sprintf("%s>%s %s", from, to, t)]
 }
 
+// quiet reports whether no frame is in flight on any link up: every
+// frame sent was delivered, and what its delivery sent too.
+func (m *mesh) quiet() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, l := range m.links {
+		if l.inflight.Load() != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 func (m *mesh) close() {
 	m.mu.Lock()
 	links := m.links
@@ -263,10 +278,12 @@ func (p meshPeers) send(node string, f *wire.Frame, control bool) error {
 	if control {
 		q = l.control
 	}
+	l.inflight.Add(1)
 	select {
 	case q <- buf[4:]:
 		return nil
 	default:
+		l.inflight.Add(-1)
 		return fmt.Errorf("mesh: link %s→%s full", p.from, node)
 	}
 }
