@@ -65,6 +65,13 @@ type psPeer struct {
 	asks atomic.Int64
 }
 
+// isDown reports whether pp's links went down.
+func (pp *psPeer) isDown() bool {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	return pp.down
+}
+
 // pendingAck is a wait for the RSUBACK of RSUB number need.
 type pendingAck struct {
 	need uint64
@@ -436,13 +443,17 @@ func (a *Attachment) isStandIn() bool { return a.s.peer != nil && a.role == wire
 // installLocked subscribes pp's stand-in on ex to patterns; ex.subMu is
 // held.
 func (ex *Exchange) installLocked(pp *psPeer, patterns []string) {
-	if ex.subsClosed {
-		return
+	if ex.subsClosed || pp.isDown() {
+		return // pubsubPeerDown marks it down before it takes its stand-ins
 	}
 	if ex.standIns == nil {
 		ex.standIns = make(map[string]*standIn)
 	}
 	si := ex.standIns[pp.p.node]
+	if si != nil && si.a.s != pp.p.s {
+		ex.uninstallLocked(&psPeer{p: si.a.s.peer, c: pp.c}, nil) // an earlier link's
+		si = nil
+	}
 	if si == nil {
 		a := &Attachment{s: pp.p.s, member: "node " + pp.p.node, ex: ex, role: wire.RoleSubscriber}
 		si = &standIn{a: a}
