@@ -468,6 +468,9 @@ func TestMeshPeerDownAndUp(t *testing.T) {
 	if got := linkStats(m.brokers["a"], "b").Patterns; got != 3 {
 		t.Fatalf("a holds %d of b's patterns, want 3", got)
 	}
+	if got := m.brokers["a"].Exchange("x").Info().Subscribers; got != 0 {
+		t.Errorf("a lists %d subscribers of x: another node's stand-in is none", got)
+	}
 	m.cutLink("a", "b")
 	if got := linkStats(m.brokers["a"], "b"); got.Patterns != 0 || got.Up {
 		t.Fatalf("after the cut a holds %+v of b", got)
