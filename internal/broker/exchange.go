@@ -54,11 +54,11 @@ type Exchange struct {
 	// subsClosed is set once the exchange is deleted: it takes no more
 	// patterns.
 	subsClosed bool
-	// interest counts the local subscribers of each pattern and standIns
+	// interest counts the local subscribers of each pattern and peerSubs
 	// are the other nodes' aggregated subscriptions, in a cluster only
 	// (see peer_pubsub.go); guarded by subMu.
 	interest map[string]*localInterest
-	standIns map[string]*standIn
+	peerSubs map[string]*peerSub
 	pendMu   sync.Mutex // guards pending, asks, ctrl
 	// pending holds subscription requests waiting for a controller, and
 	// asks those of other nodes' subscribers; ctrl is the controllers

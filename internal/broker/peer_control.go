@@ -19,9 +19,9 @@ import (
 //
 // Each node advertises its oldest controller of each controlled
 // exchange, with its attach time (RCTRL), when it changes and when a
-// link comes up; the leader is chosen from these by leaderOf, the same
+// link comes up; the leader is chosen from these by controllersLeader, the same
 // rule on every node. Leaders across nodes will come from the
-// exchange's home node (views, peer_request.go): leaderOf is the one
+// exchange's home node (views, peer_request.go): controllersLeader is the one
 // function to switch to them.
 
 // ctrlAd is a node's advertised controller of an exchange: its member
@@ -31,10 +31,10 @@ type ctrlAd struct {
 	since        int64
 }
 
-// leaderOf returns the controllers' leader among candidates: the
+// controllersLeader returns the controllers' leader among candidates: the
 // oldest, by attach time, then member id. Every node applies it to the
 // same advertisements, so all agree once these have arrived.
-func leaderOf(candidates []ctrlAd) (ctrlAd, bool) {
+func controllersLeader(candidates []ctrlAd) (ctrlAd, bool) {
 	var best ctrlAd
 	found := false
 	for _, c := range candidates {
@@ -68,17 +68,17 @@ func (ex *Exchange) sinceLocked(a *Attachment) int64 {
 	return t
 }
 
-// qualified returns a member id of this node as other nodes know it:
+// psQualified returns a member id of this node as other nodes know it:
 // with the node's name before a '/'.
-func (b *Broker) qualified(id string) string {
+func (b *Broker) psQualified(id string) string {
 	if strings.Contains(id, "/") {
 		return id
 	}
 	return b.cfg.Node + "/" + id
 }
 
-// localMember returns this node's member of a qualified id, or nil.
-func (b *Broker) localMember(id string) *Attachment {
+// psLocalMember returns this node's member of a qualified id, or nil.
+func (b *Broker) psLocalMember(id string) *Attachment {
 	if a := b.member(id); a != nil {
 		return a
 	}
@@ -88,8 +88,8 @@ func (b *Broker) localMember(id string) *Attachment {
 	return nil
 }
 
-// memberNode returns the node of a qualified member id, "" for none.
-func memberNode(id string) string {
+// psNodeOf returns the node of a qualified member id, "" for none.
+func psNodeOf(id string) string {
 	node, _, ok := strings.Cut(id, "/")
 	if !ok {
 		return ""
@@ -101,7 +101,7 @@ func memberNode(id string) string {
 // leader when it is another node's; "" when it is local, or none is
 // known elsewhere.
 func (ex *Exchange) remoteController() (node, member string) {
-	if !ex.b.clustered() {
+	if !ex.b.hasPeerLinks() {
 		return "", ""
 	}
 	ex.pendMu.Lock()
@@ -114,9 +114,9 @@ func (ex *Exchange) remoteController() (node, member string) {
 		candidates = append(candidates, ad)
 	}
 	if l := ex.view.Load().leader; l != nil {
-		candidates = append(candidates, ctrlAd{member: ex.b.qualified(l.member), since: ex.sinceLocked(l)})
+		candidates = append(candidates, ctrlAd{member: ex.b.psQualified(l.member), since: ex.sinceLocked(l)})
 	}
-	best, _ := leaderOf(candidates)
+	best, _ := controllersLeader(candidates)
 	return best.node, best.member
 }
 
@@ -131,7 +131,7 @@ func (ex *Exchange) controllerJoined(a *Attachment) {
 // advertise tells the other nodes of the exchange's oldest local
 // controller when it changed.
 func (ex *Exchange) advertise() {
-	if !ex.b.clustered() {
+	if !ex.b.hasPeerLinks() {
 		return
 	}
 	ex.pendMu.Lock()
@@ -141,8 +141,8 @@ func (ex *Exchange) advertise() {
 		return
 	}
 	ex.ctrl.advertised = l
-	for _, pp := range ex.b.livePeers() {
-		ex.b.sendControl(pp, ex.ctrlFrameLocked(l), nil)
+	for _, pp := range ex.b.psLivePeers() {
+		ex.b.psSend(pp, ex.ctrlFrameLocked(l), nil)
 	}
 }
 
@@ -156,7 +156,7 @@ func (ex *Exchange) advertiseTo(pp *psPeer) {
 	defer ex.pendMu.Unlock()
 	if l := ex.view.Load().leader; l != nil {
 		ex.ctrl.advertised = l
-		ex.b.sendControl(pp, ex.ctrlFrameLocked(l), nil)
+		ex.b.psSend(pp, ex.ctrlFrameLocked(l), nil)
 	}
 }
 
@@ -166,7 +166,7 @@ func (ex *Exchange) ctrlFrameLocked(l *Attachment) *wire.Frame {
 	f := wire.NewFrame(wire.TypeRCtrl)
 	f.Name = ex.name
 	if l != nil {
-		f.Tag, f.Aux = ex.b.qualified(l.member), uint64(ex.sinceLocked(l))
+		f.Tag, f.Aux = ex.b.psQualified(l.member), uint64(ex.sinceLocked(l))
 	}
 	return f
 }
@@ -185,11 +185,11 @@ func (ex *Exchange) askRemote(p *subRequest, node, member string) bool {
 	ex.pending[token] = p
 	ex.pendMu.Unlock()
 	info := p.a.info()
-	info.ID = ex.b.qualified(info.ID)
+	info.ID = ex.b.psQualified(info.ID)
 	f := wire.NewFrame(wire.TypeRSubReq)
 	f.Ref, f.Name, f.Tag = token, ex.name, member
 	f.Body = jsonBody(wire.SubRequestBody{Member: info, Patterns: p.patterns})
-	if !ex.b.sendControl(pp, f, nil) {
+	if !ex.b.psSend(pp, f, nil) {
 		ex.pendMu.Lock()
 		delete(ex.pending, token)
 		ex.pendMu.Unlock()
@@ -210,9 +210,9 @@ type remoteAsk struct {
 	weight int64
 }
 
-// maxTries bounds the times a subscription request is sent to another
+// maxAskTries bounds the times a subscription request is sent to another
 // node's controller that is gone: then it is refused.
-const maxTries = 4
+const maxAskTries = 4
 
 // Verdicts of RDECIDE besides DECISION's: ask again (the controller
 // asked is gone), and the error of an RMEMBER.
@@ -244,7 +244,7 @@ func (b *Broker) peerControl(pp *psPeer, f *wire.Frame) {
 func (ex *Exchange) learnController(pp *psPeer, member string, since int64) {
 	ex.pendMu.Lock()
 	defer ex.pendMu.Unlock()
-	if member == "" || memberNode(member) != pp.p.node {
+	if member == "" || psNodeOf(member) != pp.p.node {
 		delete(ex.ctrl.ads, pp.p.node)
 		return
 	}
@@ -260,7 +260,7 @@ func (b *Broker) remoteSubRequest(pp *psPeer, f *wire.Frame) {
 	answer := func(verdict uint64, reason string) {
 		d := wire.NewFrame(wire.TypeRDecide)
 		d.Ref, d.Name, d.Aux, d.Tag = f.Ref, f.Name, verdict, reason
-		b.sendControl(pp, d, nil)
+		b.psSend(pp, d, nil)
 	}
 	ex := b.Exchange(f.Name)
 	if ex == nil || !ex.cfg.Controlled {
@@ -269,7 +269,7 @@ func (b *Broker) remoteSubRequest(pp *psPeer, f *wire.Frame) {
 		return
 	}
 	var sr wire.SubRequestBody
-	if err := json.Unmarshal(f.Body, &sr); err != nil || checkPatterns(sr.Patterns) != nil || memberNode(sr.Member.ID) != pp.p.node {
+	if err := json.Unmarshal(f.Body, &sr); err != nil || checkPatterns(sr.Patterns) != nil || psNodeOf(sr.Member.ID) != pp.p.node {
 		pp.c.refused.Add(1)
 		answer(wire.VerdictRefuse, "bad subscription request")
 		return
@@ -330,7 +330,7 @@ func (ex *Exchange) remoteDecision(f *wire.Frame) error {
 	} else if patterns != nil {
 		d.Body = jsonBody(wire.PatternsBody{Patterns: patterns})
 	}
-	ex.b.sendControl(ra.pp, d, nil)
+	ex.b.psSend(ra.pp, d, nil)
 	return err
 }
 
@@ -356,7 +356,7 @@ func (b *Broker) remoteDecided(pp *psPeer, f *wire.Frame) {
 		return // the subscriber went away meanwhile
 	}
 	if f.Aux == verdictAgain {
-		if p.tries >= maxTries {
+		if p.tries >= maxAskTries {
 			ex.refuse(p, "no controller answered")
 			return
 		}
@@ -390,7 +390,7 @@ func (ex *Exchange) remoteControllerGone(ctrl *Attachment) {
 		ra.pp.asks.Add(-ra.weight)
 		d := wire.NewFrame(wire.TypeRDecide)
 		d.Ref, d.Name, d.Aux = ra.ref, ex.name, verdictAgain
-		ex.b.sendControl(ra.pp, d, nil)
+		ex.b.psSend(ra.pp, d, nil)
 	}
 	ex.pendMu.Lock()
 	delete(ex.ctrl.since, ctrl)
@@ -433,7 +433,7 @@ func (ex *Exchange) closeControl() {
 		ra.pp.asks.Add(-ra.weight)
 		d := wire.NewFrame(wire.TypeRDecide)
 		d.Ref, d.Name, d.Aux, d.Tag = ra.ref, ex.name, wire.VerdictRefuse, "exchange "+ex.name+" was deleted on node "+ex.b.cfg.Node
-		ex.b.sendControl(ra.pp, d, nil)
+		ex.b.psSend(ra.pp, d, nil)
 	}
 }
 
@@ -454,8 +454,8 @@ const maxMemberOps = 65536
 // another node whose link is up.
 func (s *Session) subscribeElsewhere(f *wire.Frame, self *Attachment, patterns []string) bool {
 	b := s.b
-	node := memberNode(f.Name)
-	if node == "" || node == b.cfg.Node || !b.clustered() {
+	node := psNodeOf(f.Name)
+	if node == "" || node == b.cfg.Node || !b.hasPeerLinks() {
 		return false
 	}
 	pp := b.psPeer(node)
@@ -484,7 +484,7 @@ func (s *Session) subscribeElsewhere(f *wire.Frame, self *Attachment, patterns [
 		m.Aux = 1
 	}
 	m.Body = jsonBody(wire.PatternsBody{Patterns: patterns})
-	if !b.sendControl(pp, m, nil) {
+	if !b.psSend(pp, m, nil) {
 		b.takeMemberOp(token, "")
 		s.sendError(f.Ref, wire.Errorf(wire.CodeNotFound, "%s: node %s is not reachable", f.Type, node))
 	}
@@ -548,7 +548,7 @@ func (b *Broker) remoteMemberOp(pp *psPeer, f *wire.Frame) {
 		} else {
 			d.Body = body
 		}
-		b.sendControl(pp, d, nil)
+		b.psSend(pp, d, nil)
 	}
 	what := "unsubscribe"
 	if sub {
@@ -560,7 +560,7 @@ func (b *Broker) remoteMemberOp(pp *psPeer, f *wire.Frame) {
 		answer(nil, wire.Errorf(wire.CodeBadOptions, "%s: bad patterns", what))
 		return
 	}
-	target := b.localMember(f.Tag)
+	target := b.psLocalMember(f.Tag)
 	if target == nil || target.ex.name != name || target.role != wire.RoleSubscriber {
 		answer(nil, wire.Errorf(wire.CodeNotFound, "%s: %q is not a subscriber of exchange %q", what, f.Tag, name))
 		return

@@ -19,7 +19,7 @@ import (
 // subscribers of their node) and tells the other nodes only when a
 // pattern gains its first (RSUB) or loses its last (RUNSUB), and its
 // whole table when a link comes up. A node installs another's patterns
-// as the patterns of one stand-in subscriber per exchange (standIn),
+// as the patterns of one stand-in subscriber per exchange (peerSub),
 // an attachment of that node's peer session: matching a publication
 // yields it at most once, however many of the node's patterns match,
 // and fanout sends it one RPUB, which that node fans out to its own
@@ -41,7 +41,7 @@ type pubsubCluster struct {
 	mu    sync.RWMutex       // guards peers, ops
 	peers map[string]*psPeer // the nodes whose links are up
 	// counters are each node's link counters, kept across its links'
-	// ups and downs (by node name: *peerCounters).
+	// ups and downs (by node name: *psCounters).
 	counters sync.Map
 	// ops are SUBSCRIBE or UNSUBSCRIBE of another node's member by a
 	// local controller, waiting for that node's answer (see
@@ -54,7 +54,7 @@ type pubsubCluster struct {
 // psPeer is one node's link, for pub-sub.
 type psPeer struct {
 	p *peer
-	c *peerCounters
+	c *psCounters
 
 	mu    sync.Mutex // guards seq, down, waits; orders RSUB numbers as sent
 	seq   uint64     // the last RSUB number sent
@@ -78,8 +78,8 @@ type pendingAck struct {
 	w    *interestWait
 }
 
-// peerCounters are one node link's pub-sub counters.
-type peerCounters struct {
+// psCounters are one node link's pub-sub counters.
+type psCounters struct {
 	pubsSent, pubBytesSent, pubsReceived, pubBytesReceived atomic.Uint64
 	subsSent, unsubsSent, subsReceived, unsubsReceived     atomic.Uint64
 	unknown, refused                                       atomic.Uint64
@@ -131,7 +131,7 @@ func (b *Broker) PeerPubSubStats() []PeerPubSubStats {
 	up := maps.Clone(b.ps.peers)
 	b.ps.mu.RUnlock()
 	b.ps.counters.Range(func(k, v any) bool {
-		c := v.(*peerCounters)
+		c := v.(*psCounters)
 		node := k.(string)
 		out = append(out, PeerPubSubStats{
 			Node: node, Up: up[node] != nil,
@@ -156,21 +156,21 @@ func (b *Broker) PeerPubSubStats() []PeerPubSubStats {
 	return out
 }
 
-// counters returns node's counters, made on first use.
-func (ps *pubsubCluster) counterOf(node string) *peerCounters {
+// counterOf returns node's counters, made on first use.
+func (ps *pubsubCluster) counterOf(node string) *psCounters {
 	if v, ok := ps.counters.Load(node); ok {
-		return v.(*peerCounters)
+		return v.(*psCounters)
 	}
-	v, _ := ps.counters.LoadOrStore(node, &peerCounters{})
-	return v.(*peerCounters)
+	v, _ := ps.counters.LoadOrStore(node, &psCounters{})
+	return v.(*psCounters)
 }
 
-// clustered reports whether the broker has node links: a node alone
+// hasPeerLinks reports whether the broker has node links: a node alone
 // keeps no interest table.
-func (b *Broker) clustered() bool { return b.peerLinks.Load() != nil }
+func (b *Broker) hasPeerLinks() bool { return b.peerLinks.Load() != nil }
 
-// livePeers returns the pub-sub links up now.
-func (b *Broker) livePeers() []*psPeer {
+// psLivePeers returns the pub-sub links up now.
+func (b *Broker) psLivePeers() []*psPeer {
 	b.ps.mu.RLock()
 	defer b.ps.mu.RUnlock()
 	if len(b.ps.peers) == 0 {
@@ -186,10 +186,10 @@ func (b *Broker) psPeer(node string) *psPeer {
 	return b.ps.peers[node]
 }
 
-// sendControl sends f on pp's control link and takes ownership of it.
+// psSend sends f on pp's control link and takes ownership of it.
 // An RSUB gets the link's next number as its Ref and, with w, makes w
 // wait for its RSUBACK. It reports whether f was sent.
-func (b *Broker) sendControl(pp *psPeer, f *wire.Frame, w *interestWait) bool {
+func (b *Broker) psSend(pp *psPeer, f *wire.Frame, w *interestWait) bool {
 	links := b.peerLinks.Load()
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
@@ -284,7 +284,7 @@ const maxPatternsPerFrame = 4096
 // (fresh for it) and tells the other nodes of those that gained their
 // first; ex.subMu is held.
 func (ex *Exchange) gainInterest(patterns []string) {
-	if !ex.b.clustered() || len(patterns) == 0 {
+	if !ex.b.hasPeerLinks() || len(patterns) == 0 {
 		return
 	}
 	var first []string
@@ -314,13 +314,13 @@ func (ex *Exchange) gainInterest(patterns []string) {
 
 // buildInterestLocked makes the exchange's interest table from its
 // local subscribers: the table is kept only once the node has links
-// (see clustered), and subscribers may be older, such as durable
+// (see hasPeerLinks), and subscribers may be older, such as durable
 // subscriptions brought back from the store before the node joined its
 // cluster. ex.subMu is held.
 func (ex *Exchange) buildInterestLocked() map[string]*localInterest {
 	ex.interest = make(map[string]*localInterest)
 	for _, a := range ex.subs.all() {
-		if a.isStandIn() {
+		if a.isPeerSub() {
 			continue
 		}
 		for _, p := range a.patterns {
@@ -361,7 +361,7 @@ func (ex *Exchange) loseInterest(patterns []string) {
 // returns, for an RSUB, the wait for their RSUBACKs (nil if no node is
 // up); ex.subMu is held, which orders the announcements of an exchange.
 func (ex *Exchange) announce(typ wire.Type, patterns []string) *interestWait {
-	peers := ex.b.livePeers()
+	peers := ex.b.psLivePeers()
 	if len(peers) == 0 {
 		return nil
 	}
@@ -375,7 +375,7 @@ func (ex *Exchange) announce(typ wire.Type, patterns []string) *interestWait {
 		for _, pp := range peers {
 			f := wire.NewFrame(typ)
 			f.Name, f.Body = ex.name, body
-			ex.b.sendControl(pp, f, w)
+			ex.b.psSend(pp, f, w)
 		}
 	}
 	return w
@@ -386,7 +386,7 @@ func (ex *Exchange) announce(typ wire.Type, patterns []string) *interestWait {
 // once on a node alone, or when every pattern's RSUB was acknowledged.
 // A subscribe calls it before its OK.
 func (ex *Exchange) whenKnown(patterns []string, then func()) {
-	if !ex.b.clustered() {
+	if !ex.b.hasPeerLinks() {
 		then()
 		return
 	}
@@ -426,10 +426,10 @@ func (ex *Exchange) whenKnown(patterns []string, then func()) {
 // link is cut well before (its heartbeats).
 const maxInterestWait = 5 * time.Second
 
-// standIn is another node's aggregated subscription to an exchange: an
+// peerSub is another node's aggregated subscription to an exchange: an
 // attachment of its peer session, never in the session's attachments
 // nor among the broker's members, subscribed to that node's patterns.
-type standIn struct {
+type peerSub struct {
 	a *Attachment
 	// collapsed is set once the node's patterns went past
 	// MaxPatternsPerPeer: the stand-in is subscribed to '#' and ignores
@@ -437,8 +437,8 @@ type standIn struct {
 	collapsed bool
 }
 
-// isStandIn reports whether a stands in for another node.
-func (a *Attachment) isStandIn() bool { return a.s.peer != nil && a.role == wire.RoleSubscriber }
+// isPeerSub reports whether a stands in for another node.
+func (a *Attachment) isPeerSub() bool { return a.s.peer != nil && a.role == wire.RoleSubscriber }
 
 // installLocked subscribes pp's stand-in on ex to patterns; ex.subMu is
 // held.
@@ -446,18 +446,18 @@ func (ex *Exchange) installLocked(pp *psPeer, patterns []string) {
 	if ex.subsClosed || pp.isDown() {
 		return // pubsubPeerDown marks it down before it takes its stand-ins
 	}
-	if ex.standIns == nil {
-		ex.standIns = make(map[string]*standIn)
+	if ex.peerSubs == nil {
+		ex.peerSubs = make(map[string]*peerSub)
 	}
-	si := ex.standIns[pp.p.node]
+	si := ex.peerSubs[pp.p.node]
 	if si != nil && si.a.s != pp.p.s {
 		ex.uninstallLocked(&psPeer{p: si.a.s.peer, c: pp.c}, nil) // an earlier link's
 		si = nil
 	}
 	if si == nil {
 		a := &Attachment{s: pp.p.s, member: "node " + pp.p.node, ex: ex, role: wire.RoleSubscriber}
-		si = &standIn{a: a}
-		ex.standIns[pp.p.node] = si
+		si = &peerSub{a: a}
+		ex.peerSubs[pp.p.node] = si
 	}
 	if si.collapsed {
 		return
@@ -471,7 +471,7 @@ func (ex *Exchange) installLocked(pp *psPeer, patterns []string) {
 			"node", pp.p.node, "exchange", ex.name, "limit", ex.b.cfg.MaxPatternsPerPeer)
 		ex.uninstallLocked(pp, nil)
 		si.collapsed = true
-		ex.standIns[pp.p.node] = si
+		ex.peerSubs[pp.p.node] = si
 		pp.c.collapsed.Add(1)
 		fresh = []string{"#"}
 	}
@@ -495,7 +495,7 @@ func (ex *Exchange) insertLocked(a *Attachment, fresh []string) {
 // all of them with nil, and forgets it once it has none; ex.subMu is
 // held.
 func (ex *Exchange) uninstallLocked(pp *psPeer, patterns []string) {
-	si := ex.standIns[pp.p.node]
+	si := ex.peerSubs[pp.p.node]
 	if si == nil || si.collapsed && patterns != nil {
 		return
 	}
@@ -514,13 +514,13 @@ func (ex *Exchange) uninstallLocked(pp *psPeer, patterns []string) {
 		if si.collapsed {
 			pp.c.collapsed.Add(-1)
 		}
-		delete(ex.standIns, pp.p.node)
+		delete(ex.peerSubs, pp.p.node)
 	}
 }
 
-// forward sends g, a publication of ex matched for stand-in a, to a's
+// forwardPub sends g, a publication of ex matched for stand-in a, to a's
 // node as an RPUB, and takes ownership of it.
-func (ex *Exchange) forward(a *Attachment, g *wire.Frame) {
+func (ex *Exchange) forwardPub(a *Attachment, g *wire.Frame) {
 	g.Type, g.Flags, g.Ref, g.Attach, g.Aux, g.Name, g.Tag = wire.TypeRPub, 0, 0, 0, 0, ex.name, ""
 	c := ex.b.ps.counterOf(a.s.peer.node)
 	c.pubsSent.Add(1)
@@ -543,13 +543,13 @@ func pubBytes(f *wire.Frame) uint64 {
 // holds a stand-in.
 func localOnly(subs []*Attachment) []*Attachment {
 	for i, a := range subs {
-		if !a.isStandIn() {
+		if !a.isPeerSub() {
 			continue
 		}
 		out := make([]*Attachment, 0, len(subs)-1)
 		out = append(out, subs[:i]...)
 		for _, a := range subs[i+1:] {
-			if !a.isStandIn() {
+			if !a.isPeerSub() {
 				out = append(out, a)
 			}
 		}
@@ -636,13 +636,13 @@ const rsubResend = 1
 // pub-sub exchange this node just declared: what they sent before it
 // existed here was dropped.
 func (b *Broker) pubsubDeclared(ex *Exchange) {
-	if ex.subs == nil || !b.clustered() {
+	if ex.subs == nil || !b.hasPeerLinks() {
 		return
 	}
-	for _, pp := range b.livePeers() {
+	for _, pp := range b.psLivePeers() {
 		f := wire.NewFrame(wire.TypeRSub)
 		f.Name, f.Aux = ex.name, rsubResend
-		b.sendControl(pp, f, nil)
+		b.psSend(pp, f, nil)
 	}
 }
 
@@ -653,7 +653,7 @@ func (b *Broker) ackInterest(pp *psPeer, ref uint64) {
 	}
 	f := wire.NewFrame(wire.TypeRSubAck)
 	f.Ref = ref
-	b.sendControl(pp, f, nil)
+	b.psSend(pp, f, nil)
 }
 
 // interestAcked ends the waits for the RSUBs up to number ref.
@@ -727,7 +727,7 @@ func (ex *Exchange) sendTable(pp *psPeer) {
 				}
 			}
 		}
-		ex.b.sendControl(pp, f, w)
+		ex.b.psSend(pp, f, w)
 		last = w
 	}
 }
@@ -773,10 +773,10 @@ func (ex *Exchange) closeInterest() {
 	if len(ex.interest) > 0 {
 		ex.announce(wire.TypeRUnsub, slices.Sorted(maps.Keys(ex.interest)))
 	}
-	for node, si := range ex.standIns {
+	for node, si := range ex.peerSubs {
 		if si.collapsed {
 			ex.b.ps.counterOf(node).collapsed.Add(-1)
 		}
 	}
-	ex.interest, ex.standIns = nil, nil
+	ex.interest, ex.peerSubs = nil, nil
 }

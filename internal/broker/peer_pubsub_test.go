@@ -665,7 +665,7 @@ func TestMeshInvertedPubSub(t *testing.T) {
 	// Accept.
 	ref := sub.send(attachFrame(1, "cx", wire.RoleSubscriber, "acc.*"))
 	req, sr := ctrl.nextSubRequest()
-	if memberNode(sr.Member.ID) != "b" || len(sr.Patterns) != 1 || sr.Patterns[0] != "acc.*" {
+	if psNodeOf(sr.Member.ID) != "b" || len(sr.Patterns) != 1 || sr.Patterns[0] != "acc.*" {
 		t.Fatalf("SUBREQUEST %+v", sr)
 	}
 	ctrl.decide(req, wire.VerdictAccept, "", nil)
@@ -788,10 +788,10 @@ func TestMeshControllerNodeDown(t *testing.T) {
 
 func TestLeaderOf(t *testing.T) {
 	ads := []ctrlAd{{node: "b", member: "b/c1.1", since: 20}, {node: "a", member: "a/c3.1", since: 10}, {node: "c", member: "c/c1.1", since: 10}}
-	if l, _ := leaderOf(ads); l.node != "a" {
+	if l, _ := controllersLeader(ads); l.node != "a" {
 		t.Errorf("leader %+v, want a's (oldest, then lowest id)", l)
 	}
-	if _, ok := leaderOf(nil); ok {
+	if _, ok := controllersLeader(nil); ok {
 		t.Error("a leader of none")
 	}
 }
@@ -1091,7 +1091,7 @@ func TestMeshInterestConvergesUnderChurn(t *testing.T) {
 		src.subMu.RLock()
 		want := map[string]int{}
 		for _, a := range src.subs.all() {
-			if !a.isStandIn() {
+			if !a.isPeerSub() {
 				for _, p := range a.patterns {
 					want[p]++
 				}
@@ -1112,7 +1112,7 @@ func TestMeshInterestConvergesUnderChurn(t *testing.T) {
 			dst := m.brokers[to].Exchange("x")
 			dst.subMu.RLock()
 			var got []string
-			if si := dst.standIns[from]; si != nil {
+			if si := dst.peerSubs[from]; si != nil {
 				got = append(got, si.a.patterns...)
 			}
 			dst.subMu.RUnlock()

@@ -70,8 +70,8 @@ func (ex *Exchange) fanoutTo(f *wire.Frame, pc *publishConfirm, subs []*Attachme
 		if i != last {
 			g = f.Clone()
 		}
-		if a.isStandIn() {
-			ex.forward(a, g)
+		if a.isPeerSub() {
+			ex.forwardPub(a, g)
 			continue
 		}
 		bs, isQueue := a.s.sink.(bindingSink)
@@ -253,13 +253,13 @@ func (ex *Exchange) dropPatternsLocked(a *Attachment, gone func(string) bool) {
 	}
 	clear(a.patterns[len(kept):])
 	a.patterns = kept
-	standIn := a.isStandIn()
-	if !standIn {
+	peerSub := a.isPeerSub()
+	if !peerSub {
 		ex.loseInterest(removed)
 	}
 	if len(kept) == 0 {
 		a.patterns = nil
-		if !standIn {
+		if !peerSub {
 			ex.nsubs--
 		}
 	} else if cap(kept) >= minShrink && len(kept) <= cap(kept)/4 {
