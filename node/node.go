@@ -170,6 +170,12 @@ type Limits struct {
 	// MaxDurableSubscriptions bounds the durable subscriptions of the
 	// node, those of every pub-sub exchange together. Default: 10000.
 	MaxDurableSubscriptions int `toml:"max_durable_subscriptions"`
+	// MaxPatternsPerPeer bounds, in a cluster, the subscription patterns
+	// another node may have installed on this one for one exchange (its
+	// aggregated interest). Past it, that node gets every publication
+	// of the exchange and sorts them out itself, until its link comes
+	// up again (docs/cluster.md). Default: 65536.
+	MaxPatternsPerPeer int `toml:"max_patterns_per_peer"`
 	// MaxInflight bounds the requests one connection may have in flight
 	// as a requester. Default: 65536.
 	MaxInflight int `toml:"max_inflight"`
@@ -226,7 +232,8 @@ func DefaultConfig() Config {
 		Limits: Limits{
 			MaxFrame: sd.MaxFrame, MaxConns: sd.MaxConns, MaxAttachments: 4096, MaxInflight: 65536,
 			MaxPatternsPerAttachment: 1000, MaxPatternsPerConnection: 10000, MaxDurableSubscriptions: 10000,
-			MaxHandshakes: sd.MaxHandshakes, MaxHandshakesPerAddr: sd.MaxHandshakesPerAddr,
+			MaxPatternsPerPeer: 65536,
+			MaxHandshakes:      sd.MaxHandshakes, MaxHandshakesPerAddr: sd.MaxHandshakesPerAddr,
 			MaxHTTPConns:     admin.DefaultMaxConns,
 			HandshakeTimeout: sd.HandshakeTimeout, Credit: sd.Credit, OutboxBytes: sd.OutboxLimit,
 			SlowConsumerTimeout: sd.SlowTimeout, ExprCost: broker.DefaultExprCost, ExprTime: broker.DefaultExprTime,
@@ -257,6 +264,7 @@ func (c *Config) setDefaults() {
 	setDefault(&l.MaxPatternsPerAttachment, dl.MaxPatternsPerAttachment)
 	setDefault(&l.MaxPatternsPerConnection, dl.MaxPatternsPerConnection)
 	setDefault(&l.MaxDurableSubscriptions, dl.MaxDurableSubscriptions)
+	setDefault(&l.MaxPatternsPerPeer, dl.MaxPatternsPerPeer)
 	setDefault(&l.HandshakeTimeout, dl.HandshakeTimeout)
 	setDefault(&l.Credit, dl.Credit)
 	setDefault(&l.OutboxBytes, dl.OutboxBytes)
@@ -319,6 +327,7 @@ func (c Config) Validate() error {
 		{"limits.max_patterns_per_attachment", l.MaxPatternsPerAttachment < 0},
 		{"limits.max_patterns_per_connection", l.MaxPatternsPerConnection < 0},
 		{"limits.max_durable_subscriptions", l.MaxDurableSubscriptions < 0},
+		{"limits.max_patterns_per_peer", l.MaxPatternsPerPeer < 0},
 		{"limits.max_request_deadline", l.MaxDeadline < 0 || l.MaxDeadline > 0 && l.MaxDeadline < time.Millisecond},
 		{"limits.handshake_timeout", l.HandshakeTimeout < 0},
 		{"limits.credit", l.Credit == 1},
@@ -414,6 +423,7 @@ func Start(cfg Config) (*Node, error) {
 			MaxInflight: cfg.Limits.MaxInflight, MaxAttachments: cfg.Limits.MaxAttachments, MaxDeadline: cfg.Limits.MaxDeadline,
 			MaxPatternsPerAttachment: cfg.Limits.MaxPatternsPerAttachment, MaxPatternsPerConnection: cfg.Limits.MaxPatternsPerConnection,
 			MaxDurableSubscriptions: cfg.Limits.MaxDurableSubscriptions,
+			MaxPatternsPerPeer:      cfg.Limits.MaxPatternsPerPeer,
 			ExprCost:                cfg.Limits.ExprCost, ExprTime: cfg.Limits.ExprTime,
 		}),
 		sup: supervise.New(supervise.Config{

@@ -237,6 +237,7 @@ manage users with 'courier users'.`,
 	f.IntVar(&l.MaxPatternsPerAttachment, "max-patterns-per-attachment", dl.MaxPatternsPerAttachment, "subscription patterns of one subscriber")
 	f.IntVar(&l.MaxPatternsPerConnection, "max-patterns-per-connection", dl.MaxPatternsPerConnection, "subscription patterns of one connection's subscribers together")
 	f.IntVar(&l.MaxDurableSubscriptions, "max-durable-subscriptions", dl.MaxDurableSubscriptions, "durable subscriptions of the node")
+	f.IntVar(&l.MaxPatternsPerPeer, "max-patterns-per-peer", dl.MaxPatternsPerPeer, "in a cluster, another node's subscription patterns held here per exchange")
 	f.DurationVar(&l.MaxDeadline, "max-request-deadline", dl.MaxDeadline, "longest request deadline; requests without one get it (0: no maximum)")
 	f.IntVar(&cfg.Supervision.MaxRestarts, "max-restarts", d.Supervision.MaxRestarts, "restarts of a component allowed within --restart-window before it is marked failed")
 	f.DurationVar(&cfg.Supervision.RestartWindow, "restart-window", d.Supervision.RestartWindow, "period of the restart intensity")

@@ -68,6 +68,13 @@ type Config struct {
 	// would create one more fails with [wire.CodeLimit]. Those brought
 	// back from the store count but are never refused. Default: 10000.
 	MaxDurableSubscriptions int
+	// MaxPatternsPerPeer bounds the subscription patterns another node of
+	// the cluster may have installed here for one exchange (its
+	// aggregated interest). Past it, that node's interest in the exchange
+	// becomes '#': every publication of the exchange goes to it, and it
+	// fans out to its own subscribers only, until its link comes up
+	// again (docs/cluster.md). Default: 65536.
+	MaxPatternsPerPeer int
 	// MaxDeadline bounds a request's deadline. A request asking for more
 	// fails with [wire.CodeDeadlineTooLong]; one with no deadline gets
 	// this one. Default: 0, no maximum.
@@ -129,6 +136,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxDurableSubscriptions <= 0 {
 		c.MaxDurableSubscriptions = 10000
+	}
+	if c.MaxPatternsPerPeer <= 0 {
+		c.MaxPatternsPerPeer = 65536
 	}
 	if c.MaxDeadline < 0 {
 		c.MaxDeadline = 0
@@ -305,6 +315,8 @@ type Broker struct {
 
 	nextSession atomic.Uint64
 	nextSubReq  atomic.Uint64
+	// ps is pub-sub across nodes (see peer_pubsub.go).
+	ps pubsubCluster
 	// draining is set by [Broker.Drain]: new requests are refused.
 	draining atomic.Bool
 	// maxDeadlineMS is Config.MaxDeadline in ms; 0 for none.
@@ -587,6 +599,7 @@ func (b *Broker) declareRouter(ex *Exchange, spec Spec, by Declarer, rq *recover
 	if rq == nil {
 		b.log.Info("exchange declared", "exchange", ex.name, "pattern", ex.cfg.Pattern, "strategy", ex.cfg.Strategy, "durable", ex.def.ID != 0)
 	}
+	b.pubsubDeclared(ex) // peer_pubsub.go
 	return ex, nil
 }
 

@@ -54,9 +54,18 @@ type Exchange struct {
 	// subsClosed is set once the exchange is deleted: it takes no more
 	// patterns.
 	subsClosed bool
-	pendMu     sync.Mutex // guards pending
-	// pending holds subscription requests waiting for a controller.
+	// interest counts the local subscribers of each pattern and peerSubs
+	// are the other nodes' aggregated subscriptions, in a cluster only
+	// (see peer_pubsub.go); guarded by subMu.
+	interest map[string]*localInterest
+	peerSubs map[string]*peerSub
+	pendMu   sync.Mutex // guards pending, asks, ctrl
+	// pending holds subscription requests waiting for a controller, and
+	// asks those of other nodes' subscribers; ctrl is the controllers
+	// across nodes (see peer_control.go).
 	pending map[uint64]*subRequest
+	asks    map[uint64]*remoteAsk
+	ctrl    controlState
 
 	requests  *Counter // request-response exchanges only, by request id
 	publishes atomic.Uint64
@@ -380,6 +389,7 @@ func (ex *Exchange) close() {
 			ex.unreserve(p)
 			p.s.sendError(p.ref, wire.Errorf(wire.CodeExchangeDeleted, "exchange %q was deleted", ex.name))
 		}
+		ex.closeControl() // peer_control.go
 	}
 	for _, a := range append(members, subs...) {
 		a.s.forget(a)

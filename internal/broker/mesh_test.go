@@ -3,6 +3,7 @@ package broker
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/courier-mq/courier/wire"
@@ -19,6 +20,7 @@ type mesh struct {
 	mu    sync.Mutex
 	links map[[2]string]*meshLink // by from, to
 	cut   map[[2]string]bool      // pairs cut by cutLink, both directions
+	held  map[[2]string]bool      // directions held by hold
 	sent  map[string]int          // frames sent, by "from>to type"
 }
 
@@ -26,38 +28,110 @@ type mesh struct {
 type meshLink struct {
 	control, data chan []byte
 	done          chan struct{}
+	gateMu        sync.Mutex
+	gate          chan struct{} // closed while frames may pass (see hold)
+	lost          atomic.Bool   // set when cut: frames left are dropped
+	inflight      atomic.Int64  // frames sent and not yet delivered or dropped
 }
 
 // newMesh starts a broker per name, with default config, all linked.
 func newMesh(t testing.TB, names ...string) *mesh {
+	return newMeshConfig(t, Config{}, names...)
+}
+
+// newMeshConfig is newMesh with each broker's config cfg (its Node set
+// to its name).
+func newMeshConfig(t testing.TB, cfg Config, names ...string) *mesh {
+	t.Helper()
+	return newMeshPrepared(t, cfg, nil, names...)
+}
+
+// newMeshPrepared is newMeshConfig, with prepare, if not nil, called on
+// each broker before it has links: what it does there is the state of a
+// node before it joins its cluster.
+func newMeshPrepared(t testing.TB, cfg Config, prepare func(name string, b *Broker), names ...string) *mesh {
 	t.Helper()
 	m := &mesh{t: t, brokers: map[string]*Broker{}, links: map[[2]string]*meshLink{},
-		cut: map[[2]string]bool{}, sent: map[string]int{}}
+		cut: map[[2]string]bool{}, held: map[[2]string]bool{}, sent: map[string]int{}}
 	for _, n := range names {
-		b := New(Config{Node: n})
+		c := cfg
+		c.Node = n
+		b := New(c)
+		if prepare != nil {
+			prepare(n, b)
+		}
 		b.SetPeers(meshPeers{m, n})
 		m.brokers[n] = b
 		t.Cleanup(func() { b.Close() })
 	}
-	for _, a := range names {
-		for _, b := range names {
-			if a != b {
-				m.up(a, b)
-			}
+	var started []func()
+	for i, a := range names {
+		for _, b := range names[i+1:] {
+			started = append(started, m.up(a, b))
 		}
+	}
+	for _, start := range started {
+		start()
 	}
 	t.Cleanup(m.close)
 	return m
 }
 
-// up opens the link from→to and tells to that from is up.
-func (m *mesh) up(from, to string) {
-	l := &meshLink{control: make(chan []byte, 1<<16), data: make(chan []byte, 1<<16), done: make(chan struct{})}
+// up opens the links between a and b, both ways, and tells each that
+// the other is up; the frames they send meanwhile wait in the links
+// until the returned func starts delivering them, as on a real link
+// whose handshake is over before either side reads.
+func (m *mesh) up(a, b string) (start func()) {
+	l1, l2 := m.link(a, b), m.link(b, a)
+	m.brokers[b].PeerUp(a)
+	m.brokers[a].PeerUp(b)
+	return func() {
+		go m.drain(a, b, l1)
+		go m.drain(b, a, l2)
+	}
+}
+
+// link makes the link from→to.
+func (m *mesh) link(from, to string) *meshLink {
+	l := &meshLink{control: make(chan []byte, 1<<16), data: make(chan []byte, 1<<16), done: make(chan struct{}),
+		gate: make(chan struct{})}
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.held[[2]string{from, to}] {
+		close(l.gate)
+	}
 	m.links[[2]string{from, to}] = l
-	m.mu.Unlock()
-	m.brokers[to].PeerUp(from)
-	go m.drain(from, to, l)
+	return l
+}
+
+// hold stops the delivery of the frames from→to, both links, until
+// release: they wait, in order, as on a slow link. A link made anew
+// meanwhile (heal) is held too.
+func (m *mesh) hold(from, to string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.held[[2]string{from, to}] = true
+	if l := m.links[[2]string{from, to}]; l != nil {
+		l.gateMu.Lock()
+		l.gate = make(chan struct{})
+		l.gateMu.Unlock()
+	}
+}
+
+// release resumes the delivery of the frames from→to.
+func (m *mesh) release(from, to string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.held, [2]string{from, to})
+	if l := m.links[[2]string{from, to}]; l != nil {
+		l.gateMu.Lock()
+		select {
+		case <-l.gate:
+		default:
+			close(l.gate)
+		}
+		l.gateMu.Unlock()
+	}
 }
 
 // drain delivers a link's frames in order, control first when both wait.
@@ -65,6 +139,14 @@ func (m *mesh) drain(from, to string, l *meshLink) {
 	defer close(l.done)
 	dst := m.brokers[to]
 	deliver := func(p []byte) {
+		defer l.inflight.Add(-1)
+		l.gateMu.Lock()
+		gate := l.gate
+		l.gateMu.Unlock()
+		<-gate
+		if l.lost.Load() {
+			return
+		}
 		f := wire.NewFrame(0)
 		if err := wire.Decode(p, f); err != nil {
 			m.t.Errorf("mesh %s→%s: %v", from, to, err)
@@ -107,9 +189,7 @@ func (m *mesh) cutLink(a, b string) {
 		m.cut[d] = true
 		m.mu.Unlock()
 		if l != nil {
-			close(l.control)
-			close(l.data)
-			<-l.done
+			l.shut()
 		}
 		m.brokers[d[1]].PeerDown(d[0])
 	}
@@ -121,8 +201,7 @@ func (m *mesh) heal(a, b string) {
 	delete(m.cut, [2]string{a, b})
 	delete(m.cut, [2]string{b, a})
 	m.mu.Unlock()
-	m.up(a, b)
-	m.up(b, a)
+	m.up(a, b)()
 }
 
 // count returns the frames of type t sent from→to so far.
@@ -132,16 +211,42 @@ func (m *mesh) count(from, to string, t wire.Type) int {
 	return m.sent[fmt.Sprintf("%s>%s %s", from, to, t)]
 }
 
+// quiet reports whether no frame is in flight on any link up: every
+// frame sent was delivered, and what its delivery sent too.
+func (m *mesh) quiet() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, l := range m.links {
+		if l.inflight.Load() != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 func (m *mesh) close() {
 	m.mu.Lock()
 	links := m.links
 	m.links = map[[2]string]*meshLink{}
 	m.mu.Unlock()
 	for _, l := range links {
-		close(l.control)
-		close(l.data)
-		<-l.done
+		l.shut()
 	}
+}
+
+// shut closes the link: what it still holds is lost, as on a cut link.
+func (l *meshLink) shut() {
+	l.lost.Store(true)
+	close(l.control)
+	close(l.data)
+	l.gateMu.Lock()
+	select {
+	case <-l.gate:
+	default:
+		close(l.gate)
+	}
+	l.gateMu.Unlock()
+	<-l.done
 }
 
 // meshPeers is one broker's Peers in a mesh.
@@ -173,10 +278,12 @@ func (p meshPeers) send(node string, f *wire.Frame, control bool) error {
 	if control {
 		q = l.control
 	}
+	l.inflight.Add(1)
 	select {
 	case q <- buf[4:]:
 		return nil
 	default:
+		l.inflight.Add(-1)
 		return fmt.Errorf("mesh: link %s→%s full", p.from, node)
 	}
 }

@@ -148,8 +148,14 @@ func (ex *Exchange) closeSubs() []*Attachment {
 	for _, a := range subs {
 		a.s.patterns.Add(-int64(len(a.patterns)))
 		ex.b.countPatterns(a.patterns, -1, 0, 0)
+		if a.isPeerSub() {
+			a.gone.Store(true) // another node's: nothing to tell it
+			ex.b.ps.counterOf(a.s.peer.node).patterns.Add(-int64(len(a.patterns)))
+		}
 		a.patterns = nil
 	}
+	subs = slices.DeleteFunc(subs, (*Attachment).isPeerSub)
+	ex.closeInterest()
 	ex.b.countPatterns(nil, 0, -ex.subs.nodes, -ex.subs.mapped)
 	ex.subs = newTopicTree()
 	ex.subsClosed = true

@@ -132,7 +132,8 @@ func (b *Broker) FromPeer(node string, f *wire.Frame) {
 		return
 	}
 	switch f.Type {
-	case wire.TypeRSub, wire.TypeRUnsub, wire.TypeRPub, wire.TypeRSubAck:
+	case wire.TypeRSub, wire.TypeRUnsub, wire.TypeRPub, wire.TypeRSubAck,
+		wire.TypeRSubReq, wire.TypeRDecide, wire.TypeRCtrl, wire.TypeRMember:
 		b.peerPubSub(p, f)
 	case wire.TypeRView, wire.TypeRAttach, wire.TypeRDetach, wire.TypeRReq:
 		b.peerRequest(p, f)

@@ -55,17 +55,28 @@ func (s *Session) publish(f *wire.Frame) {
 // until the message is durable there. It returns, of the durable
 // subscriptions' queues it enqueued to, the one under the most pressure
 // (nil if none).
+//
+// In a cluster, each other node with interest in the publication is one
+// of subs (its stand-in, see peer_pubsub.go) and gets one RPUB.
 func (ex *Exchange) fanout(f *wire.Frame, pc *publishConfirm) (durable *taskQueue) {
-	subs := ex.match(f.Key)
+	return ex.fanoutTo(f, pc, ex.match(f.Key))
+}
+
+// fanoutTo is fanout to subs, the subscribers matched.
+func (ex *Exchange) fanoutTo(f *wire.Frame, pc *publishConfirm, subs []*Attachment) (durable *taskQueue) {
 	last := len(subs) - 1
 	for i, a := range subs {
-		bs, isQueue := a.s.sink.(bindingSink)
-		if isQueue && (durable == nil || bs.tq.q.Pressure() > durable.q.Pressure()) {
-			durable = bs.tq
-		}
 		g := f
 		if i != last {
 			g = f.Clone()
+		}
+		if a.isPeerSub() {
+			ex.forwardPub(a, g)
+			continue
+		}
+		bs, isQueue := a.s.sink.(bindingSink)
+		if isQueue && (durable == nil || bs.tq.q.Pressure() > durable.q.Pressure()) {
+			durable = bs.tq
 		}
 		g.Type, g.Flags, g.Ref, g.Attach, g.Aux, g.Name, g.Tag = wire.TypeMessage, 0, 0, a.id, 0, "", ""
 		a.s.stats.Delivered.Add(0, 1)
@@ -183,6 +194,7 @@ func (ex *Exchange) addPatterns(a *Attachment, patterns []string, check bool, re
 	a.patterns = append(a.patterns, fresh...)
 	ex.b.countPatterns(fresh, 1, ex.subs.nodes-nodes, ex.subs.mapped-mapped)
 	clear(ex.cache)
+	ex.gainInterest(fresh)
 	return slices.Clone(a.patterns), nil
 }
 
@@ -241,9 +253,15 @@ func (ex *Exchange) dropPatternsLocked(a *Attachment, gone func(string) bool) {
 	}
 	clear(a.patterns[len(kept):])
 	a.patterns = kept
+	peerSub := a.isPeerSub()
+	if !peerSub {
+		ex.loseInterest(removed)
+	}
 	if len(kept) == 0 {
 		a.patterns = nil
-		ex.nsubs--
+		if !peerSub {
+			ex.nsubs--
+		}
 	} else if cap(kept) >= minShrink && len(kept) <= cap(kept)/4 {
 		a.patterns = slices.Clone(kept)
 	}
@@ -282,6 +300,10 @@ type subRequest struct {
 	attach     bool // the subscriber's ATTACH waits on it
 	controller *Attachment
 	reserved   int // patterns counted against the limits meanwhile
+	// remote is the node of the controller asked, when it is another
+	// node's (see peer_control.go); tries counts the times it was asked.
+	remote string
+	tries  int
 }
 
 // requestSubscription asks the exchange's controller (its leader) whether
@@ -301,6 +323,10 @@ func (ex *Exchange) requestSubscription(a *Attachment, ref uint64, patterns []st
 }
 
 func (ex *Exchange) ask(p *subRequest) {
+	p.remote = ""
+	if node, member := ex.remoteController(); node != "" && ex.askRemote(p, node, member) {
+		return
+	}
 	ctrl := ex.view.Load().leader
 	if ctrl == nil {
 		ex.refuse(p, "no controller is attached to exchange "+ex.name)
@@ -348,6 +374,7 @@ func (ex *Exchange) controllerGone(ctrl *Attachment) {
 	for _, p := range redo {
 		ex.ask(p)
 	}
+	ex.remoteControllerGone(ctrl)
 }
 
 // decide applies a controller's DECISION.
@@ -366,47 +393,78 @@ func (s *Session) decide(f *wire.Frame) {
 	delete(ex.pending, f.Ref)
 	ex.pendMu.Unlock()
 	if p == nil {
-		return // the subscriber went away meanwhile
-	}
-	if f.Aux != wire.VerdictAccept && f.Aux != wire.VerdictRefuse {
-		ex.refuse(p, "the controller sent an unknown verdict")
-		s.sendError(0, wire.Errorf(wire.CodeBadOptions, "decision: unknown verdict %d (0 accept, 1 refuse)", f.Aux))
+		// Another node's subscriber, or one that went away meanwhile.
+		if err := ex.remoteDecision(f); err != nil {
+			s.sendError(0, err)
+		}
 		return
 	}
-	if f.Aux == wire.VerdictRefuse {
-		reason := f.Tag
+	if err := ex.settle(p, f.Aux, f.Tag, f.Body); err != nil {
+		s.sendError(0, err)
+	}
+}
+
+// settle applies a controller's verdict, reason and body (narrowed
+// patterns) to subscription request p. The error, if any, is for the
+// controller: its decision was bad, or the subscriber went past a limit.
+func (ex *Exchange) settle(p *subRequest, verdict uint64, reason string, body []byte) error {
+	patterns, err := checkDecision(verdict, body)
+	if err != nil {
+		ex.refuse(p, "the controller sent a bad decision")
+		return err
+	}
+	if verdict == wire.VerdictRefuse {
 		if reason == "" {
 			reason = "refused by the controller"
 		}
 		ex.refuse(p, reason)
-		return
+		return nil
 	}
-	patterns := p.patterns
-	if len(f.Body) > 0 {
-		var pb wire.PatternsBody
-		if err := json.Unmarshal(f.Body, &pb); err != nil {
-			ex.refuse(p, "the controller sent a bad decision")
-			s.sendError(0, wire.Errorf(wire.CodeBadOptions, "decision: bad body: %v", err))
-			return
-		}
-		if err := checkPatterns(pb.Patterns); err != nil {
-			ex.refuse(p, "the controller narrowed to a bad pattern")
-			s.sendError(0, wire.Errorf(wire.CodeBadOptions, "decision: %v", err))
-			return
-		}
-		patterns = pb.Patterns
+	if patterns == nil {
+		patterns = p.patterns
 	}
 	now, err := ex.addPatterns(p.a, patterns, true, p.reserved)
 	if err != nil {
 		ex.fail(p, err)
-		s.sendError(0, wire.Errorf(wire.CodeTooManyPatterns, "decision for %s: %v", p.a.member, asWireError(err).Msg))
-		return
+		return wire.Errorf(wire.CodeTooManyPatterns, "decision for %s: %v", p.a.member, asWireError(err).Msg)
 	}
-	if p.attach {
-		p.s.reply(p.ref, jsonBody(wire.AttachResult{Member: p.a.member, Patterns: now}), nil)
-	} else {
-		p.s.reply(p.ref, jsonBody(wire.PatternsBody{Patterns: now}), nil)
+	p.accepted(patterns, now)
+	return nil
+}
+
+// checkDecision checks a DECISION's verdict and body, and returns the
+// patterns it narrows to (nil: those asked).
+func checkDecision(verdict uint64, body []byte) ([]string, error) {
+	if verdict != wire.VerdictAccept && verdict != wire.VerdictRefuse {
+		return nil, wire.Errorf(wire.CodeBadOptions, "decision: unknown verdict %d (0 accept, 1 refuse)", verdict)
 	}
+	if verdict == wire.VerdictRefuse || len(body) == 0 {
+		return nil, nil
+	}
+	var pb wire.PatternsBody
+	if err := json.Unmarshal(body, &pb); err != nil {
+		return nil, wire.Errorf(wire.CodeBadOptions, "decision: bad body: %v", err)
+	}
+	if err := checkPatterns(pb.Patterns); err != nil {
+		return nil, wire.Errorf(wire.CodeBadOptions, "decision: %v", err)
+	}
+	if pb.Patterns == nil {
+		pb.Patterns = []string{}
+	}
+	return pb.Patterns, nil
+}
+
+// accepted answers a subscription request the controller accepted, once
+// its patterns' interest is known cluster-wide; now are the subscriber's
+// patterns.
+func (p *subRequest) accepted(patterns, now []string) {
+	p.a.ex.whenKnown(patterns, func() {
+		if p.attach {
+			p.s.reply(p.ref, jsonBody(wire.AttachResult{Member: p.a.member, Patterns: now}), nil)
+		} else {
+			p.s.reply(p.ref, jsonBody(wire.PatternsBody{Patterns: now}), nil)
+		}
+	})
 }
 
 // subscribe handles SUBSCRIBE and UNSUBSCRIBE, for oneself or, from a
@@ -422,6 +480,7 @@ func (s *Session) subscribe(f *wire.Frame) {
 		s.sendError(f.Ref, wire.Errorf(wire.CodeBadOptions, "%s: %v", f.Type, err))
 		return
 	}
+	ref := f.Ref
 	s.mu.Lock()
 	self := s.attachments[f.Attach]
 	s.mu.Unlock()
@@ -437,6 +496,9 @@ func (s *Session) subscribe(f *wire.Frame) {
 			return
 		}
 		target = s.b.member(f.Name)
+		if target == nil && s.subscribeElsewhere(f, self, pb.Patterns) {
+			return
+		}
 		if target == nil || target.ex != ex || target.role != wire.RoleSubscriber {
 			s.sendError(f.Ref, wire.Errorf(wire.CodeNotFound, "%s: %q is not a subscriber of exchange %q", f.Type, f.Name, ex.name))
 			return
@@ -456,7 +518,11 @@ func (s *Session) subscribe(f *wire.Frame) {
 			s.sendError(f.Ref, err)
 			return
 		}
-		s.reply(f.Ref, jsonBody(wire.PatternsBody{Patterns: now}), nil)
+		known := pb.Patterns
+		if f.Type == wire.TypeUnsubscribe {
+			known = nil // an unsubscribe need not wait
+		}
+		ex.whenKnown(known, func() { s.reply(ref, jsonBody(wire.PatternsBody{Patterns: now}), nil) })
 		return
 	}
 	if f.Type == wire.TypeSubscribe && target == self && ex.cfg.Controlled {
@@ -473,7 +539,11 @@ func (s *Session) subscribe(f *wire.Frame) {
 	} else {
 		now = ex.removePatterns(target, pb.Patterns)
 	}
-	s.reply(f.Ref, jsonBody(wire.PatternsBody{Patterns: now}), nil)
+	known := pb.Patterns
+	if f.Type == wire.TypeUnsubscribe {
+		known = nil // an unsubscribe need not wait
+	}
+	ex.whenKnown(known, func() { s.reply(ref, jsonBody(wire.PatternsBody{Patterns: now}), nil) })
 	if target != self {
 		target.event(wire.EventSubscriptions, jsonBody(wire.EventBody{Patterns: now}))
 	}

@@ -393,7 +393,8 @@ func (s *Session) attach(f *wire.Frame) {
 			res.Patterns = a.tq.def.Patterns
 			a.tq.defMu.Unlock()
 		}
-		s.reply(f.Ref, jsonBody(res), nil)
+		ref := f.Ref
+		ex.whenKnown(res.Patterns, func() { s.reply(ref, jsonBody(res), nil) })
 		return
 	}
 	if a.role == wire.RoleSubscriber {
@@ -410,7 +411,8 @@ func (s *Session) attach(f *wire.Frame) {
 			s.sendError(f.Ref, err)
 			return
 		}
-		s.reply(f.Ref, jsonBody(wire.AttachResult{Member: a.member, Patterns: now}), nil)
+		ref := f.Ref
+		ex.whenKnown(now, func() { s.reply(ref, jsonBody(wire.AttachResult{Member: a.member, Patterns: now}), nil) })
 		return
 	}
 	// Join before the OK, so that once the client has its OK every request
@@ -423,6 +425,9 @@ func (s *Session) attach(f *wire.Frame) {
 		s.forget(a)
 		s.sendError(f.Ref, err)
 		return
+	}
+	if a.role == wire.RoleController {
+		ex.controllerJoined(a) // peer_control.go
 	}
 	s.reply(f.Ref, jsonBody(wire.AttachResult{Member: a.member}), nil)
 }
