@@ -174,6 +174,12 @@ func (f *fsm) apply(index uint64, c *command) (result, []Change) {
 		if slices.Contains(u.Tags, auth.TagAdministrator) && admins(st.Users) == 1 {
 			return result{Err: auth.ErrLastAdmin}, nil
 		}
+		if len(st.Users) == 1 {
+			// No user would open every node to anonymous clients, which
+			// a node listening beyond loopback refuses (auth's
+			// RequireUsers): the group refuses it everywhere.
+			return result{Err: fmt.Errorf("%w: %q is the last user", auth.ErrNoUsers, c.Name)}, nil
+		}
 		delete(st.Users, c.Name)
 		return result{}, []Change{{Index: index, Kind: UserDeleted, User: auth.User{Name: c.Name}}}
 	case opRenew:

@@ -145,6 +145,13 @@ func TestBadCommandsAndSnapshots(t *testing.T) {
 		}
 	}
 	hash, _ := auth.HashPassword("pw-pw-pw")
+	// The last user stays, administrator or not.
+	if r, _ := f.apply(3, &command{Op: opPutUser, Name: "solo", PasswordHash: hash}); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if r, _ := f.apply(4, &command{Op: opDeleteUser, Name: "solo"}); !errors.Is(r.Err, auth.ErrNoUsers) {
+		t.Fatalf("delete the last user: %v, want ErrNoUsers", r.Err)
+	}
 	if r, _ := f.apply(3, &command{Op: opPutUser, Name: "u", PasswordHash: hash, Permissions: &auth.Permissions{Read: auth.Patterns{"a..b"}}}); !errors.Is(r.Err, auth.ErrBadPattern) {
 		t.Errorf("bad pattern: %v", r.Err)
 	}

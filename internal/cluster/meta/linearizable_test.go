@@ -252,6 +252,11 @@ func TestLinearizableUnderFaults(t *testing.T) {
 		t.Skip("fault run")
 	}
 	c := newCluster(t, 3, nil)
+	// A user no client deletes: the last user cannot be deleted, and the
+	// model of each user name does not know the others.
+	if _, err := c.leader().PutUser(testutil.Context(t, 10*time.Second), "keeper", auth.UserChange{PasswordHash: linHash}); err != nil {
+		t.Fatal(err)
+	}
 	rec := newLinRecorder()
 	keys := []string{"k1", "k2", "k3", "k4"}
 	users := []string{"u1", "u2"}

@@ -428,10 +428,11 @@ func tooLarge(n int) error {
 	return wire.Errorf(wire.CodeBadOptions, "metadata change of %d bytes, at most %d", n, maxCommandLen)
 }
 
-// nudgeLoop appends a barrier entry each time a forwarded write was
-// applied on this leader: the entry goes to the followers at once with
-// the commit index that covers the write, so the follower that forwarded
-// it applies it and returns in about one round trip, not after
+// nudgeLoop appends a barrier entry each time a forwarded write, or a
+// write made on the leader, was applied on this leader: the entry goes to
+// the followers at once with the commit index that covers the write, so
+// every node applies it within about one round trip, and the follower
+// that forwarded it returns then, not after
 // CommitTimeout (78 ms at the median with Raft's 50 ms, 3.5 ms with the
 // nudge, in BenchmarkDeclareOnFollower). Nudges asked for while one is
 // in flight are served by the next one.
@@ -492,7 +493,12 @@ func (m *Meta) applyOnce(ctx context.Context, c *command) (uint64, *result, erro
 	case id == "":
 		return 0, nil, ErrNotLeader
 	case string(id) == m.cfg.NodeID:
-		return m.applyLeader(ctx, c)
+		idx, res, err := m.applyLeader(ctx, c)
+		if err == nil && c.Op != opRenew {
+			// The other nodes learn of the commit at once too.
+			m.askNudge()
+		}
+		return idx, res, err
 	}
 	var resp response
 	if err := m.pool.call(ctx, string(id), string(addr), typeApply, &request{Command: c}, &resp); err != nil {

@@ -191,6 +191,17 @@ func TestUsersAndPermissionsFromAnyNode(t *testing.T) {
 	if _, ok := f.User("bob"); ok {
 		t.Fatal("bob still there")
 	}
+	// The last user, even without the administrator tag, stays: no user
+	// would open every node.
+	if _, err := f.PutUser(ctx, "admin", auth.UserChange{Tags: []string{}}); !errors.Is(err, auth.ErrLastAdmin) {
+		t.Fatalf("untag the last admin: %v, want ErrLastAdmin", err)
+	}
+	if _, err := f.PutUser(ctx, "carol", auth.UserChange{PasswordHash: u.PasswordHash}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.DeleteUser(ctx, "admin"); !errors.Is(err, auth.ErrLastAdmin) {
+		t.Fatalf("delete the last admin with another user: %v", err)
+	}
 }
 
 // TestNoQuorumRefusesWrites cuts one node off: its writes and

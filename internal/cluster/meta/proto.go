@@ -101,7 +101,7 @@ var sentinels = map[string]error{
 	"bad-command": ErrBadCommand, "bad-frame": ErrBadFrame, "closed": ErrClosed,
 	"no-user": auth.ErrNoUser, "user-exists": auth.ErrUserExists, "bad-name": auth.ErrBadName,
 	"bad-password": auth.ErrBadPassword, "bad-hash": auth.ErrBadHash, "bad-tag": auth.ErrBadTag,
-	"bad-pattern": auth.ErrBadPattern, "last-admin": auth.ErrLastAdmin,
+	"bad-pattern": auth.ErrBadPattern, "last-admin": auth.ErrLastAdmin, "no-users": auth.ErrNoUsers,
 }
 
 func encodeError(err error) *errInfo {
