@@ -3,6 +3,7 @@ package node
 import (
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/courier-mq/courier/internal/admin"
 	"github.com/courier-mq/courier/internal/buildinfo"
@@ -43,6 +44,13 @@ type ClusterConfig struct {
 	// signed every node's certificate. Without a secret, memberlist's
 	// packets then travel over TCP. Default: none.
 	TLS TLSFiles `toml:"tls"`
+	// BootstrapExpect is how many nodes the cluster first forms with,
+	// as Consul's bootstrap_expect: a node without metadata state waits
+	// until it has met that many before the metadata group starts.
+	// Start exactly that many nodes for the first formation, and add
+	// the others after. -1: never bootstrap (the node waits to be added
+	// to a formed cluster). Default: 1 + the number of Join addresses.
+	BootstrapExpect int `toml:"bootstrap_expect"`
 }
 
 // Enabled reports whether c makes the node one of a cluster.
@@ -85,13 +93,18 @@ func (n *Node) startCluster() error {
 		ClientURL: n.URL(), HTTPURL: n.HTTPURL(), Version: buildinfo.Version(), Started: n.started,
 		Hosts:       n.hosts,
 		MaxFrame:    n.cfg.Limits.MaxFrame + 64<<10,
-		SlowTimeout: n.cfg.Limits.SlowConsumerTimeout, HandshakeTimeout: n.cfg.Limits.HandshakeTimeout,
+		SlowTimeout: linkSlowTimeout(n.cfg.Limits.SlowConsumerTimeout), HandshakeTimeout: n.cfg.Limits.HandshakeTimeout,
 		Log: n.cfg.Log,
 	})
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
 	n.fabric = f
+	if err := n.joinCluster(); err != nil {
+		f.Close()
+		n.fabric = nil
+		return err
+	}
 	return nil
 }
 
@@ -161,3 +174,9 @@ func SecretFromEnv() []byte {
 	}
 	return nil
 }
+
+// linkSlowTimeout is how long a node link may take nothing before it is
+// cut: longer than a client's (slow), since a link's reader may wait that
+// long on one slow local subscriber while it fans a publication out, and
+// the link must outlast it.
+func linkSlowTimeout(slow time.Duration) time.Duration { return 2*slow + 5*time.Second }

@@ -25,6 +25,7 @@ import (
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
 	"github.com/courier-mq/courier/internal/cluster"
+	"github.com/courier-mq/courier/internal/cluster/meta"
 	"github.com/courier-mq/courier/internal/queue"
 	"github.com/courier-mq/courier/internal/server"
 	"github.com/courier-mq/courier/internal/store"
@@ -371,6 +372,11 @@ type Node struct {
 	// fabric is the cluster's membership and links; nil for a single
 	// node.
 	fabric  *cluster.Fabric
+	// meta is the cluster's metadata group, and metaStop and metaDone
+	// end and await its membership loop; nil for a single node.
+	meta     *meta.Meta
+	metaStop chan struct{}
+	metaDone chan struct{}
 	started time.Time
 	adminLn net.Listener // until the supervisor serves it
 	// clientLn is the client listener being served (a net.Listener), for
@@ -831,6 +837,7 @@ func (n *Node) Close() error {
 	if n.closed.Swap(true) {
 		return nil
 	}
+	n.leaveCluster()
 	if n.fabric != nil {
 		// Leave first: the other nodes see this one left, not dead.
 		n.fabric.Close()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -36,7 +37,13 @@ const catalogTimeout = 10 * time.Second
 
 // ErrFuncsInCluster refuses, in a cluster, an exchange whose routing is a
 // Go function: a function cannot be replicated to the other nodes.
-var ErrFuncsInCluster = wire.Errorf(wire.CodeBadOptions, "routing functions written in Go cannot be replicated to a cluster's nodes: declare the exchange with a key or route expression instead")
+var ErrFuncsInCluster = &wire.Error{Code: wire.CodeBadOptions, Msg: courier.ErrFuncsNotReplicable.Error()}
+
+// ErrTasksInCluster refuses, in a cluster, a task exchange: its queue
+// would live on one node, which the cluster cannot yet reach from the
+// others; replicated queues, reachable from every node, are the next
+// step (docs/cluster.md).
+var ErrTasksInCluster = wire.Errorf(wire.CodeBadOptions, "task exchanges are not available in a cluster yet: a queue must be replicated to be reachable from every node (docs/cluster.md, \"Not yet\"); run task queues on a single node")
 
 // SetCatalog makes the broker declare and delete exchanges through c.
 // Call it before clients connect.
@@ -83,17 +90,15 @@ func (b *Broker) declareCluster(c Catalog, name string, spec Spec, by Declarer, 
 	if err := spec.ExchangeConfig.Check(); err != nil {
 		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: %v", name, err)
 	}
+	if spec.Pattern == wire.PatternTasks {
+		return nil, ErrTasksInCluster
+	}
 	probe, err := newExchange(b, name, spec)
 	if err != nil {
 		return nil, err
 	}
 	if vet != nil {
 		if err := vet(probe); err != nil {
-			return nil, err
-		}
-	}
-	if probe.cfg.Pattern == wire.PatternTasks {
-		if err := b.checkDeadLetter(name, probe.cfg, by); err != nil {
 			return nil, err
 		}
 	}

@@ -135,3 +135,14 @@ func (downCatalog) Declare(context.Context, string, wire.ExchangeConfig, string,
 }
 func (downCatalog) Delete(context.Context, string) error { return errors.New("no quorum") }
 func (downCatalog) Sync(context.Context) error           { return nil }
+
+func TestCatalogRefusesTasks(t *testing.T) {
+	m, c := newCatalogCluster(t, "a", "b")
+	_, err := m.brokers["a"].Declare("jobs", Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternTasks}})
+	if !errors.Is(err, ErrTasksInCluster) {
+		t.Errorf("a task exchange in a cluster: %v, want ErrTasksInCluster", err)
+	}
+	if len(c.applied) != 0 {
+		t.Errorf("refused declaration recorded: %v", c.applied)
+	}
+}

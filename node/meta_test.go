@@ -1,0 +1,133 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/internal/auth"
+	"github.com/courier-mq/courier/internal/broker"
+)
+
+// startCluster3 starts three embedded nodes of one cluster: a, then b and
+// c joining it, and waits until the metadata group has all three.
+func startCluster3(t *testing.T) []*Node {
+	t.Helper()
+	a := startClusterNode(t, "a")
+	b := startClusterNode(t, "b", a.ClusterAddr())
+	c := startClusterNode(t, "c", a.ClusterAddr())
+	nodes := []*Node{a, b, c}
+	waitUntil(t, 30*time.Second, "the metadata group has three servers", func() bool {
+		s, err := a.Meta().Servers()
+		return err == nil && len(s) == 3
+	})
+	waitUntil(t, 30*time.Second, "every broker links to the two others", func() bool {
+		for _, n := range nodes {
+			if len(n.Broker().PeerNodes()) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	return nodes
+}
+
+// An exchange declared on one node is known on every node; a client of
+// the node it was declared on reads its own write at once.
+func TestClusterDeclareAnywhere(t *testing.T) {
+	nodes := startCluster3(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn := nodes[1].Connect()
+	defer conn.Close()
+	if _, err := conn.PubSub(ctx, "prices"); err != nil {
+		t.Fatal(err)
+	}
+	if nodes[1].Broker().Exchange("prices") == nil {
+		t.Fatal("the declaring node does not have its exchange when Declare returns")
+	}
+	waitUntil(t, 10*time.Second, "prices on every node", func() bool {
+		for _, n := range nodes {
+			if n.Broker().Exchange("prices") == nil {
+				return false
+			}
+		}
+		return true
+	})
+	// Another pattern under the same name clashes, from any node.
+	other := nodes[2].Connect()
+	defer other.Close()
+	if _, err := other.ReqResp(ctx, "prices"); err == nil {
+		t.Error("declaring prices as reqresp on c: no error")
+	}
+	// Task exchanges wait for replicated queues.
+	if _, err := other.Tasks(ctx, "jobs"); !errors.Is(err, broker.ErrTasksInCluster) {
+		t.Errorf("a task exchange in a cluster: %v, want ErrTasksInCluster", err)
+	}
+	if err := nodes[0].Connect().DeleteExchange(ctx, "prices"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "prices gone from every node", func() bool {
+		for _, n := range nodes {
+			if n.Broker().Exchange("prices") != nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// A publication on one node reaches subscribers on the others.
+func TestClusterPubSubAcrossNodes(t *testing.T) {
+	nodes := startCluster3(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := make(chan string, 16)
+	for _, n := range nodes[1:] {
+		ps, err := n.Connect().PubSub(ctx, "news")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ps.Subscribe(ctx, "sport.*", func(d *courier.Delivery) { got <- n.Name() + ":" + d.Key }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ps, err := nodes[0].Connect().PubSub(ctx, "news")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.Publish(ctx, "sport.tennis", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for len(seen) < 2 {
+		select {
+		case s := <-got:
+			seen[s] = true
+		case <-ctx.Done():
+			t.Fatalf("delivered %v, want b and c", seen)
+		}
+	}
+}
+
+// A user made on one node logs in on another; the last administrator
+// cannot be deleted from any node.
+func TestClusterUsers(t *testing.T) {
+	nodes := startCluster3(t)
+	p := auth.FullAccess()
+	if _, err := nodes[0].users.PutUser("root", auth.UserChange{Password: "a good password", Tags: []string{auth.TagAdministrator}, Permissions: &p}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "root on node c", func() bool {
+		_, ok := nodes[2].users.User("root")
+		return ok
+	})
+	if _, err := nodes[2].users.Authenticate("root", "a good password"); err != nil {
+		t.Errorf("root logs in on c: %v", err)
+	}
+	if err := nodes[1].users.DeleteUser("root"); !errors.Is(err, auth.ErrLastAdmin) {
+		t.Errorf("deleting the last administrator on b: %v, want ErrLastAdmin", err)
+	}
+}
