@@ -371,14 +371,14 @@ type Node struct {
 	closed atomic.Bool
 	// fabric is the cluster's membership and links; nil for a single
 	// node.
-	fabric  *cluster.Fabric
+	fabric *cluster.Fabric
 	// meta is the cluster's metadata group, and metaStop and metaDone
 	// end and await its membership loop; nil for a single node.
 	meta     *meta.Meta
 	metaStop chan struct{}
 	metaDone chan struct{}
-	started time.Time
-	adminLn net.Listener // until the supervisor serves it
+	started  time.Time
+	adminLn  net.Listener // until the supervisor serves it
 	// clientLn is the client listener being served (a net.Listener), for
 	// tests that break it.
 	clientLn atomic.Value

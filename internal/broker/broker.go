@@ -670,11 +670,17 @@ func (b *Broker) Exchanges() []wire.ExchangeInfo {
 	return infos
 }
 
-// SessionCount returns the number of open sessions.
+// SessionCount returns the number of open sessions of clients (other
+// nodes' sessions left out).
 func (b *Broker) SessionCount() int {
 	b.mu.RLock()
-	defer b.mu.RUnlock()
-	return len(b.sessions)
+	n := len(b.sessions)
+	b.mu.RUnlock()
+	// Other nodes' sessions are not clients.
+	b.peers.mu.RLock()
+	n -= len(b.peers.nodes)
+	b.peers.mu.RUnlock()
+	return max(n, 0)
 }
 
 func (b *Broker) member(id string) *Attachment {
