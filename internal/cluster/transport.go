@@ -74,6 +74,12 @@ const maxPendingPackets = 128
 // the background on first use: the packets sent meanwhile wait for it.
 func (t *transport) writeTCP(b []byte, addr string) (time.Time, error) {
 	t.mu.Lock()
+	select {
+	case <-t.done:
+		t.mu.Unlock()
+		return time.Now(), net.ErrClosed
+	default:
+	}
 	pc := t.conns[addr]
 	if pc == nil {
 		pc = &packetConn{}
