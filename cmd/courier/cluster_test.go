@@ -176,3 +176,13 @@ func TestClusterStop(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterInsecureRefused: a cluster address beyond loopback without
+// a secret or TLS stops the server at start, saying why and what to do.
+func TestClusterInsecureRefused(t *testing.T) {
+	r := cliRun(t, "server", "--listen", "127.0.0.1:0", "--http", "off", "--data", t.TempDir(), "--log-level", "error",
+		"--cluster", "0.0.0.0:0", "--cluster-advertise", "192.0.2.1:7500")
+	if r.code == 0 || !strings.Contains(r.stderr, "refusing the cluster address") || !strings.Contains(r.stderr, "--cluster-secret-file") {
+		t.Errorf("exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+}
