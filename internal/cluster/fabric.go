@@ -169,7 +169,7 @@ type Fabric struct {
 	hostsSent Hosts // in the metadata memberlist took last
 	hsSlots   chan struct{}
 
-	mu        sync.Mutex // guards peers, listeners, closed
+	mu        sync.RWMutex // guards peers, listeners, closed
 	peers     map[string]*peer
 	listeners map[Kind]*kindListener
 	closed    bool

@@ -518,7 +518,9 @@ func (l *link) readLoop() {
 		switch fr.Type {
 		case wire.TypePing:
 			pong := &wire.Frame{Type: wire.TypePong, Ref: fr.Ref}
-			l.out.Offer(pong, wire.Control)
+			if l.out.Offer(pong, wire.Control) == nil {
+				l.stats.framesOut.Add(1)
+			}
 			fr.Release()
 			continue
 		case wire.TypeClose:
@@ -618,10 +620,10 @@ func (f *Fabric) send(node string, fr *wire.Frame, i int) error {
 	if err := fr.Check(); err != nil {
 		return err
 	}
-	f.mu.Lock()
+	f.mu.RLock()
 	p := f.peers[node]
 	closed := f.closed
-	f.mu.Unlock()
+	f.mu.RUnlock()
 	if closed {
 		return ErrClosed
 	}
