@@ -256,7 +256,13 @@ func (t *transport) FinalAdvertiseAddr(string, int) (net.IP, int, error) {
 	}
 	ip := net.ParseIP(host)
 	if ip == nil {
-		return nil, 0, fmt.Errorf("cluster: advertise address %q is not an IP address", t.f.advertise)
+		// A host name: memberlist wants an IP; the others still dial the
+		// name given (it is the gossiped cluster address).
+		ia, err := net.ResolveIPAddr("ip", host)
+		if err != nil {
+			return nil, 0, fmt.Errorf("cluster: advertise address %q: %w", t.f.advertise, err)
+		}
+		ip = ia.IP
 	}
 	p, err := strconv.Atoi(port)
 	if err != nil {
