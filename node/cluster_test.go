@@ -120,9 +120,13 @@ func TestClusterNodes(t *testing.T) {
 			t.Errorf("row %s: uptime %d meta_leader %v", r.Name, r.Uptime, r.MetaLeader)
 		}
 	}
-	waitUntil(t, 20*time.Second, "b sees c's connection, gossiped", func() bool {
-		return getNodes(t, b)[2].Connections == 1
-	})
+	ok := false
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && !ok; time.Sleep(50 * time.Millisecond) {
+		ok = getNodes(t, b)[2].Connections == 1
+	}
+	if !ok {
+		t.Fatalf("b does not see c's connection: b sees %+v; c sees itself %+v", getNodes(t, b)[2], getNodes(t, c)[2])
+	}
 	resp, err := http.Get(b.HTTPURL() + "/api/nodes/c")
 	if err != nil {
 		t.Fatal(err)

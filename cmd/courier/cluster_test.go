@@ -137,7 +137,7 @@ func TestClusterKill(t *testing.T) {
 
 // TestClusterStop: a node stopped with SIGSTOP (alive but silent) is
 // declared dead within about 3 s: its links are cut after 1.5 s of
-// silence, memberlist suspects it within about 1 s and declares it dead
+// silence (the link heartbeats find a half-open link), memberlist suspects it within about 1 s and declares it dead
 // 1 to 2 s later. Tolerance: +2 s for a loaded machine. After SIGCONT it
 // comes back alive.
 func TestClusterStop(t *testing.T) {
@@ -145,6 +145,17 @@ func TestClusterStop(t *testing.T) {
 	stopped := time.Now()
 	nodes[1].proc.cmd.Process.Signal(syscall.SIGSTOP)
 	defer nodes[1].proc.cmd.Process.Signal(syscall.SIGCONT)
+	for _, n := range []*clusterNode{nodes[0], nodes[2]} {
+		// The link heartbeats find the silent link first.
+		if !testutil.Eventually(cliWait, func() bool { return !linkUp(n, "b") }) {
+			t.Fatalf("%s keeps its link with a stopped node up", n.name)
+		}
+		down := time.Since(stopped)
+		t.Logf("%s: link with b down %s after SIGSTOP", n.name, down.Round(time.Millisecond))
+		if down > 1500*time.Millisecond+2*time.Second {
+			t.Errorf("%s: link with b down %s after SIGSTOP, want about 1.5s (tolerance +2s)", n.name, down)
+		}
+	}
 	for _, n := range []*clusterNode{nodes[0], nodes[2]} {
 		if !testutil.Eventually(cliWait, func() bool { return nodeStates(n)["b"] == "dead" }) {
 			t.Fatalf("%s never sees b dead: %v\nstderr:\n%s", n.name, nodeStates(n), n.proc.stderr.String())
@@ -163,5 +174,15 @@ func TestClusterStop(t *testing.T) {
 		if !testutil.Eventually(cliWait, func() bool { return nodeStates(n)["b"] == "alive" && linksUp(n) == 2 }) {
 			t.Fatalf("%s: b not back after SIGCONT: %v", n.name, nodeStates(n))
 		}
+	}
+}
+
+// TestClusterInsecureRefused: a cluster address beyond loopback without
+// a secret or TLS stops the server at start, saying why and what to do.
+func TestClusterInsecureRefused(t *testing.T) {
+	r := cliRun(t, "server", "--listen", "127.0.0.1:0", "--http", "off", "--data", t.TempDir(), "--log-level", "error",
+		"--cluster", "0.0.0.0:0", "--cluster-advertise", "192.0.2.1:7500")
+	if r.code == 0 || !strings.Contains(r.stderr, "refusing the cluster address") || !strings.Contains(r.stderr, "--cluster-secret-file") {
+		t.Errorf("exit %d, stderr:\n%s", r.code, r.stderr)
 	}
 }

@@ -130,3 +130,40 @@ func TestCLIServerSizeNone(t *testing.T) {
 	}
 	cliOK(t, "task", "submit", "cli.none", "x", "--url", url)
 }
+
+// TestServerConfigCluster: the [cluster] table sets node.Config.Cluster,
+// and --node and --cluster override the file.
+func TestServerConfigCluster(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "courier.toml")
+	os.WriteFile(path, []byte(`
+name = "n1"
+
+[cluster]
+listen = "127.0.0.1:7500"
+advertise = "127.0.0.1:7510"
+join = ["127.0.0.1:7501", "127.0.0.1:7502"]
+secret_file = "/etc/courier/secret"
+
+[cluster.tls]
+cert_file = "node.pem"
+key_file = "node.key"
+client_ca_file = "ca.pem"
+`), 0o644)
+	sc := defaultServerConfig()
+	cmd := newServerCmd(&sc)
+	if err := cmd.ParseFlags([]string{"--config", path, "--node", "n2", "--cluster", "127.0.0.1:7600"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadServerConfig(path, cmd.Flags(), &sc); err != nil {
+		t.Fatal(err)
+	}
+	c := sc.Cluster
+	if sc.Name != "n2" || c.Listen != "127.0.0.1:7600" || c.Advertise != "127.0.0.1:7510" ||
+		strings.Join(c.Join, ",") != "127.0.0.1:7501,127.0.0.1:7502" || c.SecretFile != "/etc/courier/secret" ||
+		c.TLS.CertFile != "node.pem" || c.TLS.KeyFile != "node.key" || c.TLS.ClientCAFile != "ca.pem" {
+		t.Errorf("cluster config: name %q, %+v", sc.Name, c)
+	}
+	if got := splitList(" a:1, ,b:2,"); strings.Join(got, "|") != "a:1|b:2" {
+		t.Errorf("splitList: %q", got)
+	}
+}

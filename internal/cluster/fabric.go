@@ -165,9 +165,11 @@ type Fabric struct {
 	leaving   atomic.Bool
 	warn      logLimiter
 	conflicts logLimiter
+	hostsMu   sync.Mutex
+	hostsSent Hosts // in the metadata memberlist took last
 	hsSlots   chan struct{}
 
-	mu        sync.Mutex // guards peers, listeners, closed
+	mu        sync.RWMutex // guards peers, listeners, closed
 	peers     map[string]*peer
 	listeners map[Kind]*kindListener
 	closed    bool
@@ -626,7 +628,8 @@ func (f *Fabric) deadAddrs(n int) []string {
 	return out
 }
 
-// hostsLoop gossips what the node hosts when it changed.
+// hostsLoop gossips what the node hosts when it changed since the
+// metadata memberlist last took.
 func (f *Fabric) hostsLoop() {
 	defer f.wg.Done()
 	if f.cfg.Hosts == nil {
@@ -634,15 +637,16 @@ func (f *Fabric) hostsLoop() {
 	}
 	t := time.NewTicker(f.cfg.HostsInterval)
 	defer t.Stop()
-	last := f.cfg.Hosts()
 	for {
 		select {
 		case <-f.done:
 			return
 		case <-t.C:
 		}
-		if h := f.cfg.Hosts(); h != last {
-			last = h
+		f.hostsMu.Lock()
+		sent := f.hostsSent
+		f.hostsMu.Unlock()
+		if f.cfg.Hosts() != sent {
 			if err := f.ml.UpdateNode(f.cfg.HostsInterval); err != nil {
 				f.log.Debug("cluster: gossiping node meta", "err", err)
 			}
@@ -666,6 +670,9 @@ func (f *Fabric) nodeMeta() ([]byte, error) {
 		Started: f.cfg.Started.UnixMilli(), Leaving: f.leaving.Load()}
 	if f.cfg.Hosts != nil {
 		m.Hosts = f.cfg.Hosts()
+		f.hostsMu.Lock()
+		f.hostsSent = m.Hosts
+		f.hostsMu.Unlock()
 	}
 	b, err := json.Marshal(m)
 	if err != nil {

@@ -499,3 +499,24 @@ func (f *Fabric) crash() {
 	f.tr.wg.Wait()
 	f.wg.Wait()
 }
+
+// TestAdvertiseHostName: a cluster address advertised by host name is
+// dialled by that name.
+func TestAdvertiseHostName(t *testing.T) {
+	a, _ := startFabric(t, "a", nil, nil)
+	port := a.Addr().(*net.TCPAddr).Port
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bPort := ln.Addr().(*net.TCPAddr).Port
+	ln.Close() // free a moment ago: taken again since, the test fails at start
+	c, _ := startFabric(t, "c", []string{fmt.Sprintf("localhost:%d", port)}, func(c *Config) {
+		c.Listen = fmt.Sprintf("127.0.0.1:%d", bPort)
+		c.Advertise = fmt.Sprintf("localhost:%d", bPort)
+	})
+	waitFor(t, 20*time.Second, "a and c up", func() bool { return allUp(a, "a", "c") && allUp(c, "a", "c") })
+	if got := member(a, "c").ClusterAddr; got != c.Advertise() || !strings.HasPrefix(got, "localhost:") {
+		t.Errorf("a sees c at %q, want %q", got, c.Advertise())
+	}
+}

@@ -168,11 +168,12 @@ func (f *Fabric) memberEvent(n *memberlist.Node, st int) {
 	if st != stateAlive && up {
 		// memberlist declared it dead or gone: end the session (in the
 		// background: memberlist holds its locks here).
-		go f.teardown(p, 0, "memberlist declared it "+stateName(st))
+		f.spawn(func() { f.teardown(p, 0, "memberlist declared it "+stateName(st)) })
 	}
-	if start {
-		f.wg.Add(1)
-		go f.maintain(p)
+	if start && !f.spawn(func() { f.maintain(p) }) {
+		p.mu.Lock()
+		p.dialing = false
+		p.mu.Unlock()
 	}
 	p.poke()
 }
@@ -192,7 +193,6 @@ func stateName(st int) string {
 // maintain dials the links with p while memberlist has it alive and they
 // are down, with a jittered backoff of up to a second.
 func (f *Fabric) maintain(p *peer) {
-	defer f.wg.Done()
 	backoff := 50 * time.Millisecond
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -410,15 +410,13 @@ func (f *Fabric) teardown(p *peer, gen uint64, why string) {
 	if !f.dialer(p.name) {
 		// The dialer redials; this side checks whether anything still
 		// listens at the peer's address, to tell a dead process at once.
-		f.wg.Add(1)
-		go f.probe(p)
+		f.spawn(func() { f.probe(p) })
 	}
 }
 
 // probe connects to p's cluster address and hangs up, to learn whether
 // the process is gone (the connection is refused).
 func (f *Fabric) probe(p *peer) {
-	defer f.wg.Done()
 	p.mu.Lock()
 	addr := p.addr
 	p.mu.Unlock()
@@ -520,7 +518,9 @@ func (l *link) readLoop() {
 		switch fr.Type {
 		case wire.TypePing:
 			pong := &wire.Frame{Type: wire.TypePong, Ref: fr.Ref}
-			l.out.Offer(pong, wire.Control)
+			if l.out.Offer(pong, wire.Control) == nil {
+				l.stats.framesOut.Add(1)
+			}
 			fr.Release()
 			continue
 		case wire.TypeClose:
@@ -620,10 +620,10 @@ func (f *Fabric) send(node string, fr *wire.Frame, i int) error {
 	if err := fr.Check(); err != nil {
 		return err
 	}
-	f.mu.Lock()
+	f.mu.RLock()
 	p := f.peers[node]
 	closed := f.closed
-	f.mu.Unlock()
+	f.mu.RUnlock()
 	if closed {
 		return ErrClosed
 	}
@@ -659,4 +659,20 @@ func (f *Fabric) isClosed() bool {
 	default:
 		return false
 	}
+}
+
+// spawn runs fn in a goroutine that Close waits for, unless the fabric
+// is closed; it reports whether it did.
+func (f *Fabric) spawn(fn func()) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		fn()
+	}()
+	return true
 }

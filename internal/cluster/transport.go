@@ -74,6 +74,12 @@ const maxPendingPackets = 128
 // the background on first use: the packets sent meanwhile wait for it.
 func (t *transport) writeTCP(b []byte, addr string) (time.Time, error) {
 	t.mu.Lock()
+	select {
+	case <-t.done:
+		t.mu.Unlock()
+		return time.Now(), net.ErrClosed
+	default:
+	}
 	pc := t.conns[addr]
 	if pc == nil {
 		pc = &packetConn{}
@@ -250,7 +256,13 @@ func (t *transport) FinalAdvertiseAddr(string, int) (net.IP, int, error) {
 	}
 	ip := net.ParseIP(host)
 	if ip == nil {
-		return nil, 0, fmt.Errorf("cluster: advertise address %q is not an IP address", t.f.advertise)
+		// A host name: memberlist wants an IP; the others still dial the
+		// name given (it is the gossiped cluster address).
+		ia, err := net.ResolveIPAddr("ip", host)
+		if err != nil {
+			return nil, 0, fmt.Errorf("cluster: advertise address %q: %w", t.f.advertise, err)
+		}
+		ip = ia.IP
 	}
 	p, err := strconv.Atoi(port)
 	if err != nil {
