@@ -68,6 +68,7 @@ const (
 	EventSubscriptions EventKind = wire.EventSubscriptions
 	// EventDetached: the attachment is gone; Reason says why.
 	EventDetached EventKind = wire.EventDetached
+	// EventDisconnected and EventReattached are in reconnect.go.
 )
 
 func (k EventKind) String() string {
@@ -82,6 +83,10 @@ func (k EventKind) String() string {
 		return "subscriptions"
 	case EventDetached:
 		return "detached"
+	case EventDisconnected:
+		return "disconnected"
+	case EventReattached:
+		return "reattached"
 	}
 	return fmt.Sprintf("event(%d)", int(k))
 }
@@ -95,7 +100,10 @@ type Event struct {
 	Member   *Member  // who joined or left (on EventLeader: whose coming or going changed the leader)
 	Members  []Member // the whole group, oldest first
 	Patterns []string // EventSubscriptions: the patterns now
-	Reason   string   // EventDetached
+	Reason   string   // EventDetached, EventDisconnected
+	// Was is the attachment's member id before its Conn reconnected
+	// (EventDisconnected, EventReattached); Member is it now.
+	Was string
 	// IsLeader tells whether the attachment it came through is the leader.
 	IsLeader bool
 }
@@ -127,9 +135,11 @@ type Attachment struct {
 	// through a batch of requests; it is flushed at the end of each batch.
 	batch wire.Batch
 
-	mu       sync.Mutex // guards leader, members, patterns, active, err, leaving
+	mu       sync.Mutex // guards member, was, attached, leader, members, patterns, active, err, leaving
 	leader   string
 	leaving  bool // Detach was called: no longer a leader, whatever events say
+	attached bool // the broker took the attachment: a reconnect puts it back
+	was      string
 	members  []Member
 	patterns []string
 	active   map[uint64]*Request // requests parked unanswered (see reqParked)
@@ -137,8 +147,13 @@ type Attachment struct {
 	done     chan struct{}
 }
 
-// ID returns the attachment's member id, such as "c7.3".
-func (a *Attachment) ID() string { return a.member }
+// ID returns the attachment's member id, such as "c7.3". It changes
+// when the Conn reconnects (see [EventReattached]).
+func (a *Attachment) ID() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.member
+}
 
 // Exchange returns the exchange's name.
 func (a *Attachment) Exchange() string { return a.exchange }
@@ -193,6 +208,9 @@ func (a *Attachment) Err() error {
 }
 
 func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg attachCfg, h HandlerFunc, m MessageFunc, ctl ControlFunc, job JobFunc) (*Attachment, error) {
+	if err := c.waitUp(ctx); err != nil {
+		return nil, err
+	}
 	a := &Attachment{
 		c: c, id: c.nextAttach.Add(1), exchange: exchange, role: role, cfg: cfg,
 		handler: h, onMsg: m, control: ctl, job: job,
@@ -203,7 +221,7 @@ func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg att
 	// docs/protocol.md), known before the broker answers: frames for the
 	// attachment may arrive before its OK and are served at once, so a
 	// busy exchange cannot fill the inbox while the OK waits behind it.
-	a.member = fmt.Sprintf("%s.%d", c.id, a.id)
+	a.member = fmt.Sprintf("%s.%d", c.ID(), a.id)
 	a.in.init()
 	c.mu.Lock()
 	if c.err != nil {
@@ -224,11 +242,13 @@ func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg att
 		a.stop(err)
 		return nil, err
 	}
-	if res.Member != a.member {
-		c.log.Warn("courier: the broker named an attachment unexpectedly", "want", a.member, "got", res.Member)
-	}
 	a.mu.Lock()
+	if res.Member != a.member && res.Member != "" {
+		// The Conn reconnected while the ATTACH waited to go out.
+		a.member = res.Member
+	}
 	a.patterns = res.Patterns
+	a.attached = true
 	a.mu.Unlock()
 	return a, nil
 }
@@ -243,7 +263,7 @@ func (a *Attachment) Detach(ctx context.Context) error {
 	f.Attach = a.id
 	err := a.c.roundTrip(ctx, f, nil)
 	a.c.atts.Delete(a.id)
-	a.stop(fmt.Errorf("courier: attachment %s detached", a.member))
+	a.stop(fmt.Errorf("courier: attachment %s detached", a.ID()))
 	return err
 }
 
@@ -314,7 +334,8 @@ func (a *Attachment) run() {
 	var batch []*wire.Frame
 	var d Delivery
 	for {
-		batch = a.in.take(batch[:0])
+		var epoch uint32
+		batch, epoch = a.in.take(batch[:0])
 		if batch == nil {
 			return
 		}
@@ -322,6 +343,10 @@ func (a *Attachment) run() {
 			batch[i] = nil
 			if i == len(batch)-1 {
 				a.batch.Flush() // the last one's answer goes out alone, at once
+			}
+			if a.in.epoch.Load() != epoch && stale(f) {
+				f.Release() // from a connection lost since: see purge
+				continue
 			}
 			switch f.Type {
 			case wire.TypeRequest:
@@ -350,7 +375,7 @@ func (a *Attachment) run() {
 func (a *Attachment) deliver(d *Delivery) (ok bool) {
 	defer func() {
 		if p := recover(); p != nil {
-			a.c.log.Error("courier: subscriber panicked", "attachment", a.member, "panic", p)
+			a.c.log.Error("courier: subscriber panicked", "attachment", a.ID(), "panic", p)
 			ok = false
 		}
 	}()
@@ -362,7 +387,14 @@ func (a *Attachment) deliver(d *Delivery) (ok bool) {
 
 func (a *Attachment) event(f *wire.Frame) {
 	defer f.Release()
+	if le, ok := f.Waiter.(*localEvent); ok {
+		a.localEvent(le)
+		return
+	}
 	ev := Event{Kind: EventKind(f.Aux), Exchange: f.Name, ConnTag: a.cfg.spec.ConnTag, Reason: f.Tag}
+	if ev.Kind >= localEvents {
+		return // not the server's to say
+	}
 	var body wire.EventBody
 	if len(f.Body) > 0 {
 		if err := json.Unmarshal(f.Body, &body); err != nil {
@@ -384,10 +416,30 @@ func (a *Attachment) event(f *wire.Frame) {
 		a.c.atts.Delete(a.id)
 		defer a.stop(fmt.Errorf("courier: attachment detached: %s", ev.Reason))
 	}
+	a.tell(ev)
+}
+
+// localEvent delivers an event the Conn made itself.
+func (a *Attachment) localEvent(le *localEvent) {
+	ev := Event{Kind: le.kind, Exchange: a.exchange, ConnTag: a.cfg.spec.ConnTag, Reason: le.reason, Was: le.was}
+	a.mu.Lock()
+	if le.kind == EventReattached {
+		ev.Member = &Member{ID: a.member, Role: wire.RoleName(a.role), ServiceTag: a.cfg.serviceTag, ConnTag: a.cfg.spec.ConnTag, Options: a.cfg.spec.Options}
+	}
+	ev.IsLeader = a.leads()
+	a.mu.Unlock()
+	if le.kind == EventDetached {
+		defer a.stop(fmt.Errorf("courier: attachment detached: %s", le.reason))
+	}
+	a.tell(ev)
+}
+
+// tell calls the attachment's OnEvent function.
+func (a *Attachment) tell(ev Event) {
 	if a.cfg.onEvent != nil {
 		defer func() {
 			if p := recover(); p != nil {
-				a.c.log.Error("courier: OnEvent function panicked", "attachment", a.member, "panic", p)
+				a.c.log.Error("courier: OnEvent function panicked", "attachment", a.ID(), "panic", p)
 			}
 		}()
 		a.cfg.onEvent(ev)
@@ -419,8 +471,9 @@ func (a *Attachment) inline(f *wire.Frame) {
 // inbox is an attachment's queue of inbound frames. Data frames wait for
 // room (backpressure); control frames never wait.
 type inbox struct {
-	mu      sync.Mutex // guards q, closed, waiters, room
+	mu      sync.Mutex // guards q, closed, waiters, room; epoch changes under it
 	q       []*wire.Frame
+	epoch   atomic.Uint32 // counts purges
 	closed  bool
 	waiters int
 	room    chan struct{} // closed and replaced when room is made
@@ -463,9 +516,9 @@ func (b *inbox) push(f *wire.Frame, data bool) bool {
 	return true
 }
 
-// take waits for frames and returns them all, appended to buf; nil once
-// the inbox is closed and empty.
-func (b *inbox) take(buf []*wire.Frame) []*wire.Frame {
+// take waits for frames and returns them all, appended to buf, with the
+// epoch they were taken in; nil once the inbox is closed and empty.
+func (b *inbox) take(buf []*wire.Frame) ([]*wire.Frame, uint32) {
 	yields := 0
 	for {
 		b.mu.Lock()
@@ -477,12 +530,13 @@ func (b *inbox) take(buf []*wire.Frame) []*wire.Frame {
 				close(b.room)
 				b.room = make(chan struct{})
 			}
+			epoch := b.epoch.Load()
 			b.mu.Unlock()
-			return buf
+			return buf, epoch
 		}
 		if b.closed {
 			b.mu.Unlock()
-			return nil
+			return nil, 0
 		}
 		b.mu.Unlock()
 		if yields < waitYields {
@@ -504,6 +558,43 @@ func (b *inbox) take(buf []*wire.Frame) []*wire.Frame {
 // waiting for its answer does better without (it only delays the
 // handler it waits for).
 const waitYields = 2
+
+// stale reports whether f is void once its connection is lost: what
+// the broker asked of this attachment, or told it about its group.
+func stale(f *wire.Frame) bool {
+	switch f.Type {
+	case wire.TypeRequest, wire.TypeTask, wire.TypeSubRequest:
+		return true
+	case wire.TypeEvent:
+		return f.Waiter == nil
+	}
+	return false
+}
+
+// purge removes the frames that a lost connection made stale and starts
+// a new epoch, so that those already taken are dropped too; it returns
+// the removed frames. Messages stay: they were delivered.
+func (b *inbox) purge() []*wire.Frame {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.epoch.Add(1)
+	var out []*wire.Frame
+	keep := b.q[:0]
+	for _, f := range b.q {
+		if stale(f) {
+			out = append(out, f)
+		} else {
+			keep = append(keep, f)
+		}
+	}
+	clear(b.q[len(keep):])
+	b.q = keep
+	if b.waiters > 0 {
+		close(b.room)
+		b.room = make(chan struct{})
+	}
+	return out
+}
 
 // close ends the inbox and returns the frames still queued.
 func (b *inbox) close() []*wire.Frame {

@@ -65,7 +65,7 @@ type FuncDeclarer interface {
 // Conn is a connection to a broker. It is safe for concurrent use.
 type Conn struct {
 	t   Transport
-	id  string
+	id  atomic.Pointer[string] // changes when a transport reconnects
 	log *slog.Logger
 
 	nextAttach atomic.Uint32
@@ -76,11 +76,28 @@ type Conn struct {
 	// not in calls (see [WaiterTransport]).
 	waiters bool
 
-	mu     sync.Mutex // guards err
+	mu     sync.Mutex // guards err, decls
 	err    error
 	closed chan struct{}
+	// decls are the exchanges this Conn declared, in order, which it
+	// declares again when its transport reconnects.
+	decls []decl
 
-	onError atomic.Pointer[func(error)]
+	// down is set while the transport reconnects (see [Conn.Interrupted]):
+	// new calls wait for it to be closed. sess counts the connections
+	// lost: requests and jobs of an earlier one are not answered on the
+	// next.
+	down atomic.Pointer[chan struct{}]
+	sess atomic.Uint32
+
+	onError     atomic.Pointer[func(error)]
+	onConnEvent atomic.Pointer[func(ConnEvent)]
+}
+
+// decl is an exchange declared through the Conn.
+type decl struct {
+	name string
+	spec ExchangeSpec
 }
 
 // ConnOptions configure [NewConn].
@@ -90,6 +107,9 @@ type ConnOptions struct {
 	// Log receives what the Conn cannot return to a caller, such as a
 	// handler that panicked. Default: slog.Default().
 	Log *slog.Logger
+	// OnConnEvent, if set, is called as [Conn.OnConnEvent] sets it, from
+	// the first event on.
+	OnConnEvent func(ConnEvent)
 }
 
 // NewConn returns a Conn over t. It is for transport implementations; use
@@ -99,8 +119,12 @@ func NewConn(t Transport, opts ConnOptions) *Conn {
 		opts.Log = slog.Default()
 	}
 	c := &Conn{
-		t: t, id: opts.ID, log: opts.Log,
+		t: t, log: opts.Log,
 		closed: make(chan struct{}),
+	}
+	c.id.Store(&opts.ID)
+	if opts.OnConnEvent != nil {
+		c.onConnEvent.Store(&opts.OnConnEvent)
 	}
 	if wt, ok := t.(WaiterTransport); ok {
 		c.waiters = wt.KeepsWaiters()
@@ -110,8 +134,9 @@ func NewConn(t Transport, opts ConnOptions) *Conn {
 }
 
 // ID returns the broker's name for this connection, the prefix of its
-// attachments' member ids.
-func (c *Conn) ID() string { return c.id }
+// attachments' member ids. It changes when a network connection is
+// re-established (see [ConnReconnected]).
+func (c *Conn) ID() string { return *c.id.Load() }
 
 // OnError sets a function that receives errors no call can return, such as
 // a publish to an exchange deleted meanwhile. It replaces the default,
@@ -173,7 +198,7 @@ func (c *Conn) report(err error) {
 		(*fn)(err)
 		return
 	}
-	c.log.Warn("courier: asynchronous error", "conn", c.id, "err", err)
+	c.log.Warn("courier: asynchronous error", "conn", c.ID(), "err", err)
 }
 
 // send hands a frame to the transport, failing fast once closed.
@@ -403,6 +428,9 @@ type call struct {
 	fn func(*wire.Frame)
 	// closed: the Conn closed under the call (a nil frame was pushed).
 	closed bool
+	// err, when set, is why the call ended without its answer (the
+	// connection was lost); else the Conn's error.
+	err error
 }
 
 var callPool = sync.Pool{New: func() any { return &call{ready: make(chan struct{}, 1)} }}
@@ -524,9 +552,12 @@ func (c *Conn) next(ctx context.Context, cl *call) (*wire.Frame, error) {
 			cl.mu.Unlock()
 			return f, nil
 		}
-		closed := cl.closed
+		closed, err := cl.closed, cl.err
 		cl.mu.Unlock()
 		if closed {
+			if err != nil {
+				return nil, err
+			}
 			return nil, c.Err()
 		}
 		done := ctx.Done()
@@ -553,6 +584,7 @@ func (cl *call) release() {
 	clear(cl.q)
 	cl.q, cl.head = cl.q[:0], 0
 	cl.closed = false
+	cl.err = nil
 	cl.onAsk = nil
 	cl.mu.Unlock()
 	select {
@@ -565,6 +597,14 @@ func (cl *call) release() {
 // call sends f as a new call, registered under f.Ref, whose frames the
 // caller reads with next. On an error f and the call are released.
 func (c *Conn) call(ctx context.Context, f *wire.Frame) (*call, error) {
+	if f.Type != wire.TypePublish && f.Type != wire.TypeSubmit {
+		// Confirmed publishes and submits are held by the transport
+		// while it reconnects; the rest waits for the connection.
+		if err := c.waitUp(ctx); err != nil {
+			f.Release()
+			return nil, err
+		}
+	}
 	cl := c.newCall()
 	f.Ref = cl.ref
 	if err := c.register(cl); err != nil {
@@ -615,15 +655,23 @@ func (c *Conn) declare(ctx context.Context, name string, spec ExchangeSpec) (wir
 		}
 		return fd.DeclareFuncs(name, spec)
 	}
+	var info wire.ExchangeInfo
+	err := c.roundTrip(ctx, declareFrame(name, spec), &info)
+	if err == nil {
+		c.record(name, spec)
+	}
+	return info, err
+}
+
+// declareFrame is the DECLARE of spec.
+func declareFrame(name string, spec ExchangeSpec) *wire.Frame {
 	f := wire.NewFrame(wire.TypeDeclare)
 	f.Name = name
 	f.Body, _ = json.Marshal(spec.ExchangeConfig)
 	if spec.Passive {
 		f.Aux = 1
 	}
-	var info wire.ExchangeInfo
-	err := c.roundTrip(ctx, f, &info)
-	return info, err
+	return f
 }
 
 // Declare creates an exchange, or checks that the existing one matches.
@@ -643,7 +691,11 @@ func (c *Conn) Exchanges(ctx context.Context) ([]ExchangeInfo, error) {
 func (c *Conn) DeleteExchange(ctx context.Context, name string) error {
 	f := wire.NewFrame(wire.TypeDelete)
 	f.Name = name
-	return c.roundTrip(ctx, f, nil)
+	err := c.roundTrip(ctx, f, nil)
+	if err == nil {
+		c.forget(name)
+	}
+	return err
 }
 
 // ExchangeInfo describes an exchange.
@@ -664,4 +716,5 @@ var (
 	ErrApplication  = &wire.Error{Code: wire.CodeApplication}
 	ErrLimit        = &wire.Error{Code: wire.CodeLimit}
 	ErrUnauthorized = &wire.Error{Code: wire.CodeUnauthorized}
+	// ErrConnectionLost is in reconnect.go.
 )
