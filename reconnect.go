@@ -93,13 +93,7 @@ func (c *Conn) ConnEvent(ev ConnEvent) {
 // the tasks), and its OnEvent gets [EventDisconnected].
 func (c *Conn) Interrupted(err error, keep func(ref uint64) bool) {
 	ch := make(chan struct{})
-	if !c.down.CompareAndSwap(nil, &ch) {
-		// Lost again while reconnecting (a new connection died during
-		// its resume): fail what the resume had in flight.
-		c.sess.Add(1)
-		c.calls.lose(err, keep)
-		return
-	}
+	c.down.CompareAndSwap(nil, &ch) // or lost again during a resume
 	c.sess.Add(1)
 	c.calls.lose(err, keep)
 	for _, a := range c.attachments() {
