@@ -1,0 +1,390 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/client"
+	"github.com/courier-mq/courier/internal/testutil"
+	"github.com/courier-mq/courier/node"
+)
+
+// wait bounds what the tests wait for; the machine is loaded.
+const wait = 20 * time.Second
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// connEvents collects a Conn's ConnEvents.
+type connEvents struct{ ch chan courier.ConnEvent }
+
+func newConnEvents() *connEvents { return &connEvents{ch: make(chan courier.ConnEvent, 64)} }
+
+func (e *connEvents) fn(ev courier.ConnEvent) { e.ch <- ev }
+
+// next waits for the next event of kind, skipping others.
+func (e *connEvents) next(t *testing.T, kind courier.ConnEventKind) courier.ConnEvent {
+	t.Helper()
+	deadline := time.After(wait)
+	for {
+		select {
+		case ev := <-e.ch:
+			if ev.Kind == kind {
+				return ev
+			}
+		case <-deadline:
+			t.Fatalf("no %s event within %v", kind, wait)
+		}
+	}
+}
+
+// startNode starts a node serving addr with data in dir.
+func startNode(t *testing.T, addr, dir string) *node.Node {
+	t.Helper()
+	var n *node.Node
+	// The port of a node just closed may take a moment to be free.
+	testutil.WaitForf(t, wait, func() bool {
+		var err error
+		n, err = node.Start(node.Config{DataDir: dir, Listen: addr, Log: quiet()})
+		return err == nil
+	}, "node on %s", addr)
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// TestReconnectAfterRestart restarts a server on the same port and data
+// directory: the client's handler, subscriber (with a pattern added after
+// it attached) and worker come back under new member ids and serve
+// again, an exchange that was transient is declared again, and the
+// application sees the events.
+func TestReconnectAfterRestart(t *testing.T) {
+	dir := t.TempDir()
+	n := startNode(t, "127.0.0.1:0", dir)
+	addr := n.Addr().String()
+	ctx := testutil.Context(t, 2*wait)
+
+	svcEvents, reqEvents := newConnEvents(), newConnEvents()
+	svc, err := client.Dial(ctx, n.URL(), client.Options{Log: quiet(), OnConnEvent: svcEvents.fn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	req, err := client.Dial(ctx, n.URL(), client.Options{Log: quiet(), OnConnEvent: reqEvents.fn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer req.Close()
+
+	echo, err := svc.ReqResp(ctx, "echo", courier.RoundRobin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attEvents := make(chan courier.Event, 64)
+	h, err := echo.Handle(ctx, func(r *courier.Request) { r.Reply(append([]byte("echo:"), r.Body()...)) },
+		courier.OnEvent(func(ev courier.Event) { attEvents <- ev }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	news, err := svc.PubSub(ctx, "news", courier.Transient())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 64)
+	sub, err := news.Subscribe(ctx, "a.*", func(d *courier.Delivery) { got <- d.Key })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Subscribe(ctx, "b.#"); err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := svc.Tasks(ctx, "jobs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan string, 64)
+	if _, err := jobs.Work(ctx, func(j *courier.Job) error { done <- string(j.Body); return nil }, courier.Prefetch(4)); err != nil {
+		t.Fatal(err)
+	}
+	oldID := h.ID()
+
+	n.Close()
+	startNode(t, addr, dir)
+
+	ev := svcEvents.next(t, courier.ConnReconnected)
+	if ev.URL != addr || ev.Was == "" || ev.ID != svc.ID() || ev.Err != nil {
+		t.Errorf("reconnected event %+v; want URL %s, the ids, no error", ev, addr)
+	}
+	if ev.Down > 3*time.Second+2*time.Second {
+		t.Errorf("reconnected after %v, promised 3s (+2s tolerance for the loaded machine)", ev.Down)
+	}
+	reqEvents.next(t, courier.ConnReconnected)
+	for {
+		ae := testutil.Recv(t, attEvents, wait)
+		if ae.Kind == courier.EventReattached {
+			// A restarted server counts connections from c1 again: the
+			// new id may equal the old one.
+			if ae.Was != oldID || ae.Member == nil || ae.Member.ID != h.ID() || !strings.HasPrefix(h.ID(), svc.ID()+".") {
+				t.Errorf("reattached event: was %q member %+v, attachment now %q on conn %s; want was %q", ae.Was, ae.Member, h.ID(), svc.ID(), oldID)
+			}
+			break
+		}
+	}
+
+	rr, err := req.ReqResp(ctx, "echo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := rr.Request(ctx, courier.Message{Body: []byte("hi")})
+	if err != nil || string(r.Body) != "echo:hi" || r.From != h.ID() {
+		t.Fatalf("request after the restart: %v, %v; want echo:hi from %s", r, err, h.ID())
+	}
+	ps, err := req.PubSub(ctx, "news", courier.Passive())
+	if err != nil {
+		t.Fatalf("the transient exchange was not declared again: %v", err)
+	}
+	for _, k := range []string{"a.x", "b.y.z"} {
+		if err := ps.PublishSync(ctx, courier.Message{Key: k}); err != nil {
+			t.Fatal(err)
+		}
+		if g := testutil.Recv(t, got, wait); g != k {
+			t.Fatalf("subscriber got %q, want %q", g, k)
+		}
+	}
+	tj, err := req.Tasks(ctx, "jobs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tj.Submit(ctx, courier.Task{Body: []byte("t1")}); err != nil {
+		t.Fatal(err)
+	}
+	if g := testutil.Recv(t, done, wait); g != "t1" {
+		t.Fatalf("worker got %q", g)
+	}
+}
+
+// proxy forwards TCP connections to a server and can cut them all, as a
+// crash or a network failure does, without the server saying goodbye.
+type proxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func newProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close(); p.cut() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			go func() { io.Copy(s, c); s.Close() }()
+			go func() { io.Copy(c, s); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *proxy) url() string { return "courier://" + p.ln.Addr().String() }
+
+// cut closes every connection through the proxy.
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// TestInFlightFailAtOnce: when the connection is cut, a request waiting
+// for its answer fails at once with ErrConnectionLost, not at its
+// deadline; the handler's late answer is dropped with the same error;
+// a confirmed submit in flight is sent again; then both clients are back.
+func TestInFlightFailAtOnce(t *testing.T) {
+	n := startNode(t, "127.0.0.1:0", t.TempDir())
+	p := newProxy(t, n.Addr().String())
+	ctx := testutil.Context(t, 2*wait)
+	svcEvents, reqEvents := newConnEvents(), newConnEvents()
+	svc, err := client.Dial(ctx, p.url(), client.Options{Log: quiet(), OnConnEvent: svcEvents.fn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	req, err := client.Dial(ctx, p.url(), client.Options{Log: quiet(), OnConnEvent: reqEvents.fn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer req.Close()
+	slow, err := svc.ReqResp(ctx, "slow", courier.RoundRobin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan *courier.Request, 4)
+	if _, err := slow.Handle(ctx, func(r *courier.Request) { held <- r }); err != nil {
+		t.Fatal(err)
+	}
+	rr, err := req.ReqResp(ctx, "slow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := make(chan error, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		_, err := rr.Request(rctx, courier.Message{Body: []byte("x")})
+		failed <- err
+	}()
+	r := testutil.Recv(t, held, wait)
+
+	cut := time.Now()
+	p.cut()
+	err = testutil.Recv(t, failed, wait) // well before the minute
+	if !errors.Is(err, courier.ErrConnectionLost) {
+		t.Fatalf("request in flight failed with %v; want ErrConnectionLost", err)
+	}
+	t.Logf("request in flight failed %v after the cut: %v", time.Since(cut), err)
+	if dis := reqEvents.next(t, courier.ConnDisconnected); !errors.Is(dis.Err, courier.ErrConnectionLost) {
+		t.Errorf("disconnected event error %v", dis.Err)
+	}
+	svcEvents.next(t, courier.ConnReconnected)
+	reqEvents.next(t, courier.ConnReconnected)
+	if err := r.Reply([]byte("late")); !errors.Is(err, courier.ErrConnectionLost) {
+		t.Errorf("answering a request of the lost connection: %v; want ErrConnectionLost", err)
+	}
+	// Back: a new request is served by the re-attached handler.
+	go func() {
+		_, err := rr.Request(ctx, courier.Message{Body: []byte("y")})
+		failed <- err
+	}()
+	r = testutil.Recv(t, held, wait)
+	if err := r.Reply([]byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	if err := testutil.Recv(t, failed, wait); err != nil {
+		t.Fatalf("request after the reconnect: %v", err)
+	}
+}
+
+// TestPublishesHeldWhileReconnecting: publishes made while the client has
+// no connection are held and delivered once it is back, in order; past
+// ReconnectBufSize they fail at once. The subscription is durable, so
+// that it takes them whichever client is back first, and comes back by
+// its durable name.
+func TestPublishesHeldWhileReconnecting(t *testing.T) {
+	dir := t.TempDir()
+	n := startNode(t, "127.0.0.1:0", dir)
+	addr := n.Addr().String()
+	ctx := testutil.Context(t, 2*wait)
+	subEvents, pubEvents := newConnEvents(), newConnEvents()
+	subc, err := client.Dial(ctx, n.URL(), client.Options{Log: quiet(), OnConnEvent: subEvents.fn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer subc.Close()
+	pubc, err := client.Dial(ctx, n.URL(), client.Options{Log: quiet(), OnConnEvent: pubEvents.fn, ReconnectBufSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pubc.Close()
+	ex, err := subc.PubSub(ctx, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 1024)
+	if _, err := ex.Subscribe(ctx, "#", func(d *courier.Delivery) { got <- string(d.Body) }, courier.Durable("d")); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := pubc.PubSub(ctx, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	pubEvents.next(t, courier.ConnDisconnected)
+	// The server is down: these are held.
+	const count = 100
+	body := strings.Repeat("x", 100)
+	for i := range count {
+		if err := pub.Publish(ctx, "k", []byte(body+string(rune('0'+i%10)))); err != nil {
+			t.Fatalf("publish %d while reconnecting: %v", i, err)
+		}
+	}
+	big := make([]byte, 64<<10)
+	if err := pub.Publish(ctx, "k", big); !errors.Is(err, client.ErrReconnectBufferFull) {
+		t.Fatalf("publish past the buffer: %v; want ErrReconnectBufferFull", err)
+	}
+	startNode(t, addr, dir)
+	subEvents.next(t, courier.ConnReconnected)
+	pubEvents.next(t, courier.ConnReconnected)
+	for i := range count {
+		want := body + string(rune('0'+i%10))
+		if g := testutil.Recv(t, got, wait); g != want {
+			t.Fatalf("delivery %d: %q, want %q", i, g[len(g)-1:], want[len(want)-1:])
+		}
+	}
+}
+
+// TestNoReconnect: with NoReconnect the Conn closes when its connection
+// is lost, as before.
+func TestNoReconnect(t *testing.T) {
+	n := startNode(t, "127.0.0.1:0", t.TempDir())
+	ctx := testutil.Context(t, wait)
+	evs := newConnEvents()
+	c, err := client.Dial(ctx, n.URL(), client.Options{Log: quiet(), NoReconnect: true, OnConnEvent: evs.fn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	testutil.Closed(t, c.Done(), wait, "the Conn")
+	if !errors.Is(c.Err(), courier.ErrClosed) {
+		t.Errorf("closed with %v", c.Err())
+	}
+	if ev := evs.next(t, courier.ConnClosed); !errors.Is(ev.Err, courier.ErrClosed) {
+		t.Errorf("closed event %+v", ev)
+	}
+}
+
+// TestGivesUp: with MaxReconnects the Conn closes once its rounds of
+// attempts are spent, and calls waiting for the connection fail.
+func TestGivesUp(t *testing.T) {
+	n := startNode(t, "127.0.0.1:0", t.TempDir())
+	ctx := testutil.Context(t, wait)
+	evs := newConnEvents()
+	c, err := client.Dial(ctx, n.URL(), client.Options{Log: quiet(), MaxReconnects: 3, ReconnectWait: 10 * time.Millisecond, OnConnEvent: evs.fn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	evs.next(t, courier.ConnDisconnected)
+	_, err = c.ReqResp(ctx, "x") // waits for the connection, which never comes
+	if !errors.Is(err, courier.ErrClosed) {
+		t.Errorf("a declaration waiting for the connection: %v; want ErrClosed", err)
+	}
+	ev := evs.next(t, courier.ConnClosed)
+	if !errors.Is(ev.Err, courier.ErrClosed) || !strings.Contains(ev.Err.Error(), "3 rounds") {
+		t.Errorf("closed event %+v", ev)
+	}
+	testutil.Closed(t, c.Done(), wait, "the Conn")
+}
