@@ -272,8 +272,21 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*courier.Conn, erro
 		t.start(l)
 		return t.conn, nil
 	}
-	return nil, fmt.Errorf("client: no server of %d reachable: %w", len(list.Addrs), errors.Join(errs...))
+	return nil, fmt.Errorf("client: no server of %d reachable: %w", len(list.Addrs), dialErrors(errs))
 }
+
+// dialErrors are the errors of the servers of a list, on one line.
+type dialErrors []error
+
+func (e dialErrors) Error() string {
+	s := make([]string, len(e))
+	for i, err := range e {
+		s[i] = err.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+func (e dialErrors) Unwrap() []error { return e }
 
 // dial connects to addr and runs the handshake.
 func (t *transport) dial(ctx context.Context, addr string) (*link, error) {
