@@ -3,6 +3,7 @@ package courier
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -262,6 +263,11 @@ func (a *Attachment) Detach(ctx context.Context) error {
 	f := wire.NewFrame(wire.TypeDetach)
 	f.Attach = a.id
 	err := a.c.roundTrip(ctx, f, nil)
+	if errors.Is(err, ErrConnectionLost) || errors.Is(err, ErrNotFound) {
+		// It went with a lost connection and, leaving, was not put
+		// back on the next (or the server detached it already).
+		err = nil
+	}
 	a.c.atts.Delete(a.id)
 	a.stop(fmt.Errorf("courier: attachment %s detached", a.ID()))
 	return err

@@ -75,9 +75,9 @@ type ConnEvent struct {
 // It replaces the function given at Dial (client.Options.OnConnEvent).
 func (c *Conn) OnConnEvent(fn func(ConnEvent)) { c.onConnEvent.Store(&fn) }
 
-// ConnEvent hands ev to the function set with [Conn.OnConnEvent]. It is
+// ReportConnEvent hands ev to the function set with [Conn.OnConnEvent]. It is
 // for transports.
-func (c *Conn) ConnEvent(ev ConnEvent) {
+func (c *Conn) ReportConnEvent(ev ConnEvent) {
 	if fn := c.onConnEvent.Load(); fn != nil && *fn != nil {
 		(*fn)(ev)
 	}
@@ -201,7 +201,7 @@ func (c *Conn) Reconnected(ev ConnEvent) {
 	if p := c.down.Swap(nil); p != nil {
 		close(*p)
 	}
-	c.ConnEvent(ev)
+	c.ReportConnEvent(ev)
 }
 
 // callVia sends f as a new call through send.

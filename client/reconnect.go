@@ -293,7 +293,7 @@ func (t *transport) run(l *link) {
 		lost := fmt.Errorf("%w with %s: %w", courier.ErrConnectionLost, l.addr, l.cause)
 		t.lose(l, lost)
 		t.opts.Log.Info("courier: connection lost; reconnecting", "server", l.addr, "conn", was, "err", l.cause)
-		t.conn.ConnEvent(courier.ConnEvent{Kind: courier.ConnDisconnected, Err: lost, Was: was, URL: l.addr})
+		t.conn.ReportConnEvent(courier.ConnEvent{Kind: courier.ConnDisconnected, Err: lost, Was: was, URL: l.addr})
 		attempts := 0
 		for {
 			next, n, err := t.redial(l.addr, attempts)
@@ -391,7 +391,7 @@ func (t *transport) finish(err error) {
 		l.end(err, err)
 	}
 	t.conn.Closed(err)
-	t.conn.ConnEvent(courier.ConnEvent{Kind: courier.ConnClosed, Err: err, Was: t.conn.ID()})
+	t.conn.ReportConnEvent(courier.ConnEvent{Kind: courier.ConnClosed, Err: err, Was: t.conn.ID()})
 }
 
 // redial tries the known servers in rounds until one answers; it returns
