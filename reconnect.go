@@ -167,6 +167,9 @@ func (c *Conn) Resume(ctx context.Context, id string, send func(*wire.Frame) err
 		if f == nil {
 			continue
 		}
+		// Told before the ATTACH goes out, so that it comes before the
+		// server's events about the attachment.
+		a.local(EventReattached, "")
 		cl, err := c.callVia(send, f)
 		if err != nil {
 			c.dropCalls(calls)
@@ -283,9 +286,10 @@ const (
 	// is out of its group, and leads nothing, until EventReattached or
 	// EventDetached. Reason says why.
 	EventDisconnected EventKind = localEvents + iota
-	// EventReattached: the Conn reconnected and the attachment is back
-	// in its group as its youngest member, under a new member id:
-	// Member is it now, Was its id before. Leader events follow.
+	// EventReattached: the Conn reconnected and the attachment goes
+	// back into its group as its youngest member, under a new member
+	// id: Member is it now, Was its id before. The server's leader and
+	// member events follow, or EventDetached if it refused it.
 	EventReattached
 )
 
@@ -362,8 +366,7 @@ func (a *Attachment) reattachFrame(id string) *wire.Frame {
 	return f
 }
 
-// reattached records the broker's answer to a re-attach and tells the
-// application.
+// reattached records the broker's answer to a re-attach.
 func (a *Attachment) reattached(res wire.AttachResult) {
 	a.mu.Lock()
 	if res.Member != "" {
@@ -371,7 +374,6 @@ func (a *Attachment) reattached(res wire.AttachResult) {
 	}
 	a.patterns = res.Patterns
 	a.mu.Unlock()
-	a.local(EventReattached, "")
 }
 
 // lose fails the calls in flight with err, except those keep reports

@@ -115,6 +115,17 @@ func TestReconnectAfterRestart(t *testing.T) {
 	oldID := h.ID()
 
 	n.Close()
+	svcEvents.next(t, courier.ConnDisconnected)
+	// Calls made while the client has no connection wait for it: this
+	// request goes out once the handler of the same Conn is back.
+	waited := make(chan error, 1)
+	go func() {
+		r, err := echo.Request(ctx, courier.Message{Body: []byte("w")})
+		if err == nil && string(r.Body) != "echo:w" {
+			err = errors.New("wrong answer " + string(r.Body))
+		}
+		waited <- err
+	}()
 	startNode(t, addr, dir)
 
 	ev := svcEvents.next(t, courier.ConnReconnected)
@@ -125,6 +136,9 @@ func TestReconnectAfterRestart(t *testing.T) {
 		t.Errorf("reconnected after %v, promised 3s (+2s tolerance for the loaded machine)", ev.Down)
 	}
 	reqEvents.next(t, courier.ConnReconnected)
+	if err := testutil.Recv(t, waited, wait); err != nil {
+		t.Errorf("a request made while reconnecting: %v", err)
+	}
 	for {
 		ae := testutil.Recv(t, attEvents, wait)
 		if ae.Kind == courier.EventReattached {
@@ -225,15 +239,18 @@ func (p *proxy) cut() {
 // a confirmed submit in flight is sent again; then both clients are back.
 func TestInFlightFailAtOnce(t *testing.T) {
 	n := startNode(t, "127.0.0.1:0", t.TempDir())
-	p := newProxy(t, n.Addr().String())
+	// One proxy each, so that the requester's loss is its own: cut
+	// together, the server could see the handler's first and fail the
+	// request with "handler gone" before the requester's is cut.
+	ps, pr := newProxy(t, n.Addr().String()), newProxy(t, n.Addr().String())
 	ctx := testutil.Context(t, 2*wait)
 	svcEvents, reqEvents := newConnEvents(), newConnEvents()
-	svc, err := client.Dial(ctx, p.url(), client.Options{Log: quiet(), OnConnEvent: svcEvents.fn})
+	svc, err := client.Dial(ctx, ps.url(), client.Options{Log: quiet(), OnConnEvent: svcEvents.fn})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer svc.Close()
-	req, err := client.Dial(ctx, p.url(), client.Options{Log: quiet(), OnConnEvent: reqEvents.fn})
+	req, err := client.Dial(ctx, pr.url(), client.Options{Log: quiet(), OnConnEvent: reqEvents.fn})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +277,7 @@ func TestInFlightFailAtOnce(t *testing.T) {
 	r := testutil.Recv(t, held, wait)
 
 	cut := time.Now()
-	p.cut()
+	pr.cut()
 	err = testutil.Recv(t, failed, wait) // well before the minute
 	if !errors.Is(err, courier.ErrConnectionLost) {
 		t.Fatalf("request in flight failed with %v; want ErrConnectionLost", err)
@@ -269,6 +286,7 @@ func TestInFlightFailAtOnce(t *testing.T) {
 	if dis := reqEvents.next(t, courier.ConnDisconnected); !errors.Is(dis.Err, courier.ErrConnectionLost) {
 		t.Errorf("disconnected event error %v", dis.Err)
 	}
+	ps.cut()
 	svcEvents.next(t, courier.ConnReconnected)
 	reqEvents.next(t, courier.ConnReconnected)
 	if err := r.Reply([]byte("late")); !errors.Is(err, courier.ErrConnectionLost) {
@@ -387,4 +405,76 @@ func TestGivesUp(t *testing.T) {
 		t.Errorf("closed event %+v", ev)
 	}
 	testutil.Closed(t, c.Done(), wait, "the Conn")
+}
+
+// TestReattachedAsYoungest: a leader whose connection is cut leads no
+// more at once, and comes back as the youngest member: the member that
+// stayed keeps the lead. Detach while reconnecting succeeds, and the
+// attachment does not come back.
+func TestReattachedAsYoungest(t *testing.T) {
+	n := startNode(t, "127.0.0.1:0", t.TempDir())
+	p := newProxy(t, n.Addr().String())
+	ctx := testutil.Context(t, 2*wait)
+	evs := newConnEvents()
+	a, err := client.Dial(ctx, p.url(), client.Options{Log: quiet(), OnConnEvent: evs.fn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := client.Dial(ctx, n.URL(), client.Options{Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ax, err := a.ReqResp(ctx, "lead", courier.Leader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aEvents := make(chan courier.Event, 64)
+	ha, err := ax.Handle(ctx, func(r *courier.Request) { r.Reply([]byte("a")) }, courier.OnEvent(func(ev courier.Event) { aEvents <- ev }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := ax.Handle(ctx, func(r *courier.Request) { r.Reply([]byte("gone")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	bx, err := b.ReqResp(ctx, "lead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, err := bx.Handle(ctx, func(r *courier.Request) { r.Reply([]byte("b")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitForf(t, wait, ha.IsLeader, "a leads")
+
+	p.cut()
+	evs.next(t, courier.ConnDisconnected)
+	if ha.IsLeader() {
+		t.Error("a still leads after its connection was lost")
+	}
+	if err := gone.Detach(ctx); err != nil {
+		t.Errorf("detach while reconnecting: %v", err)
+	}
+	evs.next(t, courier.ConnReconnected)
+	testutil.WaitForf(t, wait, func() bool { return hb.IsLeader() && len(ha.Members()) == 2 }, "b leads, a back: members %v", ha.Members())
+	if m := ha.Members(); m[0].ID != hb.ID() || m[1].ID != ha.ID() || ha.IsLeader() {
+		t.Errorf("members %v, a leads %v; want b then a, b leading", m, ha.IsLeader())
+	}
+	var kinds []string
+	for len(aEvents) > 0 {
+		ev := <-aEvents
+		kinds = append(kinds, ev.Kind.String())
+		if ev.Kind == courier.EventDisconnected && ev.IsLeader {
+			t.Error("the disconnected event says a leads")
+		}
+	}
+	if s := strings.Join(kinds, " "); !strings.Contains(s, "disconnected reattached") {
+		t.Errorf("a's events: %s", s)
+	}
+	r, err := bx.Request(ctx, courier.Message{})
+	if err != nil || string(r.Body) != "b" {
+		t.Errorf("request to the leader: %v, %v", r, err)
+	}
 }
