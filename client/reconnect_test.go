@@ -478,3 +478,45 @@ func TestReattachedAsYoungest(t *testing.T) {
 		t.Errorf("request to the leader: %v, %v", r, err)
 	}
 }
+
+// BenchmarkRemoteSubmitAsync measures pipelined confirmed submits to a
+// transient task exchange over loopback TCP, with reconnecting on (each
+// confirm tracked to be sent again) and off: the cost of the tracking.
+func BenchmarkRemoteSubmitAsync(b *testing.B) {
+	n, err := node.Start(node.Config{DataDir: b.TempDir(), Listen: "127.0.0.1:0", Log: quiet()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer n.Close()
+	for _, off := range []bool{false, true} {
+		b.Run(map[bool]string{false: "reconnect=on", true: "reconnect=off"}[off], func(b *testing.B) {
+			ctx := context.Background()
+			c, err := client.Dial(ctx, n.URL(), client.Options{Log: quiet(), NoReconnect: off})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			tx, err := c.Tasks(ctx, "bench", courier.Transient())
+			if err != nil {
+				b.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			body := make([]byte, 64)
+			b.ReportAllocs()
+			for b.Loop() {
+				wg.Add(1)
+				if err := tx.SubmitAsync(ctx, courier.Task{Body: body}, func(_ courier.TaskID, err error) {
+					if err != nil {
+						b.Error(err)
+					}
+					wg.Done()
+				}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "submits/s")
+			c.DeleteQueue(ctx, "bench")
+		})
+	}
+}
