@@ -209,9 +209,6 @@ func (a *Attachment) Err() error {
 }
 
 func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg attachCfg, h HandlerFunc, m MessageFunc, ctl ControlFunc, job JobFunc) (*Attachment, error) {
-	if err := c.waitUp(ctx); err != nil {
-		return nil, err
-	}
 	a := &Attachment{
 		c: c, id: c.nextAttach.Add(1), exchange: exchange, role: role, cfg: cfg,
 		handler: h, onMsg: m, control: ctl, job: job,
@@ -219,10 +216,10 @@ func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg att
 		done:   make(chan struct{}),
 	}
 	// The member id is the connection's id and the attachment's (see
-	// docs/protocol.md), known before the broker answers: frames for the
-	// attachment may arrive before its OK and are served at once, so a
-	// busy exchange cannot fill the inbox while the OK waits behind it.
-	a.member = fmt.Sprintf("%s.%d", c.ID(), a.id)
+	// docs/protocol.md), known before the broker answers (join sets it):
+	// frames for the attachment may arrive before its OK and are served
+	// at once, so a busy exchange cannot fill the inbox while the OK
+	// waits behind it.
 	a.in.init()
 	c.mu.Lock()
 	if c.err != nil {
@@ -233,25 +230,59 @@ func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg att
 	c.mu.Unlock()
 	go a.run()
 
-	f := wire.NewFrame(wire.TypeAttach)
-	f.Attach, f.Name, f.Aux, f.Tag = a.id, exchange, role, cfg.serviceTag
-	f.Body, _ = json.Marshal(cfg.spec)
-	var res wire.AttachResult
-	err := c.roundTrip(ctx, f, &res)
+	res, err := a.join(ctx)
 	if err != nil {
 		c.atts.Delete(a.id)
 		a.stop(err)
 		return nil, err
 	}
 	a.mu.Lock()
-	if res.Member != a.member && res.Member != "" {
-		// The Conn reconnected while the ATTACH waited to go out.
-		a.member = res.Member
-	}
 	a.patterns = res.Patterns
 	a.attached = true
 	a.mu.Unlock()
+	c.attachMu.RUnlock()
 	return a, nil
+}
+
+// join sends the attachment's ATTACH and waits for its answer; on
+// success it returns with c.attachMu read-locked, so that a reconnect
+// re-attaches it only once it knows it is attached. An ATTACH lost with
+// its connection is sent again on the next one.
+func (a *Attachment) join(ctx context.Context) (wire.AttachResult, error) {
+	c := a.c
+	for {
+		if err := c.waitUp(ctx); err != nil {
+			return wire.AttachResult{}, err
+		}
+		c.attachMu.RLock()
+		if c.down.Load() != nil {
+			c.attachMu.RUnlock()
+			continue // lost again meanwhile
+		}
+		a.mu.Lock()
+		a.member = fmt.Sprintf("%s.%d", c.ID(), a.id)
+		a.mu.Unlock()
+		f := wire.NewFrame(wire.TypeAttach)
+		f.Attach, f.Name, f.Aux, f.Tag = a.id, a.exchange, a.role, a.cfg.serviceTag
+		f.Body, _ = json.Marshal(a.cfg.spec)
+		var res wire.AttachResult
+		err := c.roundTripNow(ctx, f, &res)
+		if err == nil {
+			if res.Member != "" {
+				a.mu.Lock()
+				a.member = res.Member
+				a.mu.Unlock()
+			}
+			return res, nil
+		}
+		c.attachMu.RUnlock()
+		if !errors.Is(err, ErrConnectionLost) || ctx.Err() != nil {
+			return wire.AttachResult{}, err
+		}
+		for _, f := range a.in.purge() { // what the lost connection sent it
+			f.Release()
+		}
+	}
 }
 
 // Detach ends the attachment: it leaves the exchange's group (a new

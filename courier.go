@@ -89,6 +89,9 @@ type Conn struct {
 	// next.
 	down atomic.Pointer[chan struct{}]
 	sess atomic.Uint32
+	// attachMu orders attaching with re-attaching: an attach holds it
+	// read-locked from its ATTACH to its answer, a resume write-locked.
+	attachMu sync.RWMutex
 
 	onError     atomic.Pointer[func(error)]
 	onConnEvent atomic.Pointer[func(ConnEvent)]
@@ -605,6 +608,12 @@ func (c *Conn) call(ctx context.Context, f *wire.Frame) (*call, error) {
 			return nil, err
 		}
 	}
+	return c.callNow(ctx, f)
+}
+
+// callNow is call without waiting for a lost connection: a frame sent
+// while there is none fails with [ErrConnectionLost].
+func (c *Conn) callNow(ctx context.Context, f *wire.Frame) (*call, error) {
 	cl := c.newCall()
 	f.Ref = cl.ref
 	if err := c.register(cl); err != nil {
@@ -626,22 +635,18 @@ func (c *Conn) roundTrip(ctx context.Context, f *wire.Frame, out any) error {
 	if err != nil {
 		return err
 	}
-	r, err := c.next(ctx, cl)
+	return c.await(ctx, cl, out)
+}
+
+// roundTripNow is roundTrip with callNow.
+func (c *Conn) roundTripNow(ctx context.Context, f *wire.Frame, out any) error {
+	t := f.Type
+	cl, err := c.callNow(ctx, f)
 	if err != nil {
-		if c.unregister(cl) {
-			cl.release()
-		}
 		return err
 	}
-	defer cl.release()
-	defer r.Release()
-	if r.Type == wire.TypeError {
-		return &wire.Error{Code: wire.Code(r.Aux), Msg: r.Tag}
-	}
-	if out != nil && len(r.Body) > 0 {
-		if err := json.Unmarshal(r.Body, out); err != nil {
-			return fmt.Errorf("courier: bad reply to %s: %w", f.Type, err)
-		}
+	if err := c.await(ctx, cl, out); err != nil {
+		return fmt.Errorf("courier: %s: %w", t, err)
 	}
 	return nil
 }

@@ -159,6 +159,10 @@ func (c *Conn) Resume(ctx context.Context, id string, send func(*wire.Frame) err
 			refused = append(refused, fmt.Errorf("courier: declaring %q again: %w", decls[i].name, err))
 		}
 	}
+	// No attach goes on meanwhile: one that had its answer is among
+	// atts, one that had not failed and sends its ATTACH again later.
+	c.attachMu.Lock()
+	defer c.attachMu.Unlock()
 	atts := c.attachments()
 	calls = calls[:0]
 	var again []*Attachment
@@ -350,8 +354,8 @@ func (a *Attachment) interrupt(err error) {
 // id.n, or nil if it is not to come back.
 func (a *Attachment) reattachFrame(id string) *wire.Frame {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.err != nil || a.leaving || !a.attached {
+		a.mu.Unlock()
 		return nil
 	}
 	a.member = fmt.Sprintf("%s.%d", id, a.id)
@@ -359,6 +363,12 @@ func (a *Attachment) reattachFrame(id string) *wire.Frame {
 	spec := a.cfg.spec
 	if a.role == wire.RoleSubscriber || a.role == wire.RoleController {
 		spec.Patterns = a.patterns
+	}
+	a.mu.Unlock()
+	// Nothing the lost connection sent may be served from now on, even
+	// to an attachment that joined as it was lost.
+	for _, f := range a.in.purge() {
+		f.Release()
 	}
 	f := wire.NewFrame(wire.TypeAttach)
 	f.Attach, f.Name, f.Aux, f.Tag = a.id, a.exchange, a.role, a.cfg.serviceTag

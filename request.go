@@ -629,7 +629,7 @@ func (a *Attachment) serve(f *wire.Frame) {
 	a.serving.Store(r)
 	defer func() {
 		if p := recover(); p != nil {
-			a.c.log.Error("courier: handler panicked", "attachment", a.member, "panic", p)
+			a.c.log.Error("courier: handler panicked", "attachment", a.ID(), "panic", p)
 			r.Fail(&wire.Error{Code: wire.CodeApplication, Msg: fmt.Sprintf("the handler panicked: %v", p)})
 		}
 		if r.state.Load() == reqServing {

@@ -557,7 +557,7 @@ func (a *Attachment) work(f *wire.Frame, d *Delivery) {
 func (a *Attachment) runJob(j *Job) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			a.c.log.Error("courier: worker panicked", "attachment", a.member, "task", j.ID, "panic", p)
+			a.c.log.Error("courier: worker panicked", "attachment", a.ID(), "task", j.ID, "panic", p)
 			err = fmt.Errorf("courier: worker panicked: %v", p)
 		}
 	}()

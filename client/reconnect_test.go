@@ -126,6 +126,15 @@ func TestReconnectAfterRestart(t *testing.T) {
 		}
 		waited <- err
 	}()
+	// So do declarations and attachments.
+	lateAtt := make(chan error, 1)
+	go func() {
+		late, err := svc.ReqResp(ctx, "late", courier.RoundRobin)
+		if err == nil {
+			_, err = late.Handle(ctx, func(r *courier.Request) { r.Reply([]byte("late")) })
+		}
+		lateAtt <- err
+	}()
 	startNode(t, addr, dir)
 
 	ev := svcEvents.next(t, courier.ConnReconnected)
@@ -138,6 +147,14 @@ func TestReconnectAfterRestart(t *testing.T) {
 	reqEvents.next(t, courier.ConnReconnected)
 	if err := testutil.Recv(t, waited, wait); err != nil {
 		t.Errorf("a request made while reconnecting: %v", err)
+	}
+	if err := testutil.Recv(t, lateAtt, wait); err != nil {
+		t.Fatalf("declaring and attaching while reconnecting: %v", err)
+	}
+	if lx, err := req.ReqResp(ctx, "late"); err != nil {
+		t.Fatal(err)
+	} else if r, err := lx.Request(ctx, courier.Message{}); err != nil || string(r.Body) != "late" {
+		t.Fatalf("the handler attached while reconnecting: %v, %v", r, err)
 	}
 	for {
 		ae := testutil.Recv(t, attEvents, wait)
@@ -293,16 +310,31 @@ func TestInFlightFailAtOnce(t *testing.T) {
 		t.Errorf("answering a request of the lost connection: %v; want ErrConnectionLost", err)
 	}
 	// Back: a new request is served by the re-attached handler.
-	go func() {
-		_, err := rr.Request(ctx, courier.Message{Body: []byte("y")})
-		failed <- err
-	}()
-	r = testutil.Recv(t, held, wait)
-	if err := r.Reply([]byte("ok")); err != nil {
-		t.Fatal(err)
-	}
-	if err := testutil.Recv(t, failed, wait); err != nil {
-		t.Fatalf("request after the reconnect: %v", err)
+	// The server may not have seen the old connection go yet (the
+	// proxy cut both sides at once): a request can still be routed to
+	// the old attachment and fail with "handler gone"; the next goes to
+	// the new one.
+	deadline := time.After(wait)
+	for r = nil; r == nil; {
+		go func() {
+			_, err := rr.Request(ctx, courier.Message{Body: []byte("y")})
+			failed <- err
+		}()
+		select {
+		case r = <-held:
+			if err := r.Reply([]byte("ok")); err != nil {
+				t.Fatal(err)
+			}
+			if err := testutil.Recv(t, failed, wait); err != nil {
+				t.Fatalf("request after the reconnect: %v", err)
+			}
+		case err := <-failed:
+			if !errors.Is(err, courier.ErrHandlerGone) {
+				t.Fatalf("request after the reconnect: %v", err)
+			}
+		case <-deadline:
+			t.Fatal("requests after the reconnect do not reach the handler")
+		}
 	}
 }
 
