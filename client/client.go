@@ -237,7 +237,8 @@ func (l *URLs) show(addr string) string {
 // or "courier+tls://user:password@broker.example:7400", and completes the
 // handshake before it returns. rawURL may list several servers, which
 // Dial tries in order: "courier://a:7400,b:7400,c:7400" (see
-// [ParseURLs]). A server that refuses the credentials fails it with a
+// [ParseURLs]), each for at most [Options.DialTimeout] when there are
+// several. A server that refuses the credentials fails it with a
 // [*wire.Error] of code [wire.CodeUnauthorized].
 //
 // Unless [Options.NoReconnect], the Conn outlives its connection: when
@@ -258,7 +259,7 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*courier.Conn, erro
 	t := newTransport(list, opts)
 	var errs []error
 	for _, addr := range list.Addrs {
-		l, err := t.dial(ctx, addr)
+		l, err := t.dialFirst(ctx, addr, len(list.Addrs) > 1)
 		if err != nil {
 			if len(list.Addrs) == 1 {
 				return nil, err
@@ -287,6 +288,17 @@ func (e dialErrors) Error() string {
 }
 
 func (e dialErrors) Unwrap() []error { return e }
+
+// dialFirst is dial for Dial: with more servers to try, one that does
+// not answer gets at most DialTimeout of ctx.
+func (t *transport) dialFirst(ctx context.Context, addr string, more bool) (*link, error) {
+	if more {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t.opts.DialTimeout)
+		defer cancel()
+	}
+	return t.dial(ctx, addr)
+}
 
 // dial connects to addr and runs the handshake.
 func (t *transport) dial(ctx context.Context, addr string) (*link, error) {
