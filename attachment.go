@@ -381,7 +381,7 @@ func (a *Attachment) run() {
 			if i == len(batch)-1 {
 				a.batch.Flush() // the last one's answer goes out alone, at once
 			}
-			if a.in.epoch.Load() != epoch && stale(f) {
+			if stale(f) && a.in.epoch.Load() != epoch {
 				f.Release() // from a connection lost since: see purge
 				continue
 			}
