@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
@@ -550,5 +551,52 @@ func BenchmarkRemoteSubmitAsync(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "submits/s")
 			c.DeleteQueue(ctx, "bench")
 		})
+	}
+}
+
+// TestReconnectTLSWithUser: a client of a TLS server with users
+// reconnects with the same TLS config and credentials (from its URL)
+// after a restart.
+func TestReconnectTLSWithUser(t *testing.T) {
+	ca := testutil.NewCA(t)
+	cert := ca.Server()
+	dir := t.TempDir()
+	start := func(addr string) *node.Node {
+		var n *node.Node
+		testutil.WaitForf(t, wait, func() bool {
+			var err error
+			n, err = node.Start(node.Config{
+				DataDir: dir, Listen: addr, Log: quiet(),
+				TLS:       node.TLSFiles{CertFile: cert.CertFile, KeyFile: cert.KeyFile},
+				AdminUser: "admin", AdminPassword: "adminpw",
+			})
+			return err == nil
+		}, "TLS node on %s", addr)
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+	n := start("127.0.0.1:0")
+	addr := n.Addr().String()
+	ctx := testutil.Context(t, 2*wait)
+	evs := newConnEvents()
+	c, err := client.Dial(ctx, "courier+tls://admin:adminpw@"+addr, client.Options{Log: quiet(), TLS: &tls.Config{RootCAs: ca.Pool}, OnConnEvent: evs.fn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ex, err := c.ReqResp(ctx, "tls.echo", courier.RoundRobin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ex.Handle(ctx, func(r *courier.Request) { r.Reply([]byte("ok")) }); err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	start(addr)
+	if ev := evs.next(t, courier.ConnReconnected); ev.Err != nil {
+		t.Fatalf("reconnected with %v", ev.Err)
+	}
+	if r, err := ex.Request(ctx, courier.Message{}); err != nil || string(r.Body) != "ok" {
+		t.Fatalf("request after reconnecting over TLS: %v, %v", r, err)
 	}
 }
