@@ -600,3 +600,63 @@ func TestReconnectTLSWithUser(t *testing.T) {
 		t.Fatalf("request after reconnecting over TLS: %v, %v", r, err)
 	}
 }
+
+// TestControlledReattach: a controller and a subscriber of a controlled
+// exchange come back on the same client; the controller decides again
+// on the subscriber's current patterns (narrowed before the loss), and
+// publications reach it.
+func TestControlledReattach(t *testing.T) {
+	n := startNode(t, "127.0.0.1:0", t.TempDir())
+	p := newProxy(t, n.Addr().String())
+	ctx := testutil.Context(t, 2*wait)
+	evs := newConnEvents()
+	c, err := client.Dial(ctx, p.url(), client.Options{Log: quiet(), OnConnEvent: evs.fn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ex, err := c.PubSub(ctx, "ctl", courier.Controlled())
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := make(chan []string, 8)
+	if _, err := ex.Control(ctx, func(r *courier.SubscriptionRequest) courier.Decision {
+		asked <- r.Patterns
+		return courier.Narrow("eu.#")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 16)
+	sub, err := ex.Subscribe(ctx, "#", func(d *courier.Delivery) { got <- d.Key })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := testutil.Recv(t, asked, wait); strings.Join(a, ",") != "#" {
+		t.Fatalf("controller asked for %v", a)
+	}
+	if ps := sub.Patterns(); strings.Join(ps, ",") != "eu.#" {
+		t.Fatalf("patterns %v, want narrowed to eu.#", ps)
+	}
+	p.cut()
+	evs.next(t, courier.ConnReconnected)
+	if a := testutil.Recv(t, asked, wait); strings.Join(a, ",") != "eu.#" {
+		t.Errorf("after the reconnect the controller was asked for %v, want the patterns the subscriber had: eu.#", a)
+	}
+	pub, err := client.Dial(ctx, n.URL(), client.Options{Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	px, err := pub.PubSub(ctx, "ctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"us.x", "eu.y"} {
+		if err := px.PublishSync(ctx, courier.Message{Key: k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g := testutil.Recv(t, got, wait); g != "eu.y" {
+		t.Fatalf("subscriber got %q, want eu.y only", g)
+	}
+}
