@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"github.com/courier-mq/courier/client"
 	"github.com/courier-mq/courier/internal/testutil"
 	"github.com/courier-mq/courier/node"
+	"github.com/courier-mq/courier/wire"
 )
 
 // wait bounds what the tests wait for; the machine is loaded.
@@ -658,5 +660,90 @@ func TestControlledReattach(t *testing.T) {
 	}
 	if g := testutil.Recv(t, got, wait); g != "eu.y" {
 		t.Fatalf("subscriber got %q, want eu.y only", g)
+	}
+}
+
+// TestUnconfirmedSubmitSentAgain: a SUBMIT the server took but never
+// confirmed before the connection went is sent again on the next
+// connection, to another server of the list, and Submit returns that
+// server's confirm; a publish held meanwhile follows it.
+func TestUnconfirmedSubmitSentAgain(t *testing.T) {
+	n := startNode(t, "127.0.0.1:0", t.TempDir())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	took := make(chan string, 1)
+	go func() { // a server that takes a SUBMIT, never confirms it, and dies
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		r := wire.NewReader(nc, 1<<20)
+		var f wire.Frame
+		r.Next(&f)
+		body, _ := json.Marshal(wire.Welcome{Version: 1, Conn: "c1", HeartbeatMS: 1000, TimeoutMS: 3000, MaxFrame: 1 << 20, Credit: 100})
+		p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeWelcome, Body: body}, 0)
+		nc.Write(p)
+		for r.Next(&f) == nil {
+			switch f.Type {
+			case wire.TypeDeclare:
+				info, _ := json.Marshal(wire.ExchangeInfo{Name: f.Name, Pattern: wire.PatternTasks})
+				p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeOK, Ref: f.Ref, Body: info}, 0)
+				nc.Write(p)
+			case wire.TypeSubmit:
+				took <- string(f.Body)
+				return
+			}
+		}
+	}()
+	ctx := testutil.Context(t, 2*wait)
+	evs := newConnEvents()
+	c, err := client.Dial(ctx, "courier://"+ln.Addr().String()+","+n.Addr().String(), client.Options{Log: quiet(), OnConnEvent: evs.fn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	jobs, err := c.Tasks(ctx, "resent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	submitted := make(chan error, 1)
+	go func() {
+		_, err := jobs.Submit(ctx, courier.Task{Body: []byte("once")})
+		submitted <- err
+	}()
+	if b := testutil.Recv(t, took, wait); b != "once" {
+		t.Fatalf("the first server took %q", b)
+	}
+	evs.next(t, courier.ConnDisconnected)
+	if err := jobs.Publish(ctx, courier.Task{Body: []byte("after")}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := evs.next(t, courier.ConnReconnected); ev.URL != n.Addr().String() {
+		t.Fatalf("reconnected to %s", ev.URL)
+	}
+	if err := testutil.Recv(t, submitted, wait); err != nil {
+		t.Fatalf("the submit left unconfirmed: %v; want the second server's confirm", err)
+	}
+	w, err := client.Dial(ctx, n.URL(), client.Options{Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	wj, err := w.Tasks(ctx, "resent", courier.Passive())
+	if err != nil {
+		t.Fatalf("the task exchange was not declared on the second server: %v", err)
+	}
+	got := make(chan string, 4)
+	if _, err := wj.Work(ctx, func(j *courier.Job) error { got <- string(j.Body); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"once", "after"} {
+		if g := testutil.Recv(t, got, wait); g != want {
+			t.Fatalf("worker got %q, want %q", g, want)
+		}
 	}
 }
