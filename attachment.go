@@ -3,6 +3,7 @@ package courier
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -68,6 +69,7 @@ const (
 	EventSubscriptions EventKind = wire.EventSubscriptions
 	// EventDetached: the attachment is gone; Reason says why.
 	EventDetached EventKind = wire.EventDetached
+	// EventDisconnected and EventReattached are in reconnect.go.
 )
 
 func (k EventKind) String() string {
@@ -82,6 +84,10 @@ func (k EventKind) String() string {
 		return "subscriptions"
 	case EventDetached:
 		return "detached"
+	case EventDisconnected:
+		return "disconnected"
+	case EventReattached:
+		return "reattached"
 	}
 	return fmt.Sprintf("event(%d)", int(k))
 }
@@ -95,7 +101,10 @@ type Event struct {
 	Member   *Member  // who joined or left (on EventLeader: whose coming or going changed the leader)
 	Members  []Member // the whole group, oldest first
 	Patterns []string // EventSubscriptions: the patterns now
-	Reason   string   // EventDetached
+	Reason   string   // EventDetached, EventDisconnected
+	// Was is the attachment's member id before its Conn reconnected
+	// (EventDisconnected, EventReattached); Member is it now.
+	Was string
 	// IsLeader tells whether the attachment it came through is the leader.
 	IsLeader bool
 }
@@ -127,9 +136,11 @@ type Attachment struct {
 	// through a batch of requests; it is flushed at the end of each batch.
 	batch wire.Batch
 
-	mu       sync.Mutex // guards leader, members, patterns, active, err, leaving
+	mu       sync.Mutex // guards member, was, attached, leader, members, patterns, active, err, leaving
 	leader   string
 	leaving  bool // Detach was called: no longer a leader, whatever events say
+	attached bool // the broker took the attachment: a reconnect puts it back
+	was      string
 	members  []Member
 	patterns []string
 	active   map[uint64]*Request // requests parked unanswered (see reqParked)
@@ -138,8 +149,13 @@ type Attachment struct {
 }
 
 // ID returns the attachment's member id, such as "n1/c7.3": its
-// connection's id and its attach id.
-func (a *Attachment) ID() string { return a.member }
+// connection's id and its attach id. It changes
+// when the Conn reconnects (see [EventReattached]).
+func (a *Attachment) ID() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.member
+}
 
 // Exchange returns the exchange's name.
 func (a *Attachment) Exchange() string { return a.exchange }
@@ -201,10 +217,10 @@ func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg att
 		done:   make(chan struct{}),
 	}
 	// The member id is the connection's id and the attachment's (see
-	// docs/protocol.md), known before the broker answers: frames for the
-	// attachment may arrive before its OK and are served at once, so a
-	// busy exchange cannot fill the inbox while the OK waits behind it.
-	a.member = fmt.Sprintf("%s.%d", c.id, a.id)
+	// docs/protocol.md), known before the broker answers (join sets it):
+	// frames for the attachment may arrive before its OK and are served
+	// at once, so a busy exchange cannot fill the inbox while the OK
+	// waits behind it.
 	a.in.init()
 	c.mu.Lock()
 	if c.err != nil {
@@ -215,23 +231,59 @@ func (c *Conn) attach(ctx context.Context, exchange string, role uint64, cfg att
 	c.mu.Unlock()
 	go a.run()
 
-	f := wire.NewFrame(wire.TypeAttach)
-	f.Attach, f.Name, f.Aux, f.Tag = a.id, exchange, role, cfg.serviceTag
-	f.Body, _ = json.Marshal(cfg.spec)
-	var res wire.AttachResult
-	err := c.roundTrip(ctx, f, &res)
+	res, err := a.join(ctx)
 	if err != nil {
 		c.atts.Delete(a.id)
 		a.stop(err)
 		return nil, err
 	}
-	if res.Member != a.member {
-		c.log.Warn("courier: the broker named an attachment unexpectedly", "want", a.member, "got", res.Member)
-	}
 	a.mu.Lock()
 	a.patterns = res.Patterns
+	a.attached = true
 	a.mu.Unlock()
+	c.attachMu.RUnlock()
 	return a, nil
+}
+
+// join sends the attachment's ATTACH and waits for its answer; on
+// success it returns with c.attachMu read-locked, so that a reconnect
+// re-attaches it only once it knows it is attached. An ATTACH lost with
+// its connection is sent again on the next one.
+func (a *Attachment) join(ctx context.Context) (wire.AttachResult, error) {
+	c := a.c
+	for {
+		if err := c.waitUp(ctx); err != nil {
+			return wire.AttachResult{}, err
+		}
+		c.attachMu.RLock()
+		if c.down.Load() != nil {
+			c.attachMu.RUnlock()
+			continue // lost again meanwhile
+		}
+		a.mu.Lock()
+		a.member = fmt.Sprintf("%s.%d", c.ID(), a.id)
+		a.mu.Unlock()
+		f := wire.NewFrame(wire.TypeAttach)
+		f.Attach, f.Name, f.Aux, f.Tag = a.id, a.exchange, a.role, a.cfg.serviceTag
+		f.Body, _ = json.Marshal(a.cfg.spec)
+		var res wire.AttachResult
+		err := c.roundTripNow(ctx, f, &res)
+		if err == nil {
+			if res.Member != "" {
+				a.mu.Lock()
+				a.member = res.Member
+				a.mu.Unlock()
+			}
+			return res, nil
+		}
+		c.attachMu.RUnlock()
+		if !errors.Is(err, ErrConnectionLost) || ctx.Err() != nil {
+			return wire.AttachResult{}, err
+		}
+		for _, f := range a.in.purge() { // what the lost connection sent it
+			f.Release()
+		}
+	}
 }
 
 // Detach ends the attachment: it leaves the exchange's group (a new
@@ -243,8 +295,13 @@ func (a *Attachment) Detach(ctx context.Context) error {
 	f := wire.NewFrame(wire.TypeDetach)
 	f.Attach = a.id
 	err := a.c.roundTrip(ctx, f, nil)
+	if errors.Is(err, ErrConnectionLost) || errors.Is(err, ErrNotFound) {
+		// It went with a lost connection and, leaving, was not put
+		// back on the next (or the server detached it already).
+		err = nil
+	}
 	a.c.atts.Delete(a.id)
-	a.stop(fmt.Errorf("courier: attachment %s detached", a.member))
+	a.stop(fmt.Errorf("courier: attachment %s detached", a.ID()))
 	return err
 }
 
@@ -315,7 +372,8 @@ func (a *Attachment) run() {
 	var batch []*wire.Frame
 	var d Delivery
 	for {
-		batch = a.in.take(batch[:0])
+		var epoch uint32
+		batch, epoch = a.in.take(batch[:0])
 		if batch == nil {
 			return
 		}
@@ -323,6 +381,10 @@ func (a *Attachment) run() {
 			batch[i] = nil
 			if i == len(batch)-1 {
 				a.batch.Flush() // the last one's answer goes out alone, at once
+			}
+			if stale(f) && a.in.epoch.Load() != epoch {
+				f.Release() // from a connection lost since: see purge
+				continue
 			}
 			switch f.Type {
 			case wire.TypeRequest:
@@ -351,7 +413,7 @@ func (a *Attachment) run() {
 func (a *Attachment) deliver(d *Delivery) (ok bool) {
 	defer func() {
 		if p := recover(); p != nil {
-			a.c.log.Error("courier: subscriber panicked", "attachment", a.member, "panic", p)
+			a.c.log.Error("courier: subscriber panicked", "attachment", a.ID(), "panic", p)
 			ok = false
 		}
 	}()
@@ -363,7 +425,14 @@ func (a *Attachment) deliver(d *Delivery) (ok bool) {
 
 func (a *Attachment) event(f *wire.Frame) {
 	defer f.Release()
+	if le, ok := f.Waiter.(*localEvent); ok {
+		a.localEvent(le)
+		return
+	}
 	ev := Event{Kind: EventKind(f.Aux), Exchange: f.Name, ConnTag: a.cfg.spec.ConnTag, Reason: f.Tag}
+	if ev.Kind >= localEvents {
+		return // not the server's to say
+	}
 	var body wire.EventBody
 	if len(f.Body) > 0 {
 		if err := json.Unmarshal(f.Body, &body); err != nil {
@@ -385,10 +454,30 @@ func (a *Attachment) event(f *wire.Frame) {
 		a.c.atts.Delete(a.id)
 		defer a.stop(fmt.Errorf("courier: attachment detached: %s", ev.Reason))
 	}
+	a.tell(ev)
+}
+
+// localEvent delivers an event the Conn made itself.
+func (a *Attachment) localEvent(le *localEvent) {
+	ev := Event{Kind: le.kind, Exchange: a.exchange, ConnTag: a.cfg.spec.ConnTag, Reason: le.reason, Was: le.was}
+	a.mu.Lock()
+	if le.kind == EventReattached {
+		ev.Member = &Member{ID: a.member, Role: wire.RoleName(a.role), ServiceTag: a.cfg.serviceTag, ConnTag: a.cfg.spec.ConnTag, Options: a.cfg.spec.Options}
+	}
+	ev.IsLeader = a.leads()
+	a.mu.Unlock()
+	if le.kind == EventDetached {
+		defer a.stop(fmt.Errorf("courier: attachment detached: %s", le.reason))
+	}
+	a.tell(ev)
+}
+
+// tell calls the attachment's OnEvent function.
+func (a *Attachment) tell(ev Event) {
 	if a.cfg.onEvent != nil {
 		defer func() {
 			if p := recover(); p != nil {
-				a.c.log.Error("courier: OnEvent function panicked", "attachment", a.member, "panic", p)
+				a.c.log.Error("courier: OnEvent function panicked", "attachment", a.ID(), "panic", p)
 			}
 		}()
 		a.cfg.onEvent(ev)
@@ -420,8 +509,9 @@ func (a *Attachment) inline(f *wire.Frame) {
 // inbox is an attachment's queue of inbound frames. Data frames wait for
 // room (backpressure); control frames never wait.
 type inbox struct {
-	mu      sync.Mutex // guards q, closed, waiters, room
+	mu      sync.Mutex // guards q, closed, waiters, room; epoch changes under it
 	q       []*wire.Frame
+	epoch   atomic.Uint32 // counts purges
 	closed  bool
 	waiters int
 	room    chan struct{} // closed and replaced when room is made
@@ -464,9 +554,9 @@ func (b *inbox) push(f *wire.Frame, data bool) bool {
 	return true
 }
 
-// take waits for frames and returns them all, appended to buf; nil once
-// the inbox is closed and empty.
-func (b *inbox) take(buf []*wire.Frame) []*wire.Frame {
+// take waits for frames and returns them all, appended to buf, with the
+// epoch they were taken in; nil once the inbox is closed and empty.
+func (b *inbox) take(buf []*wire.Frame) ([]*wire.Frame, uint32) {
 	yields := 0
 	for {
 		b.mu.Lock()
@@ -478,12 +568,13 @@ func (b *inbox) take(buf []*wire.Frame) []*wire.Frame {
 				close(b.room)
 				b.room = make(chan struct{})
 			}
+			epoch := b.epoch.Load()
 			b.mu.Unlock()
-			return buf
+			return buf, epoch
 		}
 		if b.closed {
 			b.mu.Unlock()
-			return nil
+			return nil, 0
 		}
 		b.mu.Unlock()
 		if yields < waitYields {
@@ -505,6 +596,43 @@ func (b *inbox) take(buf []*wire.Frame) []*wire.Frame {
 // waiting for its answer does better without (it only delays the
 // handler it waits for).
 const waitYields = 2
+
+// stale reports whether f is void once its connection is lost: what
+// the broker asked of this attachment, or told it about its group.
+func stale(f *wire.Frame) bool {
+	switch f.Type {
+	case wire.TypeRequest, wire.TypeTask, wire.TypeSubRequest:
+		return true
+	case wire.TypeEvent:
+		return f.Waiter == nil
+	}
+	return false
+}
+
+// purge removes the frames that a lost connection made stale and starts
+// a new epoch, so that those already taken are dropped too; it returns
+// the removed frames. Messages stay: they were delivered.
+func (b *inbox) purge() []*wire.Frame {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.epoch.Add(1)
+	var out []*wire.Frame
+	keep := b.q[:0]
+	for _, f := range b.q {
+		if stale(f) {
+			out = append(out, f)
+		} else {
+			keep = append(keep, f)
+		}
+	}
+	clear(b.q[len(keep):])
+	b.q = keep
+	if b.waiters > 0 {
+		close(b.room)
+		b.room = make(chan struct{})
+	}
+	return out
+}
 
 // close ends the inbox and returns the frames still queued.
 func (b *inbox) close() []*wire.Frame {

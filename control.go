@@ -40,8 +40,12 @@ func (a *Attachment) decide(f *wire.Frame) {
 	defer f.Release()
 	var body wire.SubRequestBody
 	d := Refuse("the controller could not read the request")
+	sess := a.c.sess.Load()
 	if err := json.Unmarshal(f.Body, &body); err == nil {
 		d = a.runControl(&SubscriptionRequest{Member: body.Member, Patterns: body.Patterns})
+	}
+	if sess != a.c.sess.Load() {
+		return // asked on a connection lost since: nobody waits for it
 	}
 	out := wire.NewFrame(wire.TypeDecision)
 	out.Ref, out.Attach = f.Ref, a.id
@@ -56,7 +60,7 @@ func (a *Attachment) decide(f *wire.Frame) {
 func (a *Attachment) runControl(req *SubscriptionRequest) (d Decision) {
 	defer func() {
 		if p := recover(); p != nil {
-			a.c.log.Error("courier: controller panicked", "attachment", a.member, "panic", p)
+			a.c.log.Error("courier: controller panicked", "attachment", a.ID(), "panic", p)
 			d = Refuse(fmt.Sprintf("the controller failed: %v", p))
 		}
 	}()

@@ -65,7 +65,7 @@ type FuncDeclarer interface {
 // Conn is a connection to a broker. It is safe for concurrent use.
 type Conn struct {
 	t   Transport
-	id  string
+	id  atomic.Pointer[string] // changes when a transport reconnects
 	log *slog.Logger
 
 	nextAttach atomic.Uint32
@@ -76,11 +76,31 @@ type Conn struct {
 	// not in calls (see [WaiterTransport]).
 	waiters bool
 
-	mu     sync.Mutex // guards err
+	mu     sync.Mutex // guards err, decls
 	err    error
 	closed chan struct{}
+	// decls are the exchanges this Conn declared, in order, which it
+	// declares again when its transport reconnects.
+	decls []decl
 
-	onError atomic.Pointer[func(error)]
+	// down is set while the transport reconnects (see [Conn.Interrupted]):
+	// new calls wait for it to be closed. sess counts the connections
+	// lost: requests and jobs of an earlier one are not answered on the
+	// next.
+	down atomic.Pointer[chan struct{}]
+	sess atomic.Uint32
+	// attachMu orders attaching with re-attaching: an attach holds it
+	// read-locked from its ATTACH to its answer, a resume write-locked.
+	attachMu sync.RWMutex
+
+	onError     atomic.Pointer[func(error)]
+	onConnEvent atomic.Pointer[func(ConnEvent)]
+}
+
+// decl is an exchange declared through the Conn.
+type decl struct {
+	name string
+	spec ExchangeSpec
 }
 
 // ConnOptions configure [NewConn].
@@ -92,6 +112,9 @@ type ConnOptions struct {
 	// Log receives what the Conn cannot return to a caller, such as a
 	// handler that panicked. Default: slog.Default().
 	Log *slog.Logger
+	// OnConnEvent, if set, is called as [Conn.OnConnEvent] sets it, from
+	// the first event on.
+	OnConnEvent func(ConnEvent)
 }
 
 // NewConn returns a Conn over t. It is for transport implementations; use
@@ -101,8 +124,12 @@ func NewConn(t Transport, opts ConnOptions) *Conn {
 		opts.Log = slog.Default()
 	}
 	c := &Conn{
-		t: t, id: opts.ID, log: opts.Log,
+		t: t, log: opts.Log,
 		closed: make(chan struct{}),
+	}
+	c.id.Store(&opts.ID)
+	if opts.OnConnEvent != nil {
+		c.onConnEvent.Store(&opts.OnConnEvent)
 	}
 	if wt, ok := t.(WaiterTransport); ok {
 		c.waiters = wt.KeepsWaiters()
@@ -112,8 +139,9 @@ func NewConn(t Transport, opts ConnOptions) *Conn {
 }
 
 // ID returns the broker's name for this connection, the prefix of its
-// attachments' member ids.
-func (c *Conn) ID() string { return c.id }
+// attachments' member ids. It changes when a network connection is
+// re-established (see [ConnReconnected]).
+func (c *Conn) ID() string { return *c.id.Load() }
 
 // OnError sets a function that receives errors no call can return, such as
 // a publish to an exchange deleted meanwhile. It replaces the default,
@@ -175,7 +203,7 @@ func (c *Conn) report(err error) {
 		(*fn)(err)
 		return
 	}
-	c.log.Warn("courier: asynchronous error", "conn", c.id, "err", err)
+	c.log.Warn("courier: asynchronous error", "conn", c.ID(), "err", err)
 }
 
 // send hands a frame to the transport, failing fast once closed.
@@ -405,6 +433,9 @@ type call struct {
 	fn func(*wire.Frame)
 	// closed: the Conn closed under the call (a nil frame was pushed).
 	closed bool
+	// err, when set, is why the call ended without its answer (the
+	// connection was lost); else the Conn's error.
+	err error
 }
 
 var callPool = sync.Pool{New: func() any { return &call{ready: make(chan struct{}, 1)} }}
@@ -526,9 +557,12 @@ func (c *Conn) next(ctx context.Context, cl *call) (*wire.Frame, error) {
 			cl.mu.Unlock()
 			return f, nil
 		}
-		closed := cl.closed
+		closed, err := cl.closed, cl.err
 		cl.mu.Unlock()
 		if closed {
+			if err != nil {
+				return nil, err
+			}
 			return nil, c.Err()
 		}
 		done := ctx.Done()
@@ -555,6 +589,7 @@ func (cl *call) release() {
 	clear(cl.q)
 	cl.q, cl.head = cl.q[:0], 0
 	cl.closed = false
+	cl.err = nil
 	cl.onAsk = nil
 	cl.mu.Unlock()
 	select {
@@ -567,6 +602,20 @@ func (cl *call) release() {
 // call sends f as a new call, registered under f.Ref, whose frames the
 // caller reads with next. On an error f and the call are released.
 func (c *Conn) call(ctx context.Context, f *wire.Frame) (*call, error) {
+	if f.Type != wire.TypePublish && f.Type != wire.TypeSubmit {
+		// Confirmed publishes and submits are held by the transport
+		// while it reconnects; the rest waits for the connection.
+		if err := c.waitUp(ctx); err != nil {
+			f.Release()
+			return nil, err
+		}
+	}
+	return c.callNow(ctx, f)
+}
+
+// callNow is call without waiting for a lost connection: a frame sent
+// while there is none fails with [ErrConnectionLost].
+func (c *Conn) callNow(ctx context.Context, f *wire.Frame) (*call, error) {
 	cl := c.newCall()
 	f.Ref = cl.ref
 	if err := c.register(cl); err != nil {
@@ -588,22 +637,18 @@ func (c *Conn) roundTrip(ctx context.Context, f *wire.Frame, out any) error {
 	if err != nil {
 		return err
 	}
-	r, err := c.next(ctx, cl)
+	return c.await(ctx, cl, out)
+}
+
+// roundTripNow is roundTrip with callNow.
+func (c *Conn) roundTripNow(ctx context.Context, f *wire.Frame, out any) error {
+	t := f.Type
+	cl, err := c.callNow(ctx, f)
 	if err != nil {
-		if c.unregister(cl) {
-			cl.release()
-		}
 		return err
 	}
-	defer cl.release()
-	defer r.Release()
-	if r.Type == wire.TypeError {
-		return &wire.Error{Code: wire.Code(r.Aux), Msg: r.Tag}
-	}
-	if out != nil && len(r.Body) > 0 {
-		if err := json.Unmarshal(r.Body, out); err != nil {
-			return fmt.Errorf("courier: bad reply to %s: %w", f.Type, err)
-		}
+	if err := c.await(ctx, cl, out); err != nil {
+		return fmt.Errorf("courier: %s: %w", t, err)
 	}
 	return nil
 }
@@ -617,15 +662,23 @@ func (c *Conn) declare(ctx context.Context, name string, spec ExchangeSpec) (wir
 		}
 		return fd.DeclareFuncs(name, spec)
 	}
+	var info wire.ExchangeInfo
+	err := c.roundTrip(ctx, declareFrame(name, spec), &info)
+	if err == nil {
+		c.record(name, spec)
+	}
+	return info, err
+}
+
+// declareFrame is the DECLARE of spec.
+func declareFrame(name string, spec ExchangeSpec) *wire.Frame {
 	f := wire.NewFrame(wire.TypeDeclare)
 	f.Name = name
 	f.Body, _ = json.Marshal(spec.ExchangeConfig)
 	if spec.Passive {
 		f.Aux = 1
 	}
-	var info wire.ExchangeInfo
-	err := c.roundTrip(ctx, f, &info)
-	return info, err
+	return f
 }
 
 // Declare creates an exchange, or checks that the existing one matches.
@@ -645,7 +698,11 @@ func (c *Conn) Exchanges(ctx context.Context) ([]ExchangeInfo, error) {
 func (c *Conn) DeleteExchange(ctx context.Context, name string) error {
 	f := wire.NewFrame(wire.TypeDelete)
 	f.Name = name
-	return c.roundTrip(ctx, f, nil)
+	err := c.roundTrip(ctx, f, nil)
+	if err == nil {
+		c.forget(name)
+	}
+	return err
 }
 
 // ExchangeInfo describes an exchange.
@@ -666,6 +723,7 @@ var (
 	ErrApplication  = &wire.Error{Code: wire.CodeApplication}
 	ErrLimit        = &wire.Error{Code: wire.CodeLimit}
 	ErrUnauthorized = &wire.Error{Code: wire.CodeUnauthorized}
+	// ErrConnectionLost is in reconnect.go.
 )
 
 // ErrFuncsNotReplicable is the error of declaring an exchange with Go

@@ -182,7 +182,7 @@ func (e *PubSub) PublishAsync(ctx context.Context, m Message, done func(error)) 
 	cl.fn = func(r *wire.Frame) {
 		switch {
 		case r == nil:
-			done(e.c.Err())
+			done(e.c.failure(cl))
 		case r.Type == wire.TypeError:
 			done(&wire.Error{Code: wire.Code(r.Aux), Msg: r.Tag})
 			r.Release()

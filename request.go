@@ -44,6 +44,9 @@ func (e *ReqResp) startRequest(ctx context.Context, cl *call, m *Message, opts [
 	}
 	f := wire.NewFrame(wire.TypeRequest)
 	f.Ref, f.Name, f.Key, f.Header, f.Body, f.Tag = cl.ref, e.name, m.Key, m.Header, m.Body, m.ServiceTag
+	if err := e.c.waitUp(ctx); err != nil {
+		return err
+	}
 	if d, ok := ctx.Deadline(); ok {
 		ms := time.Until(d).Milliseconds()
 		if ms < 1 {
@@ -307,7 +310,7 @@ func (c *Conn) answer(fn AskFunc, f *wire.Frame) {
 func (c *Conn) runAsk(fn AskFunc, q []byte) (body []byte, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			c.log.Error("courier: OnAsk function panicked", "conn", c.id, "panic", p)
+			c.log.Error("courier: OnAsk function panicked", "conn", c.ID(), "panic", p)
 			body, err = nil, errors.New("the requester's OnAsk function failed")
 		}
 	}()
@@ -329,6 +332,7 @@ type Request struct {
 	tag       string
 	from      string
 	deadline  time.Time    // arrival + Aux, with its monotonic reading; zero for none
+	sess      uint32       // the connection it came on (see Conn.Interrupted)
 	state     atomic.Int32 // reqServing, reqParked or reqFinished
 	cancelled atomic.Bool
 	ext       atomic.Pointer[reqExtra] // made by Context or Ask
@@ -437,6 +441,10 @@ func (r *Request) respond(flags wire.Flags, code wire.Code, msg string, body []b
 		r.endAsks() // answers can no longer find the request
 	} else if r.state.Load() == reqFinished {
 		return ErrResponded
+	}
+	if r.sess != r.a.c.sess.Load() {
+		// The connection it came on was lost: the broker failed it.
+		return fmt.Errorf("courier: answering a request: %w", ErrConnectionLost)
 	}
 	f := wire.NewFrame(wire.TypeResponse)
 	f.Ref, f.Flags, f.Aux, f.Tag, f.Body = r.id, flags, uint64(code), msg, body
@@ -562,6 +570,12 @@ func (r *Request) Ask(ctx context.Context, question []byte) ([]byte, error) {
 	}
 	e.asks[id] = ch
 	e.mu.Unlock()
+	if r.sess != r.a.c.sess.Load() {
+		e.mu.Lock()
+		delete(e.asks, id)
+		e.mu.Unlock()
+		return nil, fmt.Errorf("courier: ask: %w", ErrConnectionLost)
+	}
 	f := wire.NewFrame(wire.TypeAsk)
 	f.Ref, f.Attach, f.Aux, f.Body = r.id, r.a.id, id, question
 	if err := r.a.c.sendCtx(ctx, f); err != nil {
@@ -607,7 +621,7 @@ func (r *Request) answer(f *wire.Frame) {
 
 // serve runs the handler for a delivered REQUEST.
 func (a *Attachment) serve(f *wire.Frame) {
-	r := &Request{a: a, id: f.Ref, key: f.Key, header: f.Header, body: f.Body, tag: f.Tag, from: f.Name}
+	r := &Request{a: a, id: f.Ref, key: f.Key, header: f.Header, body: f.Body, tag: f.Tag, from: f.Name, sess: a.c.sess.Load()}
 	if f.Aux != 0 { // its timeout in ms
 		// Counted from arrival on this process's monotonic clock: a wall
 		// clock set back or forth meanwhile changes nothing.
@@ -617,7 +631,7 @@ func (a *Attachment) serve(f *wire.Frame) {
 	a.serving.Store(r)
 	defer func() {
 		if p := recover(); p != nil {
-			a.c.log.Error("courier: handler panicked", "attachment", a.member, "panic", p)
+			a.c.log.Error("courier: handler panicked", "attachment", a.ID(), "panic", p)
 			r.Fail(&wire.Error{Code: wire.CodeApplication, Msg: fmt.Sprintf("the handler panicked: %v", p)})
 		}
 		if r.state.Load() == reqServing {

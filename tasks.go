@@ -187,7 +187,7 @@ func (t *Tasks) SubmitAsync(ctx context.Context, task Task, done func(TaskID, er
 	cl.fn = func(r *wire.Frame) {
 		switch {
 		case r == nil:
-			done(0, t.c.Err())
+			done(0, t.c.failure(cl))
 		case r.Type == wire.TypeError:
 			done(0, &wire.Error{Code: wire.Code(r.Aux), Msg: r.Tag})
 			r.Release()
@@ -419,7 +419,11 @@ func Durable(name string) AttachOption { return func(c *attachCfg) { c.spec.Dura
 func (c *Conn) DeleteQueue(ctx context.Context, name string) error {
 	f := wire.NewFrame(wire.TypeDelete)
 	f.Name, f.Aux = name, 1
-	return c.roundTrip(ctx, f, nil)
+	err := c.roundTrip(ctx, f, nil)
+	if err == nil {
+		c.forget(name) // a task exchange goes with its queue
+	}
+	return err
 }
 
 // JobFunc handles one task. Returning nil acks the task; returning an
@@ -462,6 +466,7 @@ type Job struct {
 	Attempts int
 
 	a       *Attachment
+	sess    uint32 // the connection it came on (see Conn.Interrupted)
 	settled atomic.Bool
 	later   bool
 }
@@ -495,6 +500,9 @@ func (j *Job) Progress(percent int, text string) error {
 	if j.settled.Load() {
 		return fmt.Errorf("courier: progress of task %d: already settled", j.ID)
 	}
+	if j.sess != j.a.c.sess.Load() {
+		return fmt.Errorf("courier: progress of task %d: %w", j.ID, ErrConnectionLost)
+	}
 	f := wire.NewFrame(wire.TypeProgress)
 	f.Attach, f.Ref, f.Aux, f.Tag = j.a.id, j.ID, uint64(min(max(percent, 0), 100)), text
 	return j.a.c.send(f)
@@ -503,6 +511,11 @@ func (j *Job) Progress(percent int, text string) error {
 func (j *Job) settle(t wire.Type, aux uint64, reason string) error {
 	if j.settled.Swap(true) {
 		return fmt.Errorf("courier: task %d already settled", j.ID)
+	}
+	if j.sess != j.a.c.sess.Load() {
+		// The broker returned the task to its queue when the connection
+		// was lost; it delivers it again.
+		return fmt.Errorf("courier: settling task %d: %w", j.ID, ErrConnectionLost)
 	}
 	f := wire.NewFrame(t)
 	f.Attach, f.Ref, f.Aux, f.Tag = j.a.id, j.ID, aux, reason
@@ -515,7 +528,7 @@ func (a *Attachment) work(f *wire.Frame, d *Delivery) {
 	if a.job == nil {
 		d.Key, d.Header, d.Body = f.Key, f.Header, f.Body
 		d.Exchange, d.ConnTag = a.exchange, a.cfg.spec.ConnTag
-		j := &Job{ID: f.Ref, a: a}
+		j := &Job{ID: f.Ref, a: a, sess: a.c.sess.Load()}
 		f.Release()
 		if a.deliver(d) {
 			j.Ack()
@@ -524,7 +537,7 @@ func (a *Attachment) work(f *wire.Frame, d *Delivery) {
 		}
 		return
 	}
-	j := &Job{ID: f.Ref, Exchange: a.exchange, Key: f.Key, Header: f.Header, Body: f.Body, Attempts: int(f.Aux), a: a}
+	j := &Job{ID: f.Ref, Exchange: a.exchange, Key: f.Key, Header: f.Header, Body: f.Body, Attempts: int(f.Aux), a: a, sess: a.c.sess.Load()}
 	f.Release()
 	err := a.runJob(j)
 	if j.later || j.settled.Load() {
@@ -544,7 +557,7 @@ func (a *Attachment) work(f *wire.Frame, d *Delivery) {
 func (a *Attachment) runJob(j *Job) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			a.c.log.Error("courier: worker panicked", "attachment", a.member, "task", j.ID, "panic", p)
+			a.c.log.Error("courier: worker panicked", "attachment", a.ID(), "task", j.ID, "panic", p)
 			err = fmt.Errorf("courier: worker panicked: %v", p)
 		}
 	}()

@@ -474,7 +474,7 @@ func Start(cfg Config) (*Node, error) {
 			MaxFrame: l.MaxFrame, MaxConns: l.MaxConns, MaxConnsPerUser: l.MaxConnsPerUser,
 			MaxHandshakes: l.MaxHandshakes, MaxHandshakesPerAddr: l.MaxHandshakesPerAddr,
 			HandshakeTimeout: l.HandshakeTimeout, Credit: l.Credit, OutboxLimit: l.OutboxBytes, SlowTimeout: l.SlowConsumerTimeout,
-			Users: users, ManagementURL: n.HTTPURL,
+			Users: users, ManagementURL: n.HTTPURL, ConnectURLs: n.connectURLs,
 		}
 		if scfg.TLS, err = n.loadTLS(cfg.TLS, "client"); err != nil {
 			n.broker.Close()
@@ -743,6 +743,19 @@ func (n *Node) URL() string {
 		return "courier+tls://" + n.addr.String()
 	}
 	return "courier://" + n.addr.String()
+}
+
+// connectURLs is what the node's WELCOME names in connect_urls: its own
+// client address, unless it listens on every interface (0.0.0.0 or ::),
+// which names no reachable host; clients know how they reached it.
+func (n *Node) connectURLs() []string {
+	if n.addr == nil {
+		return nil
+	}
+	if ta, ok := n.addr.(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
+		return nil
+	}
+	return []string{n.addr.String()}
 }
 
 // Name returns the node's name: Config.Name, or the one recorded in or

@@ -36,7 +36,9 @@ func startNetNode(t *testing.T, set func(*node.Config)) *node.Node {
 
 func dialNode(t *testing.T, n *node.Node) *courier.Conn {
 	t.Helper()
-	c, err := client.Dial(testutil.Context(t, wait), n.URL(), client.Options{})
+	// Without reconnecting: these tests watch the client end with the
+	// server's reason (client/reconnect_test.go has it come back).
+	c, err := client.Dial(testutil.Context(t, wait), n.URL(), client.Options{NoReconnect: true})
 	if err != nil {
 		t.Fatal(err)
 	}

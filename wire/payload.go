@@ -35,6 +35,10 @@ type Welcome struct {
 	// Credit is the initial number of PUBLISH and REQUEST frames the client
 	// may send; CREDIT frames add more.
 	Credit uint64 `json:"credit"`
+	// ConnectURLs are the client addresses (host:port) of the servers a
+	// client may reconnect to: this server's own and, in a cluster, every
+	// node's. Clients bound what they take from it (see client.Options).
+	ConnectURLs []string `json:"connect_urls,omitempty"`
 }
 
 // Exchange patterns.

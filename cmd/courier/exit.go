@@ -63,6 +63,9 @@ func exitCode(err error) int {
 	if errors.As(err, &ee) {
 		return ee.code
 	}
+	if errors.Is(err, courier.ErrConnectionLost) {
+		return exitConnect
+	}
 	var we *wire.Error
 	if errors.As(err, &we) {
 		switch we.Code {

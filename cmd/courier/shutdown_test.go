@@ -49,7 +49,9 @@ func TestServerSIGTERM(t *testing.T) {
 	url := "courier://" + addr
 	ctx := testutil.Context(t, 2*cliWait)
 	dial := func() *courier.Conn {
-		c, err := client.Dial(ctx, url, client.Options{})
+		// Without reconnecting, the clients end with the server's
+		// reason; TestRestartSIGKILL has them reconnect.
+		c, err := client.Dial(ctx, url, client.Options{NoReconnect: true})
 		if err != nil {
 			t.Fatal(err)
 		}

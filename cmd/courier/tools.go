@@ -24,10 +24,11 @@ func init() {
 
 // conn flags shared by the client tools.
 type connFlags struct {
-	url     string
-	timeout time.Duration
-	verbose bool
-	sec     secFlags
+	url       string
+	timeout   time.Duration
+	verbose   bool
+	reconnect bool
+	sec       secFlags
 }
 
 func (c *connFlags) add(cmd *cobra.Command) {
@@ -35,7 +36,8 @@ func (c *connFlags) add(cmd *cobra.Command) {
 	if def == "" {
 		def = "courier://127.0.0.1:7400"
 	}
-	cmd.Flags().StringVar(&c.url, "url", def, "server URL (env COURIER_URL)")
+	cmd.Flags().StringVar(&c.url, "url", def, "server URL, or a list tried in order: courier://host1:7400,host2:7400 (env COURIER_URL)")
+	cmd.Flags().BoolVar(&c.reconnect, "reconnect", false, "when the connection is lost, reconnect to a server of the list (and those it names) and re-attach, instead of exiting 3")
 	cmd.Flags().DurationVar(&c.timeout, "timeout", 5*time.Second, "time limit for connecting and each request (0: none)")
 	cmd.Flags().BoolVar(&c.verbose, "verbose", false, "log what the client library sees (debug level) on stderr")
 	c.sec.add(cmd, true)
@@ -52,8 +54,21 @@ func (c *connFlags) bound(ctx context.Context) (context.Context, context.CancelF
 func (c *connFlags) dial(ctx context.Context) (*courier.Conn, error) {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
-	opts := client.Options{Name: "courier-cli", Log: c.logger()}
-	_, u, err := client.ParseURL(c.url)
+	opts := client.Options{Name: "courier-cli", Log: c.logger(), NoReconnect: !c.reconnect}
+	if c.reconnect {
+		opts.OnConnEvent = func(ev courier.ConnEvent) {
+			switch ev.Kind {
+			case courier.ConnDisconnected:
+				fmt.Fprintf(os.Stderr, "connection lost (%v); reconnecting\n", ev.Err)
+			case courier.ConnReconnected:
+				fmt.Fprintf(os.Stderr, "reconnected to %s as %s after %v\n", ev.URL, ev.ID, ev.Down.Round(time.Millisecond))
+				if ev.Err != nil {
+					fmt.Fprintf(os.Stderr, "not restored: %v\n", ev.Err)
+				}
+			}
+		}
+	}
+	list, err := client.ParseURLs(c.url)
 	if err != nil {
 		return nil, withCode(exitUsage, err)
 	}
@@ -61,7 +76,7 @@ func (c *connFlags) dial(ctx context.Context) (*courier.Conn, error) {
 		return nil, withCode(exitUsage, err)
 	}
 	// Credentials in the URL win over --user and the environment.
-	if u.User == nil {
+	if list.User == nil {
 		opts.User, opts.Password = c.sec.user, c.sec.password
 	}
 	conn, err := client.Dial(ctx, c.url, opts)

@@ -194,7 +194,9 @@ func TestPurgeAndDeleteNeedPermissions(t *testing.T) {
 func TestCloseConnectionThroughAPI(t *testing.T) {
 	a := actionsAPI(t)
 	ctx := testutil.Context(t, 20*time.Second)
-	cl, err := client.Dial(ctx, "courier://admin:adminpw@"+a.n.Addr().String(), client.Options{Name: "to-close"})
+	// A client that reconnects comes back (as RabbitMQ's and NATS's do
+	// after a forced close); this one does not, to see what it is told.
+	cl, err := client.Dial(ctx, "courier://admin:adminpw@"+a.n.Addr().String(), client.Options{Name: "to-close", NoReconnect: true})
 	if err != nil {
 		t.Fatal(err)
 	}

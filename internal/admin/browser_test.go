@@ -521,7 +521,9 @@ func startLoad(t *testing.T, n *node.Node) (stop func()) {
 	if _, err := users.Handle(ctx, func(r *courier.Request) { r.Reply([]byte("pong")) }, courier.ServiceTag("eu")); err != nil {
 		t.Fatal(err)
 	}
-	sub, err := client.Dial(ctx, n.URL(), client.Options{Name: "load-subscriber"})
+	// Closed from the dashboard below: without reconnecting it stays
+	// gone (a reconnecting client comes back, as RabbitMQ's do).
+	sub, err := client.Dial(ctx, n.URL(), client.Options{Name: "load-subscriber", NoReconnect: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,6 +81,35 @@ type Config struct {
 	// names to an HTTP client that reached the client port; "" or nil
 	// when there is none. Default: nil.
 	ManagementURL func() string
+	// ConnectURLs returns the client addresses (host:port) the WELCOME
+	// names in connect_urls, where clients may reconnect: this server's
+	// own, and in a cluster every node's. At most [MaxConnectURLs] of
+	// them, each at most [MaxConnectURLLen] bytes, are sent. Default: nil
+	// (none named).
+	ConnectURLs func() []string
+}
+
+// Bounds on connect_urls in WELCOME, which clients enforce too.
+const (
+	MaxConnectURLs   = 64
+	MaxConnectURLLen = 255
+)
+
+// connectURLs returns what the WELCOME names in connect_urls.
+func (c *Config) connectURLs() []string {
+	if c.ConnectURLs == nil {
+		return nil
+	}
+	var out []string
+	for _, u := range c.ConnectURLs() {
+		if len(out) == MaxConnectURLs {
+			break
+		}
+		if u != "" && len(u) <= MaxConnectURLLen {
+			out = append(out, u)
+		}
+	}
+	return out
 }
 
 // DefaultConfig returns the defaults documented on [Config].

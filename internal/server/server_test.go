@@ -268,7 +268,48 @@ func TestClientSeesDeadServer(t *testing.T) {
 		nc.Write(p)
 		io.Copy(io.Discard, nc) // read, never answer
 	}()
-	conn, err := client.Dial(context.Background(), "courier://"+ln.Addr().String(), client.Options{})
+	// A reconnecting client is told, and goes on reconnecting.
+	events := make(chan courier.ConnEvent, 8)
+	conn, err := client.Dial(context.Background(), "courier://"+ln.Addr().String(), client.Options{
+		OnConnEvent: func(ev courier.ConnEvent) { events <- ev },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	select {
+	case ev := <-events:
+		var we *wire.Error
+		if ev.Kind != courier.ConnDisconnected || !errors.Is(ev.Err, courier.ErrConnectionLost) || !errors.As(ev.Err, &we) || we.Code != wire.CodeHeartbeat {
+			t.Fatalf("want disconnected with a heartbeat error, got %v %v", ev.Kind, ev.Err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("client did not notice a silent server")
+	}
+}
+
+// TestClientSeesDeadServerNoReconnect: without reconnecting, the Conn
+// ends with the heartbeat error.
+func TestClientSeesDeadServerNoReconnect(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		var f wire.Frame
+		wire.NewReader(nc, 1<<16).Next(&f)
+		body, _ := json.Marshal(wire.Welcome{Version: 1, Conn: "c1", HeartbeatMS: 50, TimeoutMS: 150, MaxFrame: 1 << 20, Credit: 10})
+		p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeWelcome, Body: body}, 0)
+		nc.Write(p)
+		io.Copy(io.Discard, nc) // read, never answer
+	}()
+	conn, err := client.Dial(context.Background(), "courier://"+ln.Addr().String(), client.Options{NoReconnect: true})
 	if err != nil {
 		t.Fatal(err)
 	}
