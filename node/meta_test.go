@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -129,5 +130,19 @@ func TestClusterUsers(t *testing.T) {
 	}
 	if err := nodes[1].users.DeleteUser("root"); !errors.Is(err, auth.ErrLastAdmin) {
 		t.Errorf("deleting the last administrator on b: %v, want ErrLastAdmin", err)
+	}
+}
+
+// A client of one node learns every node's client address from WELCOME.
+func TestClusterConnectURLs(t *testing.T) {
+	nodes := startCluster3(t)
+	waitUntil(t, 10*time.Second, "a names the three client addresses", func() bool {
+		return len(nodes[0].connectURLs()) == 3
+	})
+	got := nodes[0].connectURLs()
+	for _, n := range nodes {
+		if !slices.Contains(got, n.Addr().String()) {
+			t.Errorf("connect_urls %v lack %s's %s", got, n.Name(), n.Addr())
+		}
 	}
 }

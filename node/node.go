@@ -15,7 +15,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -748,14 +750,27 @@ func (n *Node) URL() string {
 // connectURLs is what the node's WELCOME names in connect_urls: its own
 // client address, unless it listens on every interface (0.0.0.0 or ::),
 // which names no reachable host; clients know how they reached it.
+//
+// In a cluster it names every live node's client address too, as the
+// nodes gossip them, so that a client given one node learns the others.
 func (n *Node) connectURLs() []string {
-	if n.addr == nil {
-		return nil
+	var out []string
+	if n.addr != nil {
+		if ta, ok := n.addr.(*net.TCPAddr); !ok || !ta.IP.IsUnspecified() {
+			out = append(out, n.addr.String())
+		}
 	}
-	if ta, ok := n.addr.(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
-		return nil
+	if f := n.fabric; f != nil {
+		for _, m := range f.Members() {
+			if m.Self || m.State != "alive" || m.ClientURL == "" {
+				continue
+			}
+			if u, err := url.Parse(m.ClientURL); err == nil && u.Host != "" && !slices.Contains(out, u.Host) {
+				out = append(out, u.Host)
+			}
+		}
 	}
-	return []string{n.addr.String()}
+	return out
 }
 
 // Name returns the node's name: Config.Name, or the one recorded in or
