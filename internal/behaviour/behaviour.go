@@ -48,21 +48,44 @@ const wait = 15 * time.Second
 // Run runs the behaviour suite. newConn must return a new connection to
 // the same broker on every call, and register its cleanup with t.
 func Run(t *testing.T, newConn func(t *testing.T) *courier.Conn) {
+	run(t, newConn, nil)
+}
+
+// RunCluster runs the suite against a cluster: newConn should return
+// connections to the nodes in turn, so that requesters, handlers,
+// publishers, subscribers and controllers of one subtest are spread over
+// the nodes. Task queues, which a cluster cannot have yet, are left out;
+// subtests of Go routing functions, which a cluster refuses, skip
+// themselves.
+func RunCluster(t *testing.T, newConn func(t *testing.T) *courier.Conn) {
+	run(t, newConn, []string{"Tasks"})
+}
+
+func run(t *testing.T, newConn func(t *testing.T) *courier.Conn, without []string) {
 	s := &suite{newConn: newConn, run: strconv.FormatInt(time.Now().UnixNano(), 36)}
-	t.Run("ReqResp", s.testReqResp)
-	t.Run("Tags", s.testTags)
-	t.Run("NoHandler", s.testNoHandler)
-	t.Run("Deadlines", s.testDeadlines)
-	t.Run("Stream", s.testStream)
-	t.Run("Ask", s.testAsk)
-	t.Run("HandlerPanic", s.testHandlerPanic)
-	t.Run("HandlerGone", s.testHandlerGone)
-	t.Run("PubSub", s.testPubSub)
-	t.Run("Inverted", s.testInverted)
-	t.Run("Leader", s.testLeader)
-	t.Run("Exchanges", s.testExchanges)
-	t.Run("Edges", s.testEdges)
-	t.Run("Tasks", s.testTasks)
+	for _, c := range []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"ReqResp", s.testReqResp},
+		{"Tags", s.testTags},
+		{"NoHandler", s.testNoHandler},
+		{"Deadlines", s.testDeadlines},
+		{"Stream", s.testStream},
+		{"Ask", s.testAsk},
+		{"HandlerPanic", s.testHandlerPanic},
+		{"HandlerGone", s.testHandlerGone},
+		{"PubSub", s.testPubSub},
+		{"Inverted", s.testInverted},
+		{"Leader", s.testLeader},
+		{"Exchanges", s.testExchanges},
+		{"Edges", s.testEdges},
+		{"Tasks", s.testTasks},
+	} {
+		if !slices.Contains(without, c.name) {
+			t.Run(c.name, c.fn)
+		}
+	}
 }
 
 // suite is the state of one Run.

@@ -606,11 +606,22 @@ func (c *countConn) Write(p []byte) (int, error) {
 }
 
 // Send sends fr to node on the data link: FIFO with the other frames
-// Send gives that node. It never waits for the peer: when the link's
-// outbox is full it fails with ErrLinkFull, and a peer that takes
+// Send gives that node. A publication or a request (RPUB, RREQ, REQUEST)
+// waits while the link's outbox is full, at most the slow-consumer
+// timeout; any other frame never waits. Past that, or for a frame that
+// does not wait, a full outbox fails with ErrLinkFull; a peer that takes
 // nothing for the slow-consumer timeout has its link cut (PeerDown) and
 // redialled. Send does not keep fr; the caller still owns it.
 func (f *Fabric) Send(node string, fr *wire.Frame) error { return f.send(node, fr, 1) }
+
+// waitsForRoom reports whether a data frame of type t waits for room in
+// a full link's outbox rather than fail: publications and requests,
+// whose producers are held back as by a slow subscriber or handler.
+// Everything else (answers, errors, cancels) never waits: it may be sent
+// under the broker's locks.
+func waitsForRoom(t wire.Type) bool {
+	return t == wire.TypeRPub || t == wire.TypeRReq || t == wire.TypeRequest
+}
 
 // SendControl is Send on the control link, which bulk data never
 // delays.
@@ -640,7 +651,15 @@ func (f *Fabric) send(node string, fr *wire.Frame, i int) error {
 	if i == 0 {
 		mode = wire.Control
 	}
-	switch err := l.out.Offer(fr, mode); {
+	var err error
+	if i == 1 && waitsForRoom(fr.Type) {
+		// Publications and requests wait for room, as a client's do for
+		// a slow subscriber: the link's own timeouts bound the wait.
+		err = l.out.Put(fr, mode, f.cfg.SlowTimeout)
+	} else {
+		err = l.out.Offer(fr, mode)
+	}
+	switch {
 	case errors.Is(err, wire.ErrOutboxFull):
 		return fmt.Errorf("%w to %q: %w", ErrLinkFull, node, err)
 	case errors.Is(err, wire.ErrOutboxClosed):

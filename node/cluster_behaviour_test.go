@@ -1,0 +1,27 @@
+package node
+
+import (
+	"sync/atomic"
+	"testing"
+
+	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/internal/behaviour"
+)
+
+// TestClusterBehaviour runs the behaviour suite against a cluster of
+// three embedded nodes: each connection the suite asks for goes to the
+// next node, so every subtest has its requesters, handlers, publishers,
+// subscribers and controllers spread over the three.
+func TestClusterBehaviour(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three nodes and the whole suite")
+	}
+	nodes := startCluster3(t)
+	var next atomic.Uint64
+	behaviour.RunCluster(t, func(t *testing.T) *courier.Conn {
+		n := nodes[next.Add(1)%uint64(len(nodes))]
+		c := n.Connect()
+		t.Cleanup(func() { c.Close() })
+		return c
+	})
+}
