@@ -1,0 +1,344 @@
+//go:build linux
+
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/client"
+	"github.com/courier-mq/courier/internal/testutil"
+)
+
+func TestMain(m *testing.M) { os.Exit(Main(m)) }
+
+// wait bounds every wait for a node or a condition; the machine is
+// loaded, so it is generous.
+const wait = 30 * time.Second
+
+// dialNode connects a client to node j from node i's network.
+func dialNode(t *testing.T, c *Cluster, i, j int) *courier.Conn {
+	t.Helper()
+	ctx := testutil.Context(t, wait)
+	var conn *courier.Conn
+	err := c.InNode(i, func() error {
+		var err error
+		conn, err = client.Dial(ctx, c.Node(j).ClientURL(), client.Options{Name: fmt.Sprintf("chaos-%d-%d", i, j)})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("dial %s from %s: %v", c.Node(j).Name, c.Node(i).Name, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// echo attaches an echo handler on conn and makes n requests through
+// it, recording each in the history.
+func echo(t *testing.T, c *Cluster, conn *courier.Conn, node string, n int) {
+	t.Helper()
+	ctx := testutil.Context(t, wait)
+	ex, err := conn.ReqResp(ctx, "echo", courier.RoundRobin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ex.Handle(ctx, func(r *courier.Request) { r.Reply(r.Body()) }); err != nil {
+		t.Fatal(err)
+	}
+	h := c.History()
+	for k := range n {
+		body := fmt.Sprintf("%s-%d", node, k)
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		start := h.Now()
+		resp, err := ex.Request(rctx, courier.Message{Body: []byte(body)})
+		q := Request{ID: body, Node: node, Start: start, Deadline: start + int64(5*time.Second)}
+		switch {
+		case err == nil && string(resp.Body) == body:
+			q.Outcomes = []RequestOutcome{{Kind: "response", Time: h.Now()}}
+		case err == nil:
+			t.Fatalf("request %s answered %q", body, resp.Body)
+		default:
+			q.Outcomes = []RequestOutcome{{Kind: "error", Detail: err.Error(), Time: h.Now()}}
+			t.Errorf("request %s: %v", body, err)
+		}
+		cancel()
+		h.AddRequest(q)
+	}
+}
+
+// canConnect reports whether a TCP connection from node i's network to
+// addr succeeds within d.
+func canConnect(c *Cluster, i int, addr string, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	conn, err := c.DialContext(ctx, i, "tcp", addr)
+	if err == nil {
+		conn.Close()
+	}
+	return err
+}
+
+// TestNetnsCluster runs three single-node servers, each in its own
+// namespace, with a client in each namespace, and checks that a
+// partition cuts exactly what it should and that healing restores it.
+func TestNetnsCluster(t *testing.T) {
+	c := New(t, Options{Nodes: 3, Mode: ModeNetns})
+	if c.Mode() != ModeNetns {
+		t.Fatalf("mode %s", c.Mode())
+	}
+	for i, n := range c.Nodes() {
+		echo(t, c, dialNode(t, c, i, i), n.Name, 20)
+	}
+	// Each namespace reaches every node before the partition.
+	for i := range c.Nodes() {
+		for j, m := range c.Nodes() {
+			if err := canConnect(c, i, m.ClientAddr, wait); err != nil {
+				t.Fatalf("%s -> %s before the partition: %v", c.Node(i).Name, m.Name, err)
+			}
+			_ = j
+		}
+	}
+
+	f, err := c.Inject(Isolate{Node: 0}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cut := range [][2]int{{0, 1}, {0, 2}, {1, 0}, {2, 0}} {
+		if err := canConnect(c, cut[0], c.Node(cut[1]).ClientAddr, time.Second); err == nil {
+			t.Fatalf("%s reached %s across the partition", c.Node(cut[0]).Name, c.Node(cut[1]).Name)
+		}
+	}
+	for _, ok := range [][2]int{{0, 0}, {1, 1}, {1, 2}, {2, 1}} {
+		if err := canConnect(c, ok[0], c.Node(ok[1]).ClientAddr, wait); err != nil {
+			t.Fatalf("%s -> %s on the same side: %v", c.Node(ok[0]).Name, c.Node(ok[1]).Name, err)
+		}
+	}
+	// A client in the isolated namespace still talks to its own node.
+	echo(t, c, dialNode(t, c, 0, 0), "n1-isolated", 5)
+	if err := f.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range [][2]int{{0, 1}, {1, 0}, {2, 0}} {
+		if err := canConnect(c, p[0], c.Node(p[1]).ClientAddr, wait); err != nil {
+			t.Fatalf("%s -> %s after healing: %v", c.Node(p[0]).Name, c.Node(p[1]).Name, err)
+		}
+	}
+	s := c.History().Snapshot()
+	if len(s.Nemeses) != 1 || s.Nemeses[0].Name != "partition" || s.Nemeses[0].End <= s.Nemeses[0].Start {
+		t.Fatalf("nemesis not recorded: %+v", s.Nemeses)
+	}
+	if r := CheckRequests(s, 0); !r.OK() {
+		t.Fatalf("%s: %v", r.Checked, r.Violations)
+	}
+}
+
+// TestNetnsBridgeAndSplit checks the shapes of the other partitions.
+func TestNetnsBridgeAndSplit(t *testing.T) {
+	c := Create(t, Options{Nodes: 3, Mode: ModeNetns})
+	// No process needed: a listener in each namespace stands in.
+	for i := range c.Nodes() {
+		i := i
+		var ln net.Listener
+		if err := c.InNode(i, func() error {
+			var err error
+			ln, err = net.Listen("tcp", c.Node(i).IP+":7600")
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				conn.Close()
+			}
+		}()
+	}
+	reach := func(i, j int) bool { return canConnect(c, i, c.Node(j).IP+":7600", 2*time.Second) == nil }
+	f, err := c.Inject(Bridge{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bridge := -1
+	for i := range c.Nodes() {
+		if reach(i, (i+1)%3) && reach(i, (i+2)%3) {
+			bridge = i
+		}
+	}
+	a, b := (bridge+1)%3, (bridge+2)%3
+	if bridge < 0 || reach(a, b) || reach(b, a) {
+		t.Fatalf("not a bridge: bridge %d, %d->%d %v", bridge, a, b, reach(a, b))
+	}
+	f.Heal()
+	f, err = c.Inject(Split{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := 0
+	for i := range 3 {
+		for j := range 3 {
+			if i != j && !reach(i, j) {
+				cut++
+			}
+		}
+	}
+	if cut != 4 { // one node cut from two, both directions
+		t.Fatalf("split of 3 nodes cut %d directed pairs, want 4", cut)
+	}
+	f.Heal()
+}
+
+// TestNetnsKillRestart kills a node with SIGKILL while it holds a
+// confirmed task, restarts it on the same data directory, and checks
+// with CheckTasks that the task is delivered.
+func TestNetnsKillRestart(t *testing.T) {
+	c := New(t, Options{Nodes: 1, Mode: ModeNetns})
+	killRestart(t, c)
+}
+
+func killRestart(t *testing.T, c *Cluster) {
+	ctx := testutil.Context(t, 2*wait)
+	h := c.History()
+	conn := dialNode(t, c, 0, 0)
+	q, err := conn.Tasks(ctx, "chaos-tasks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range 10 {
+		id := fmt.Sprintf("task-%d", k)
+		if _, err := q.Submit(ctx, courier.Task{Body: []byte(id)}); err != nil {
+			t.Fatal(err)
+		}
+		h.AddTask(TaskRecord{ID: id, Event: TaskConfirmed, Time: h.Now()})
+	}
+	pid := c.Node(0).Pid()
+	f, err := c.Inject(Kill{Node: 0}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Node(0).Running() {
+		t.Fatal("node still running after the kill")
+	}
+	f.Heal()
+	if c.Node(0).Pid() == pid || !c.Node(0).Running() {
+		t.Fatalf("node not restarted (pid %d, was %d)", c.Node(0).Pid(), pid)
+	}
+	conn = dialNode(t, c, 0, 0)
+	q, err = conn.Tasks(ctx, "chaos-tasks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 100)
+	if _, err := q.Work(ctx, func(j *courier.Job) error {
+		got <- string(j.Body)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		id := testutil.Recv(t, got, wait)
+		h.AddTask(TaskRecord{ID: id, Event: TaskDelivered, Time: h.Now()})
+	}
+	if r := CheckTasks(h.Snapshot()); !r.OK() {
+		t.Fatalf("%s: %v", r.Checked, r.Violations)
+	}
+}
+
+// TestNetnsDelay sets 100 ms of netem delay on a node's link and checks
+// that a TCP handshake to it from another namespace takes at least that.
+func TestNetnsDelay(t *testing.T) {
+	c := Create(t, Options{Nodes: 2, Mode: ModeNetns})
+	if err := netemAvailable(); err != nil {
+		t.Skip(err)
+	}
+	var ln net.Listener
+	if err := c.InNode(0, func() error {
+		var err error
+		ln, err = net.Listen("tcp", c.Node(0).IP+":7600")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+		}
+	}()
+	const delay = 100 * time.Millisecond
+	f, err := c.Inject(Netem{Node: 0, Delay: delay}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := canConnect(c, 1, ln.Addr().String(), wait); err != nil {
+		t.Fatal(err)
+	}
+	if rtt := time.Since(start); rtt < delay {
+		t.Fatalf("connect took %v under %v of delay", rtt, delay)
+	}
+	if err := f.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	// Healing twice, or clearing what is not set, is no error.
+	if err := c.Netem(0, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestProxyCluster runs the fallback: nodes on 127.0.0.1 with a proxy in
+// front of each cluster port, forced as COURIER_CHAOS_MODE=proxy would.
+func TestProxyCluster(t *testing.T) {
+	t.Setenv(EnvMode, string(ModeProxy))
+	c := New(t, Options{Nodes: 2})
+	if c.Mode() != ModeProxy {
+		t.Fatalf("mode %s", c.Mode())
+	}
+	for i, n := range c.Nodes() {
+		echo(t, c, dialNode(t, c, i, i), n.Name, 10)
+		if n.ClusterAddr == n.clusterListen {
+			t.Fatalf("%s advertises its own cluster port, not its proxy's", n.Name)
+		}
+	}
+	if r := CheckRequests(c.History().Snapshot(), 0); !r.OK() {
+		t.Fatalf("%s: %v", r.Checked, r.Violations)
+	}
+	killRestart(t, &Cluster{t: c.t, opts: c.opts, mode: c.mode, bin: c.bin, dir: c.dir, secret: c.secret,
+		hist: NewHistory(), nodes: c.nodes[:1], faults: c.faults, cut: map[[2]int]bool{}})
+}
+
+// TestStaleNamespacesRemoved leaves a namespace named as a dead test
+// process's would be, and checks that the cleanup pass removes it.
+func TestStaleNamespacesRemoved(t *testing.T) {
+	if ok, why := netnsAvailable(); !ok {
+		t.Skip(why)
+	}
+	// A pid that does not run: above the kernel's pid_max limit.
+	name := fmt.Sprintf("%s%d-1-sw", nsPrefix, 1<<23)
+	if err := ipCmd("netns", "add", name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { exists(name) })
+	removeStaleNamespaces()
+	if exists(name) {
+		deleteNamespace(name)
+		t.Fatalf("stale namespace %s not removed", name)
+	}
+}
+
+func exists(ns string) bool {
+	_, err := os.Stat("/run/netns/" + ns)
+	return err == nil
+}
