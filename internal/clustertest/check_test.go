@@ -1,6 +1,7 @@
 package clustertest
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -296,5 +297,35 @@ func TestHistoryRecords(t *testing.T) {
 	h.EndNemesis(i) // a second end changes nothing
 	if h.Snapshot().Nemeses[0].End != end || len(s.Notes) != 1 {
 		t.Fatalf("end moved or note missing: %+v", h.Snapshot())
+	}
+}
+
+func TestReport(t *testing.T) {
+	h := NewHistory()
+	h.EndNemesis(h.BeginNemesis("kill", "SIGKILL", "n2"))
+	h.Notef("restarted")
+	s := h.Snapshot()
+	bad := Snapshot{Duration: 100, Leaders: []LeaderInterval{
+		{Exchange: "e", Member: "a", Start: 0, End: 50}, {Exchange: "e", Member: "b", Token: Token{0, 1}, Start: 10, End: 60},
+	}}
+	r := NewReport("smoke", 42, ModeProxy, 3, h, CheckTasks(s), CheckLeaders(bad))
+	if r.OK() || r.Violations() != 1 {
+		t.Fatalf("ok %v, violations %d", r.OK(), r.Violations())
+	}
+	var text, js strings.Builder
+	if err := r.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"scenario smoke", "seed 42", "FAIL, 1 violations", "kill", "n2", "restarted", "leaders", "1 VIOLATIONS", "overlap"} {
+		if !strings.Contains(text.String(), want) {
+			t.Fatalf("text report lacks %q:\n%s", want, text.String())
+		}
+	}
+	if err := r.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal([]byte(js.String()), &back); err != nil || back.Seed != 42 || len(back.Results) != 2 || back.Results[1].Count != 1 {
+		t.Fatalf("JSON report: %v %+v", err, back)
 	}
 }

@@ -193,7 +193,11 @@ func (c *Cluster) makeNetwork() error {
 			return err
 		}
 		c.netns = w
-	} else {
+	}
+	// Without the kernel's netem, delay and loss on the cluster ports
+	// come from proxies, in the node namespaces in netns mode.
+	proxied := c.mode == ModeProxy || netemAvailable() != nil
+	if proxied {
 		c.faults = NewFaults(c.opts.Seed)
 	}
 	for i := range n {
@@ -206,6 +210,13 @@ func (c *Cluster) makeNetwork() error {
 			node.ClientAddr = node.IP + ":7400"
 			node.clusterListen = node.IP + ":7500"
 			node.ClusterAddr = node.clusterListen
+			if proxied {
+				p, err := c.newNetnsProxy(i, node.IP)
+				if err != nil {
+					return err
+				}
+				node.ClusterAddr = p.Addr()
+			}
 		} else {
 			node.IP = "127.0.0.1"
 			ports, err := freePorts(2)
@@ -222,6 +233,11 @@ func (c *Cluster) makeNetwork() error {
 		}
 		c.nodes = append(c.nodes, node)
 	}
+	// The proxies serve once the nodes and proxies they look up are all
+	// made: those slices do not change after this.
+	for _, p := range c.proxies {
+		p.serve()
+	}
 	return nil
 }
 
@@ -232,8 +248,48 @@ func (c *Cluster) newProxy(i int, target string) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{index: i, target: target, faults: c.faults, ln: ln, udp: udp,
-		owner: c.ownerOf, udpSrc: c.nodeOfClusterPort, nodes: func() int { return len(c.nodes) }}
-	p.serve()
+		owner: c.ownerOf, udpSrc: c.nodeOfUDP, nodes: func() int { return c.opts.Nodes }}
+	c.proxies = append(c.proxies, p)
+	return p, nil
+}
+
+// netnsProxyPort is the port of a node's cluster proxy in netns mode,
+// next to its cluster port 7500.
+const netnsProxyPort = 7501
+
+// newNetnsProxy starts a proxy in node i's namespace, on ip:7501, in
+// front of its cluster port ip:7500: for delay and loss where the kernel
+// has no netem. Partitions stay routes.
+func (c *Cluster) newNetnsProxy(i int, ip string) (*Proxy, error) {
+	var ln *net.TCPListener
+	var udp *net.UDPConn
+	if err := c.netns.inNode(i, func() error {
+		var err error
+		ln, udp, err = listenProxyAt(ip, netnsProxyPort)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	byIP := func(a net.IP) int {
+		s := a.String()
+		if !strings.HasPrefix(s, nsSubnet) {
+			return -1
+		}
+		k, err := strconv.Atoi(strings.TrimPrefix(s, nsSubnet))
+		if err != nil || k < 1 || k > c.opts.Nodes {
+			return -1
+		}
+		return k - 1
+	}
+	p := &Proxy{index: i, target: ip + ":7500", faults: c.faults, ln: ln, udp: udp,
+		owner:  func(a *net.TCPAddr) int { return byIP(a.IP) },
+		udpSrc: func(a *net.UDPAddr) int { return byIP(a.IP) },
+		nodes:  func() int { return c.opts.Nodes },
+		dialUp: func(network, addr string) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return c.netns.dial(ctx, i, network, addr)
+		}}
 	c.proxies = append(c.proxies, p)
 	return p, nil
 }
@@ -256,10 +312,11 @@ func (c *Cluster) ownerOf(peer *net.TCPAddr) int {
 	return -1
 }
 
-// nodeOfClusterPort is the index of the node whose cluster port is port.
-func (c *Cluster) nodeOfClusterPort(port int) int {
+// nodeOfUDP is the index of the node whose cluster port sent a
+// datagram from peer (a node sends from its cluster port).
+func (c *Cluster) nodeOfUDP(peer *net.UDPAddr) int {
 	for _, n := range c.nodes {
-		if strings.HasSuffix(n.clusterListen, ":"+strconv.Itoa(port)) {
+		if strings.HasSuffix(n.clusterListen, ":"+strconv.Itoa(peer.Port)) {
 			return n.Index
 		}
 	}
@@ -518,7 +575,8 @@ func (n *Node) LogTail(max int) string {
 	return string(b)
 }
 
-// cuts is the set of node pairs cut now, both directions listed.
+// setCut makes cut the set of node pairs cut now, both directions
+// listed.
 func (c *Cluster) setCut(cut map[[2]int]bool) error {
 	c.mu.Lock()
 	c.cut = cut
@@ -575,10 +633,17 @@ func partitionCuts(n int, groups [][]int) map[[2]int]bool {
 }
 
 // Netem sets delay and loss (0..1) on node i's link; both 0 clear them.
+// In netns mode this is tc netem on the node's veth, which delays all
+// its traffic; where the kernel has no netem, and in proxy mode, the
+// cluster proxies delay and drop the traffic of cluster ports only.
 func (c *Cluster) Netem(i int, delay time.Duration, loss float64) error {
-	if c.netns != nil {
+	if c.faults == nil {
 		return c.netns.netem(i, delay, loss)
 	}
 	c.faults.SetNetem(i, delay, loss)
 	return nil
 }
+
+// NetemByProxy reports whether delay and loss come from the cluster
+// proxies rather than the kernel's netem.
+func (c *Cluster) NetemByProxy() bool { return c.faults != nil }

@@ -98,9 +98,12 @@ type Proxy struct {
 	index  int
 	target string
 	faults *Faults
-	owner  func(peer *net.TCPAddr) int // node index of a TCP peer, or -1
-	udpSrc func(port int) int          // node index of a UDP source port, or -1
+	owner  func(peer *net.TCPAddr) int  // node index of a TCP peer, or -1
+	udpSrc func(peer *net.UDPAddr) int  // node index of a UDP peer, or -1
 	nodes  func() int
+	// dialUp connects to the target; nil: net.Dial. In netns mode it
+	// dials from the node's namespace.
+	dialUp func(network, addr string) (net.Conn, error)
 
 	ln  *net.TCPListener
 	udp *net.UDPConn
@@ -119,7 +122,29 @@ const maxFlows = 64
 type udpFlow struct {
 	src  int
 	peer *net.UDPAddr
-	up   *net.UDPConn
+	up   net.Conn
+}
+
+// listenProxyAt opens a proxy's TCP and UDP sockets on ip:port.
+func listenProxyAt(ip string, port int) (*net.TCPListener, *net.UDPConn, error) {
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.ParseIP(ip), Port: port})
+	if err != nil {
+		return nil, nil, err
+	}
+	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.ParseIP(ip), Port: port})
+	if err != nil {
+		ln.Close()
+		return nil, nil, err
+	}
+	return ln, udp, nil
+}
+
+// dial connects to the target.
+func (p *Proxy) dial(network string) (net.Conn, error) {
+	if p.dialUp != nil {
+		return p.dialUp(network, p.target)
+	}
+	return net.DialTimeout(network, p.target, 5*time.Second)
 }
 
 // listenProxy opens a proxy on a free port of 127.0.0.1 with the same
@@ -211,7 +236,7 @@ func (p *Proxy) handle(c *net.TCPConn) {
 	if !p.waitOpen(src, p.index, c) {
 		return
 	}
-	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	up, err := p.dial("tcp")
 	if err != nil {
 		return
 	}
@@ -332,15 +357,11 @@ func (p *Proxy) flow(peer *net.UDPAddr) *udpFlow {
 	if p.closed || len(p.flows) >= maxFlows {
 		return nil
 	}
-	ta, err := net.ResolveUDPAddr("udp", p.target)
+	up, err := p.dial("udp")
 	if err != nil {
 		return nil
 	}
-	up, err := net.DialUDP("udp", nil, ta)
-	if err != nil {
-		return nil
-	}
-	f := &udpFlow{src: p.udpSrc(peer.Port), peer: peer, up: up}
+	f := &udpFlow{src: p.udpSrc(peer), peer: peer, up: up}
 	p.flows[peer.String()] = f
 	p.wg.Add(1)
 	go p.udpBack(f)

@@ -50,7 +50,7 @@ func testProxy(t *testing.T) (*Proxy, *Faults) {
 		t.Fatal(err)
 	}
 	p := &Proxy{index: 1, target: echoServer(t), faults: f, ln: ln, udp: udp,
-		owner: func(*net.TCPAddr) int { return 0 }, udpSrc: func(int) int { return 0 }, nodes: func() int { return 2 }}
+		owner: func(*net.TCPAddr) int { return 0 }, udpSrc: func(*net.UDPAddr) int { return 0 }, nodes: func() int { return 2 }}
 	p.serve()
 	t.Cleanup(func() { p.Close() })
 	return p, f
