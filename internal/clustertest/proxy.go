@@ -98,8 +98,8 @@ type Proxy struct {
 	index  int
 	target string
 	faults *Faults
-	owner  func(peer *net.TCPAddr) int  // node index of a TCP peer, or -1
-	udpSrc func(peer *net.UDPAddr) int  // node index of a UDP peer, or -1
+	owner  func(peer *net.TCPAddr) int // node index of a TCP peer, or -1
+	udpSrc func(peer *net.UDPAddr) int // node index of a UDP peer, or -1
 	nodes  func() int
 	// dialUp connects to the target; nil: net.Dial. In netns mode it
 	// dials from the node's namespace.
