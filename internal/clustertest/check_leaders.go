@@ -35,15 +35,20 @@ type LeaderInterval struct {
 	Exchange string `json:"exchange"`
 	Member   string `json:"member"`
 	Node     string `json:"node,omitempty"`
-	Token    Token  `json:"token"`
-	Start    int64  `json:"start_ns"`
+	// Token is the fencing token of the leadership; Fenced says the
+	// member was given one (leader events without tokens leave it
+	// unset, and only the overlap check applies).
+	Token  Token `json:"token"`
+	Fenced bool  `json:"fenced,omitempty"`
+	Start  int64 `json:"start_ns"`
 	End      int64  `json:"end_ns"`
 }
 
 // CheckLeaders checks, per exchange, that no two members' leader
-// intervals overlap, that each token belongs to one member, and that
-// tokens never decrease in the order leaderships began and strictly
-// increase when the leader changes.
+// intervals overlap, and, among fenced intervals, that each token
+// belongs to one member and that tokens never decrease in the order
+// leaderships began (so they strictly increase when the leader
+// changes).
 func CheckLeaders(s Snapshot) Result {
 	r := Result{Checker: "leaders"}
 	by := map[string][]LeaderInterval{}
@@ -60,34 +65,40 @@ func CheckLeaders(s Snapshot) Result {
 	for _, ex := range exchanges {
 		checkLeadersOf(&r, ex, by[ex])
 	}
-	r.Checked = fmt.Sprintf("%d leader intervals on %d exchanges: no overlap between members, fencing tokens unique per member and increasing", len(s.Leaders), len(exchanges))
+	fenced := 0
+	for _, l := range s.Leaders {
+		if l.Fenced {
+			fenced++
+		}
+	}
+	r.Checked = fmt.Sprintf("%d leader intervals (%d fenced) on %d exchanges: no overlap between members; fencing tokens unique per member and increasing", len(s.Leaders), fenced, len(exchanges))
 	return r
 }
 
 // checkLeadersOf checks the intervals of one exchange.
 func checkLeadersOf(r *Result, ex string, ls []LeaderInterval) {
 	slices.SortStableFunc(ls, func(a, b LeaderInterval) int { return cmp.Compare(a.Start, b.Start) })
-	owner := map[Token]string{}
 	for j, b := range ls {
 		for _, a := range ls[:j] {
 			if a.Member != b.Member && b.Start < a.End {
-				r.violate("exchange %q: leaders overlap: %s (token %s) %s–%s and %s (token %s) from %s",
-					ex, a.Member, a.Token, ms(a.Start), ms(a.End), b.Member, b.Token, ms(b.Start))
+				r.violate("exchange %q: leaders overlap: %s %s–%s and %s from %s",
+					ex, a.Member, ms(a.Start), ms(a.End), b.Member, ms(b.Start))
 			}
+		}
+	}
+	owner := map[Token]string{}
+	var prev *LeaderInterval
+	for _, b := range ls {
+		if !b.Fenced {
+			continue
 		}
 		if m, ok := owner[b.Token]; ok && m != b.Member {
 			r.violate("exchange %q: token %s given to %s and to %s", ex, b.Token, m, b.Member)
 		}
 		owner[b.Token] = b.Member
-		if j == 0 {
-			continue
+		if prev != nil && b.Token.Compare(prev.Token) < 0 {
+			r.violate("exchange %q: token went back from %s (%s) to %s (%s at %s)", ex, prev.Token, prev.Member, b.Token, b.Member, ms(b.Start))
 		}
-		a := ls[j-1]
-		switch c := b.Token.Compare(a.Token); {
-		case c < 0:
-			r.violate("exchange %q: token went back from %s (%s) to %s (%s at %s)", ex, a.Token, a.Member, b.Token, b.Member, ms(b.Start))
-		case c == 0 && a.Member != b.Member:
-			// Reported above as a token with two owners.
-		}
+		prev = &b
 	}
 }

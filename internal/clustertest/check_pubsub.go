@@ -36,6 +36,9 @@ type Subscription struct {
 	Subscriber string `json:"subscriber"`
 	From       int64  `json:"from_ns"`
 	To         int64  `json:"to_ns"`
+	// Publishers are the publishers whose messages it expects; none:
+	// every publisher.
+	Publishers []string `json:"publishers,omitempty"`
 }
 
 // PubSubOptions tune [CheckPubSub].
@@ -100,6 +103,9 @@ func CheckPubSub(s Snapshot, o PubSubOptions) Result {
 		}
 		for _, p := range s.Publishes {
 			if p.Failed || p.Time < sub.From || p.Time > to-int64(o.Settle) {
+				continue
+			}
+			if len(sub.Publishers) > 0 && !slices.Contains(sub.Publishers, p.Publisher) {
 				continue
 			}
 			expected++

@@ -97,19 +97,19 @@ func TestCheckRegistryDoubleCreate(t *testing.T) {
 
 func TestCheckLeadersOK(t *testing.T) {
 	s := Snapshot{Duration: 1000, Leaders: []LeaderInterval{
-		{Exchange: "e", Member: "n1/c1.1", Token: Token{1, 1}, Start: 0, End: 100},
-		{Exchange: "e", Member: "n2/c2.1", Token: Token{1, 2}, Start: 150, End: 400},
-		{Exchange: "e", Member: "n2/c2.1", Token: Token{1, 2}, Start: 200, End: 300}, // same member, re-announced
-		{Exchange: "e", Member: "n3/c3.1", Token: Token{2, 1}, Start: 500},           // still leading
-		{Exchange: "f", Member: "n1/c1.2", Token: Token{1, 1}, Start: 0, End: 600},   // another exchange overlaps freely
+		{Exchange: "e", Member: "n1/c1.1", Fenced: true, Token: Token{1, 1}, Start: 0, End: 100},
+		{Exchange: "e", Member: "n2/c2.1", Fenced: true, Token: Token{1, 2}, Start: 150, End: 400},
+		{Exchange: "e", Member: "n2/c2.1", Fenced: true, Token: Token{1, 2}, Start: 200, End: 300}, // same member, re-announced
+		{Exchange: "e", Member: "n3/c3.1", Fenced: true, Token: Token{2, 1}, Start: 500},           // still leading
+		{Exchange: "f", Member: "n1/c1.2", Fenced: true, Token: Token{1, 1}, Start: 0, End: 600},   // another exchange overlaps freely
 	}}
 	wantOK(t, CheckLeaders(s))
 }
 
 func TestCheckLeadersOverlap(t *testing.T) {
 	s := Snapshot{Duration: 1000, Leaders: []LeaderInterval{
-		{Exchange: "e", Member: "a", Token: Token{1, 1}, Start: 0, End: 200},
-		{Exchange: "e", Member: "b", Token: Token{1, 2}, Start: 150, End: 400},
+		{Exchange: "e", Member: "a", Fenced: true, Token: Token{1, 1}, Start: 0, End: 200},
+		{Exchange: "e", Member: "b", Fenced: true, Token: Token{1, 2}, Start: 150, End: 400},
 	}}
 	wantViolation(t, CheckLeaders(s), "overlap")
 }
@@ -117,24 +117,35 @@ func TestCheckLeadersOverlap(t *testing.T) {
 func TestCheckLeadersOpenIntervalOverlaps(t *testing.T) {
 	// A leader that never learnt it lost the lead overlaps its successor.
 	s := Snapshot{Duration: 1000, Leaders: []LeaderInterval{
-		{Exchange: "e", Member: "a", Token: Token{1, 1}, Start: 0},
-		{Exchange: "e", Member: "b", Token: Token{2, 1}, Start: 500, End: 600},
+		{Exchange: "e", Member: "a", Fenced: true, Token: Token{1, 1}, Start: 0},
+		{Exchange: "e", Member: "b", Fenced: true, Token: Token{2, 1}, Start: 500, End: 600},
 	}}
+	wantViolation(t, CheckLeaders(s), "overlap")
+}
+
+func TestCheckLeadersUnfenced(t *testing.T) {
+	// Without tokens only overlaps count.
+	s := Snapshot{Duration: 1000, Leaders: []LeaderInterval{
+		{Exchange: "e", Member: "a", Start: 0, End: 100},
+		{Exchange: "e", Member: "b", Start: 200, End: 300},
+	}}
+	wantOK(t, CheckLeaders(s))
+	s.Leaders[1].Start = 50
 	wantViolation(t, CheckLeaders(s), "overlap")
 }
 
 func TestCheckLeadersTokenBack(t *testing.T) {
 	s := Snapshot{Duration: 1000, Leaders: []LeaderInterval{
-		{Exchange: "e", Member: "a", Token: Token{2, 1}, Start: 0, End: 100},
-		{Exchange: "e", Member: "b", Token: Token{1, 9}, Start: 200, End: 300},
+		{Exchange: "e", Member: "a", Fenced: true, Token: Token{2, 1}, Start: 0, End: 100},
+		{Exchange: "e", Member: "b", Fenced: true, Token: Token{1, 9}, Start: 200, End: 300},
 	}}
 	wantViolation(t, CheckLeaders(s), "went back")
 }
 
 func TestCheckLeadersTokenReused(t *testing.T) {
 	s := Snapshot{Duration: 1000, Leaders: []LeaderInterval{
-		{Exchange: "e", Member: "a", Token: Token{1, 1}, Start: 0, End: 100},
-		{Exchange: "e", Member: "b", Token: Token{1, 1}, Start: 200, End: 300},
+		{Exchange: "e", Member: "a", Fenced: true, Token: Token{1, 1}, Start: 0, End: 100},
+		{Exchange: "e", Member: "b", Fenced: true, Token: Token{1, 1}, Start: 200, End: 300},
 	}}
 	wantViolation(t, CheckLeaders(s), "given to a and to b")
 }
@@ -195,6 +206,15 @@ func TestCheckPubSubLossInsideFault(t *testing.T) {
 	// A failed publish may be lost anywhere.
 	s.Publishes[4].Failed = true
 	wantOK(t, CheckPubSub(s, PubSubOptions{Grace: 100 * time.Millisecond}))
+}
+
+func TestCheckPubSubExpectsOnlyItsPublishers(t *testing.T) {
+	s := pubsubHistory()
+	deliver(&s, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+	s.Publishes = append(s.Publishes, Publish{Publisher: "q", Seq: 1, Time: 100})
+	wantViolation(t, CheckPubSub(s, PubSubOptions{}), "lost q#1")
+	s.Subscriptions[0].Publishers = []string{"p"}
+	wantOK(t, CheckPubSub(s, PubSubOptions{}))
 }
 
 func TestCheckPubSubPhantom(t *testing.T) {
@@ -306,7 +326,7 @@ func TestReport(t *testing.T) {
 	h.Notef("restarted")
 	s := h.Snapshot()
 	bad := Snapshot{Duration: 100, Leaders: []LeaderInterval{
-		{Exchange: "e", Member: "a", Start: 0, End: 50}, {Exchange: "e", Member: "b", Token: Token{0, 1}, Start: 10, End: 60},
+		{Exchange: "e", Member: "a", Start: 0, End: 50}, {Exchange: "e", Member: "b", Fenced: true, Token: Token{0, 1}, Start: 10, End: 60},
 	}}
 	r := NewReport("smoke", 42, ModeProxy, 3, h, CheckTasks(s), CheckLeaders(bad))
 	if r.OK() || r.Violations() != 1 {

@@ -96,9 +96,10 @@ type Node struct {
 	// clusterListen is the node's own cluster listener.
 	clusterListen string
 
-	mu   sync.Mutex // guards proc, log
-	proc *proc
-	log  *os.File
+	mu     sync.Mutex // guards proc, log, starts
+	proc   *proc
+	log    *os.File
+	starts int
 }
 
 // proc is one run of a node.
@@ -431,19 +432,34 @@ func (n *Node) ClientURL() string {
 
 // Start starts the node's process on its data directory and waits until
 // it accepts connections; it fails the test if it does not within 30s.
+// Call it from the test's goroutine; elsewhere use [Node.StartErr].
 func (n *Node) Start() {
+	n.c.t.Helper()
+	if err := n.StartErr(); err != nil {
+		n.c.t.Fatal(err)
+	}
+}
+
+// Incarnation counts the node's starts: 1 for its first run.
+func (n *Node) Incarnation() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.starts
+}
+
+// StartErr is [Node.Start] returning its error.
+func (n *Node) StartErr() error {
 	c := n.c
-	c.t.Helper()
 	n.mu.Lock()
 	if n.proc != nil {
 		n.mu.Unlock()
-		c.t.Fatalf("clustertest: %s already running", n.Name)
+		return fmt.Errorf("clustertest: %s already running", n.Name)
 	}
 	if n.log == nil {
 		f, err := os.OpenFile(filepath.Join(c.dir, n.Name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		if err != nil {
 			n.mu.Unlock()
-			c.t.Fatal(err)
+			return err
 		}
 		n.log = f
 	}
@@ -464,15 +480,17 @@ func (n *Node) Start() {
 	fmt.Fprintf(n.log, "--- clustertest: start at %s: %s\n", ms(c.hist.Now()), strings.Join(args, " "))
 	if err := cmd.Start(); err != nil {
 		n.mu.Unlock()
-		c.t.Fatalf("clustertest: start %s: %v", n.Name, err)
+		return fmt.Errorf("clustertest: start %s: %w", n.Name, err)
 	}
 	p := &proc{cmd: cmd, done: make(chan struct{})}
 	go func() { cmd.Wait(); close(p.done) }()
 	n.proc = p
+	n.starts++
 	n.mu.Unlock()
 	if err := n.WaitReady(30 * time.Second); err != nil {
-		c.t.Fatalf("clustertest: %v\n%s", err, n.LogTail(4096))
+		return fmt.Errorf("clustertest: %w\n%s", err, n.LogTail(4096))
 	}
+	return nil
 }
 
 // WaitReady waits until the node accepts TCP connections on its client

@@ -90,10 +90,7 @@ func (k Kill) Start(c *Cluster, rng *rand.Rand) (string, []int, func() error, er
 	if err := n.Kill(); err != nil {
 		return "", nil, nil, err
 	}
-	return "SIGKILL; heal restarts on the same data dir", []int{i}, func() error {
-		n.Start()
-		return nil
-	}, nil
+	return "SIGKILL; heal restarts on the same data dir", []int{i}, n.StartErr, nil
 }
 
 // Pause stops a node with SIGSTOP; healing continues it with SIGCONT.
