@@ -41,7 +41,7 @@ type LeaderInterval struct {
 	Token  Token `json:"token"`
 	Fenced bool  `json:"fenced,omitempty"`
 	Start  int64 `json:"start_ns"`
-	End      int64  `json:"end_ns"`
+	End    int64 `json:"end_ns"`
 }
 
 // CheckLeaders checks, per exchange, that no two members' leader
