@@ -59,8 +59,14 @@ func TestChaosShort(t *testing.T) {
 // one).
 func TestChaos(t *testing.T) {
 	name := os.Getenv(envScenario)
-	if name == "" {
+	switch name {
+	case "":
 		t.Skip("set " + envScenario + " (scripts/chaos does)")
+	case "list":
+		for _, s := range Scenarios() {
+			t.Logf("%s — %s", s.Name, s.Doc)
+		}
+		return
 	}
 	sc, err := ScenarioNamed(name)
 	if err != nil {
