@@ -55,9 +55,20 @@ func CheckRequests(s Snapshot, margin time.Duration) Result {
 		o := q.Outcomes[0]
 		kinds[o.Kind]++
 		if o.Time > limit {
-			r.violate("request %s: %s at %s, %s after its deadline (%s), past the %v margin",
-				q.ID, o.Kind, ms(o.Time), ms(o.Time-q.Deadline), ms(q.Deadline), margin)
+			stall := ""
+			if d := s.stallIn(q.Start, o.Time); d > 0 {
+				stall = fmt.Sprintf(" (the test process itself stalled %s meanwhile)", ms(d))
+			}
+			r.violate("request %s: %s at %s, %s after its deadline (%s), past the %v margin%s",
+				q.ID, o.Kind, ms(o.Time), ms(o.Time-q.Deadline), ms(q.Deadline), margin, stall)
 		}
+	}
+	if len(s.Stalls) > 0 {
+		var longest int64
+		for _, x := range s.Stalls {
+			longest = max(longest, x[1]-x[0])
+		}
+		r.note("the test process stalled %d times, at most %s: outcomes it saw late may not be the broker's", len(s.Stalls), ms(longest))
 	}
 	r.Checked = fmt.Sprintf("%d requests (%d responses, %d errors, %d deadlines): exactly one outcome each, by deadline + %v",
 		len(s.Requests), kinds["response"], kinds["error"], kinds["deadline"], margin)

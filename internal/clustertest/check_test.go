@@ -250,6 +250,13 @@ func TestCheckRequests(t *testing.T) {
 	late.Requests = append([]Request(nil), ok.Requests...)
 	late.Requests[1].Outcomes = []RequestOutcome{{Kind: "deadline", Time: 1101 * ms}}
 	wantViolation(t, CheckRequests(late, 0), "past the 100ms margin")
+	// A stall of the test process is told, not excused.
+	late.Stalls = [][2]int64{{900 * ms, 1090 * ms}}
+	lr := CheckRequests(late, 0)
+	wantViolation(t, lr, "stalled 190.0ms meanwhile")
+	if len(lr.Notes) != 1 {
+		t.Fatalf("want a note on the stall: %v", lr.Notes)
+	}
 
 	two := ok
 	two.Requests = append([]Request(nil), ok.Requests...)
@@ -301,6 +308,19 @@ func TestFaultWindowsMerge(t *testing.T) {
 		if got[i] != want[i] {
 			t.Fatalf("got %v, want %v", got, want)
 		}
+	}
+}
+
+func TestWatchStalls(t *testing.T) {
+	h := NewHistory()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { h.WatchStalls(time.Hour, stop); close(done) }()
+	time.Sleep(30 * time.Millisecond)
+	close(stop)
+	<-done
+	if n := len(h.Snapshot().Stalls); n != 0 {
+		t.Fatalf("%d stalls longer than an hour", n)
 	}
 }
 

@@ -31,6 +31,7 @@ type History struct {
 	requests []Request
 	tasks    []TaskRecord
 	notes    []Note
+	stalls   [][2]int64
 }
 
 // NewHistory starts a history now.
@@ -135,6 +136,38 @@ func (h *History) AddTask(t TaskRecord) {
 	h.tasks = append(h.tasks, t)
 }
 
+// AddStall records that the test process itself was not scheduled from
+// start to end (see [History.WatchStalls]).
+func (h *History) AddStall(start, end int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stalls = append(h.stalls, [2]int64{start, end})
+}
+
+// WatchStalls records, until stop is closed, every time the test
+// process's own goroutines were held up longer than min: a ticker every
+// 10 ms that woke late. On a loaded machine the clients' view of time
+// lags behind the broker's, and a checker can tell a late outcome that
+// the test process caused from one the broker did.
+func (h *History) WatchStalls(min time.Duration, stop <-chan struct{}) {
+	const period = 10 * time.Millisecond
+	t := time.NewTicker(period)
+	defer t.Stop()
+	last := h.Now()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		now := h.Now()
+		if late := now - last - int64(period); late > int64(min) {
+			h.AddStall(last+int64(period), now)
+		}
+		last = now
+	}
+}
+
 // Snapshot is a copy of a history, the input of the checkers, and what
 // the JSON report carries.
 type Snapshot struct {
@@ -148,6 +181,8 @@ type Snapshot struct {
 	Subscriptions []Subscription   `json:"subscriptions,omitempty"`
 	Requests      []Request        `json:"requests,omitempty"`
 	Tasks         []TaskRecord     `json:"tasks,omitempty"`
+	// Stalls are times the test process was held up (start, end).
+	Stalls [][2]int64 `json:"stalls,omitempty"`
 }
 
 // Snapshot copies the history as it is now. Faults still under way end
@@ -167,6 +202,7 @@ func (h *History) Snapshot() Snapshot {
 		Subscriptions: append([]Subscription(nil), h.subs...),
 		Requests:      append([]Request(nil), h.requests...),
 		Tasks:         append([]TaskRecord(nil), h.tasks...),
+		Stalls:        append([][2]int64(nil), h.stalls...),
 	}
 	for i := range s.Nemeses {
 		if s.Nemeses[i].End == 0 {
@@ -188,6 +224,18 @@ func (s Snapshot) FaultWindows(grace time.Duration) [][2]int64 {
 		w = append(w, [2]int64{n.Start, n.End + int64(grace)})
 	}
 	return mergeWindows(w)
+}
+
+// stallIn returns the longest stall of the test process that overlaps
+// [from, to], in nanoseconds; 0 if none.
+func (s Snapshot) stallIn(from, to int64) int64 {
+	var longest int64
+	for _, x := range s.Stalls {
+		if x[0] <= to && x[1] >= from {
+			longest = max(longest, x[1]-x[0])
+		}
+	}
+	return longest
 }
 
 // mergeWindows sorts and merges overlapping intervals.
