@@ -317,7 +317,7 @@ func TestNetnsDelay(t *testing.T) {
 func TestProxyCluster(t *testing.T) {
 	t.Setenv(EnvMode, string(ModeProxy))
 	c := New(t, Options{Nodes: 2})
-	if c.Mode() != ModeProxy {
+	if c.Mode() != ModeProxy || !c.NetemByProxy() {
 		t.Fatalf("mode %s", c.Mode())
 	}
 	for i, n := range c.Nodes() {
@@ -329,8 +329,50 @@ func TestProxyCluster(t *testing.T) {
 	if r := CheckRequests(c.History().Snapshot(), 0); !r.OK() {
 		t.Fatalf("%s: %v", r.Checked, r.Violations)
 	}
-	killRestart(t, &Cluster{t: c.t, opts: c.opts, mode: c.mode, bin: c.bin, dir: c.dir, secret: c.secret,
-		hist: NewHistory(), nodes: c.nodes[:1], faults: c.faults, cut: map[[2]int]bool{}})
+
+	// The single-node servers do not listen on their cluster ports: an
+	// echo server stands in for node 1's, behind its proxy.
+	ln, err := net.Listen("tcp", c.Node(0).clusterListen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(conn, conn); conn.Close() }()
+		}
+	}()
+	conn, err := net.Dial("tcp", c.Node(0).ClusterAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := roundTrip(conn, "before", wait); err != nil {
+		t.Fatal(err)
+	}
+	// This test process is no node: the proxy cuts it only from an
+	// isolated node.
+	f, err := c.Inject(Isolate{Node: 0}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := roundTrip(conn, "during", 300*time.Millisecond); err == nil {
+		t.Fatal("bytes reached an isolated node")
+	}
+	if err := f.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetDeadline(time.Now().Add(wait))
+	buf := make([]byte, len("during"))
+	if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "during" {
+		t.Fatalf("bytes held during the cut: %q, %v", buf, err)
+	}
+
+	killRestart(t, c)
 }
 
 // TestStaleNamespacesRemoved leaves a namespace named as a dead test
