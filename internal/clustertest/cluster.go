@@ -421,6 +421,21 @@ func (c *Cluster) DialContext(ctx context.Context, i int, network, addr string) 
 	return c.netns.dial(ctx, i, network, addr)
 }
 
+// Command returns a command that runs the courier binary with args in
+// node i's network (its namespace in netns mode): for clients that must
+// dial again on their own, such as `courier sub --url a,b,c`, which a
+// thread of the test process cannot keep inside a namespace.
+func (c *Cluster) Command(i int, args ...string) *exec.Cmd {
+	var cmd *exec.Cmd
+	if c.netns != nil {
+		cmd = c.netns.command(i, c.bin, args...)
+	} else {
+		cmd = exec.Command(c.bin, args...)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
+
 // ClientURL is the URL a client uses for node n, with the
 // administrator's credentials in netns mode.
 func (n *Node) ClientURL() string {

@@ -4,10 +4,12 @@ package clustertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -135,6 +137,27 @@ func TestNetnsCluster(t *testing.T) {
 	}
 	if r := CheckRequests(s, 0); !r.OK() {
 		t.Fatalf("%s: %v", r.Checked, r.Violations)
+	}
+}
+
+// TestNetnsStrayDialStaysOnTheMachine dials a node's address from the
+// root namespace, as a client that reconnects from a thread outside the
+// node namespaces would: it reaches the root namespace's loopback, not
+// the node, and nothing leaves the machine.
+func TestNetnsStrayDialStaysOnTheMachine(t *testing.T) {
+	c := New(t, Options{Nodes: 1, Mode: ModeNetns})
+	conn, err := net.DialTimeout("tcp", c.Node(0).ClientAddr, 5*time.Second)
+	if err == nil {
+		conn.Close()
+		t.Skipf("something in the root namespace listens on %s", c.Node(0).ClientAddr)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("a dial of %s from the root namespace: %v, want connection refused by the local loopback", c.Node(0).ClientAddr, err)
+	}
+	// A process started with Command runs in the namespace and reaches it.
+	out, err := c.Command(0, "exchanges", "--url", c.Node(0).ClientURL()).CombinedOutput()
+	if err != nil {
+		t.Fatalf("courier exchanges in n1's namespace: %v\n%s", err, out)
 	}
 }
 

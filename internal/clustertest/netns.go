@@ -24,11 +24,14 @@ import (
 // the namespaces of a test process that died without cleaning up.
 const nsPrefix = "cct-"
 
-// nsSubnet is the nodes' subnet. Each cluster has its own switch, so
-// clusters of one or many test processes never see each other's
-// addresses; the root namespace has no route into it, and the harness
-// never dials it from there.
-const nsSubnet = "10.77.0."
+// nsSubnet is the nodes' subnet: loopback addresses, carried between
+// the node namespaces over their veths (route_localnet, set in each node
+// namespace only). A dial that strays into the root namespace, such as a
+// client reconnecting from a thread outside every node namespace, then
+// reaches the root namespace's own loopback and never leaves the
+// machine. Each cluster has its own switch, so clusters of one or many
+// test processes never see each other.
+const nsSubnet = "127.77.0."
 
 // netnsAvailable reports whether this process can make network
 // namespaces, and if not, why.
@@ -144,13 +147,23 @@ func newNetnsNet(n int) (_ *netnsNet, err error) {
 	for i := range n {
 		ns := fmt.Sprintf("%sn%d", w.prefix, i+1)
 		w.nodes = append(w.nodes, ns)
+		if err := ipCmd("netns", "add", ns); err != nil {
+			return nil, err
+		}
+		f, err := os.Open("/run/netns/" + ns)
+		if err != nil {
+			return nil, fmt.Errorf("open namespace %s: %w", ns, err)
+		}
+		w.fds = append(w.fds, f)
 		port := fmt.Sprintf("p%d", i+1)
 		steps := [][]string{
-			{"netns", "add", ns},
+			// The namespace's loopback keeps 127.0.0.1 alone, so that
+			// the rest of 127/8 can be the subnet on eth0.
 			{"-n", ns, "link", "set", "lo", "up"},
+			{"-n", ns, "addr", "del", "127.0.0.1/8", "dev", "lo"},
+			{"-n", ns, "addr", "add", "127.0.0.1/32", "dev", "lo"},
 			{"-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", w.sw},
 			{"-n", ns, "addr", "add", w.ip(i) + "/24", "dev", "eth0"},
-			{"-n", ns, "link", "set", "eth0", "up"},
 			{"-n", w.sw, "link", "set", port, "master", "br0"},
 			{"-n", w.sw, "link", "set", port, "up"},
 		}
@@ -159,13 +172,26 @@ func newNetnsNet(n int) (_ *netnsNet, err error) {
 				return nil, err
 			}
 		}
-		f, err := os.Open("/run/netns/" + ns)
-		if err != nil {
-			return nil, fmt.Errorf("open namespace %s: %w", ns, err)
+		if err := w.inNode(i, routeLocalnet); err != nil {
+			return nil, fmt.Errorf("namespace %s: %w", ns, err)
 		}
-		w.fds = append(w.fds, f)
+		if err := ipCmd("-n", ns, "link", "set", "eth0", "up"); err != nil {
+			return nil, err
+		}
 	}
 	return w, nil
+}
+
+// routeLocalnet lets the calling thread's network namespace route
+// loopback addresses on its other interfaces. /proc/sys/net is that of
+// the thread that opens it.
+func routeLocalnet() error {
+	for _, dev := range []string{"all", "eth0"} {
+		if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+dev+"/route_localnet", []byte("1\n"), 0o644); err != nil {
+			return fmt.Errorf("route_localnet: %w", err)
+		}
+	}
+	return nil
 }
 
 // ip is node i's address.
