@@ -16,9 +16,18 @@ var built struct {
 	err  error
 }
 
+// EnvBinary names a courier binary to test instead of building one:
+// COURIER_CHAOS_BIN=/path/to/courier, to run the fault tests against
+// another build.
+const EnvBinary = "COURIER_CHAOS_BIN"
+
 // Binary builds the courier binary once per test process and returns
-// its path. [Main] removes it when the tests end.
+// its path ([EnvBinary] overrides it). [Main] removes it when the tests
+// end.
 func Binary() (string, error) {
+	if b := os.Getenv(EnvBinary); b != "" {
+		return b, nil
+	}
 	built.once.Do(func() {
 		built.dir, built.err = os.MkdirTemp("", "courier-clustertest-")
 		if built.err != nil {

@@ -90,6 +90,8 @@ type Node struct {
 	IP string
 	// ClientAddr is the client listener's host:port.
 	ClientAddr string
+	// HTTPAddr is the management listener's host:port.
+	HTTPAddr string
 	// ClusterAddr is the address other nodes reach the node's cluster
 	// port at: the node's own in netns mode, its proxy's in proxy mode.
 	ClusterAddr string
@@ -209,6 +211,7 @@ func (c *Cluster) makeNetwork() error {
 		if c.mode == ModeNetns {
 			node.IP = c.netns.ip(i)
 			node.ClientAddr = node.IP + ":7400"
+			node.HTTPAddr = node.IP + ":7480"
 			node.clusterListen = node.IP + ":7500"
 			node.ClusterAddr = node.clusterListen
 			if proxied {
@@ -220,12 +223,13 @@ func (c *Cluster) makeNetwork() error {
 			}
 		} else {
 			node.IP = "127.0.0.1"
-			ports, err := freePorts(2)
+			ports, err := freePorts(3)
 			if err != nil {
 				return err
 			}
 			node.ClientAddr = "127.0.0.1:" + strconv.Itoa(ports[0])
 			node.clusterListen = "127.0.0.1:" + strconv.Itoa(ports[1])
+			node.HTTPAddr = "127.0.0.1:" + strconv.Itoa(ports[2])
 			p, err := c.newProxy(i, node.clusterListen)
 			if err != nil {
 				return err
@@ -357,7 +361,7 @@ func (c *Cluster) Password() string { return c.secret }
 
 // args are the flags of node n.
 func (c *Cluster) args(n *Node) []string {
-	a := []string{"server", "--listen", n.ClientAddr, "--data", n.Dir, "--http", "off", "--log-level", "info"}
+	a := []string{"server", "--listen", n.ClientAddr, "--data", n.Dir, "--http", n.HTTPAddr, "--log-level", "info"}
 	if c.opts.Cluster {
 		var join []string
 		for _, m := range c.nodes {

@@ -386,6 +386,13 @@ func TestProxyCluster(t *testing.T) {
 	if err := roundTrip(conn, "during", 300*time.Millisecond); err == nil {
 		t.Fatal("bytes reached an isolated node")
 	}
+	// A new connection across the cut is reset at once.
+	if nc, err := net.Dial("tcp", c.Node(0).ClusterAddr); err == nil {
+		if err := roundTrip(nc, "new", wait); err == nil {
+			t.Fatal("a new connection crossed the cut")
+		}
+		nc.Close()
+	}
 	if err := f.Heal(); err != nil {
 		t.Fatal(err)
 	}

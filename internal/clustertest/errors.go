@@ -8,3 +8,6 @@ var ErrNotRunning = errors.New("clustertest: node not running")
 // ErrNoNetem is returned by [Cluster.Netem] in netns mode when the
 // kernel has no netem qdisc or tc is missing.
 var ErrNoNetem = errors.New("clustertest: tc netem unavailable")
+
+// ErrNoMetaLeader is returned when no node names a metadata leader.
+var ErrNoMetaLeader = errors.New("clustertest: no metadata leader known")

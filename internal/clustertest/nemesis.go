@@ -328,3 +328,20 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 }
+
+// KillMetaLeader kills the node that leads the metadata Raft group (as
+// GET /api/nodes tells); healing restarts it on the same data directory.
+type KillMetaLeader struct{}
+
+// Name implements [Nemesis].
+func (KillMetaLeader) Name() string { return "kill-meta-leader" }
+
+// Start implements [Nemesis].
+func (KillMetaLeader) Start(c *Cluster, rng *rand.Rand) (string, []int, func() error, error) {
+	i, err := c.MetaLeader()
+	if err != nil {
+		return "", nil, nil, err
+	}
+	detail, nodes, heal, err := Kill{Node: i}.Start(c, rng)
+	return "the metadata leader: " + detail, nodes, heal, err
+}

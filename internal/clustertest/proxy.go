@@ -84,10 +84,11 @@ func (f *Faults) netemOf(src, dst int) (time.Duration, bool) {
 
 // Proxy stands in front of one node's cluster port, TCP and UDP on the
 // same port as the node's, and applies [Faults] to what passes: a cut
-// pair's connections stop moving bytes (as TCP does while packets are
-// dropped) until the cut heals, its datagrams are dropped; delay holds
-// every chunk and datagram; loss drops datagrams and, on TCP, holds a
-// chunk 200 ms more, as a retransmission would.
+// pair's open connections stop moving bytes (as TCP does while packets
+// are dropped) until the cut heals, its new connections are reset at
+// once, its datagrams are dropped; delay holds every chunk and datagram;
+// loss drops datagrams and, on TCP, holds a chunk 200 ms more, as a
+// retransmission would.
 //
 // The proxy tells which node a connection comes from by the source port
 // of datagrams (a node sends from its cluster port) and, for TCP, by the
@@ -233,7 +234,10 @@ func (p *Proxy) handle(c *net.TCPConn) {
 	defer p.wg.Done()
 	defer p.untrack(c)
 	src := p.owner(c.RemoteAddr().(*net.TCPAddr))
-	if !p.waitOpen(src, p.index, c) {
+	if cut, _ := p.faults.blocked(src, p.index, p.nodes()); cut {
+		// Refused at once, as a connect across a blackhole route fails
+		// in netns mode: reset, not held.
+		c.SetLinger(0)
 		return
 	}
 	up, err := p.dial("tcp")
