@@ -3,8 +3,6 @@
 package clustertest
 
 import (
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 )
@@ -13,12 +11,11 @@ import (
 // yet (no --join flag).
 func needCluster(t *testing.T) {
 	t.Helper()
-	bin, err := Binary()
+	ok, err := binaryClusters()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, _ := exec.Command(bin, "server", "--help").CombinedOutput()
-	if !strings.Contains(string(out), "--join") {
+	if !ok {
 		t.Skip("this courier has no cluster (no --join); set " + EnvBinary + " to a build that has")
 	}
 }
