@@ -142,7 +142,7 @@ func Create(t testing.TB, opts Options) *Cluster {
 	}
 	mode, why := chooseMode(opts.Mode)
 	if mode == "" {
-		t.Skipf("clustertest: network namespaces unavailable: %s", why)
+		t.Skipf("clustertest: mode %s unavailable: %s", opts.Mode, why)
 	}
 	bin, err := Binary()
 	if err != nil {
@@ -161,11 +161,17 @@ func Create(t testing.TB, opts Options) *Cluster {
 	return c
 }
 
-// chooseMode picks the mode, or "" with a reason when netns is demanded
-// and unavailable.
+// chooseMode picks the mode, or "" with the reason a test that demands
+// one cannot have it. [EnvMode] sets the mode of clusters that ask for
+// none, and skips those that ask for another.
 func chooseMode(want Mode) (Mode, string) {
 	if env := Mode(os.Getenv(EnvMode)); env != "" {
-		want = env
+		switch {
+		case want == "":
+			want = env
+		case want != env:
+			return "", fmt.Sprintf("%s=%s", EnvMode, env)
+		}
 	}
 	ok, why := netnsAvailable()
 	switch {
