@@ -57,6 +57,10 @@ type Options struct {
 	Args []string
 	// Seed seeds the faults' randomness (proxy losses). Default: 1.
 	Seed uint64
+	// KeepLogs, if set, is a directory the nodes' logs are copied into
+	// (as <node>.log) when the cluster closes; otherwise they go with the
+	// test's temporary directory.
+	KeepLogs string
 }
 
 // Cluster is a set of `courier server` processes under test.
@@ -110,8 +114,8 @@ type proc struct {
 	done chan struct{} // closed when the process has exited
 }
 
-// AdminUser is the administrator every node of a namespace cluster has,
-// so that its client listener may listen beyond loopback.
+// AdminUser is the administrator every node of a namespace cluster has:
+// its clients authenticate as they would in production.
 const AdminUser = "chaos"
 
 // New starts a cluster of opts.Nodes courier servers and waits until
@@ -407,6 +411,12 @@ func (c *Cluster) Close() {
 			n.log = nil
 		}
 		n.mu.Unlock()
+		if c.opts.KeepLogs != "" {
+			if b, err := os.ReadFile(filepath.Join(c.dir, n.Name+".log")); err == nil {
+				os.MkdirAll(c.opts.KeepLogs, 0o755)
+				os.WriteFile(filepath.Join(c.opts.KeepLogs, n.Name+".log"), b, 0o644)
+			}
+		}
 	}
 }
 

@@ -32,6 +32,8 @@ type Scenario struct {
 	// Grace is how long after a fault pub-sub losses are still allowed.
 	// Default: 3s.
 	Grace time.Duration
+	// LogDir, if set, keeps the nodes' logs (see [Options.KeepLogs]).
+	LogDir string
 }
 
 // singleNode is the workload against separate single-node servers:
@@ -136,7 +138,7 @@ func RunScenario(t testing.TB, sc Scenario, seed uint64, duration time.Duration)
 			t.Skip("this courier has no cluster (no --join); set " + EnvBinary + " to a build that has")
 		}
 	}
-	c := New(t, Options{Nodes: sc.Nodes, Cluster: sc.Cluster, Seed: seed})
+	c := New(t, Options{Nodes: sc.Nodes, Cluster: sc.Cluster, Seed: seed, KeepLogs: sc.LogDir})
 	h := c.History()
 	h.Notef(fmt.Sprintf("scenario %s, seed %d, %v, mode %s", sc.Name, seed, duration, c.Mode()))
 	stopWatch := make(chan struct{})

@@ -80,12 +80,13 @@ func TestChaos(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s: %v", envDuration, err)
 	}
-	r := RunScenario(t, sc, seed, d)
 	dir := os.Getenv(envReport)
 	if dir == "" {
 		dir = "."
 	}
 	base := filepath.Join(dir, "chaos-"+name+"-"+strconv.FormatUint(seed, 10))
+	sc.LogDir = base + "-nodes"
+	r := RunScenario(t, sc, seed, d)
 	var text strings.Builder
 	r.WriteText(&text)
 	t.Log("\n" + text.String())
@@ -100,7 +101,7 @@ func TestChaos(t *testing.T) {
 	if err := r.WriteJSON(f); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("reports: %s.txt, %s.json", base, base)
+	t.Logf("reports: %s.txt, %s.json; node logs in %s", base, base, sc.LogDir)
 	if !r.OK() {
 		t.Fatalf("%d violations", r.Violations())
 	}
