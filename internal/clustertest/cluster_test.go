@@ -9,6 +9,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -427,4 +429,74 @@ func TestStaleNamespacesRemoved(t *testing.T) {
 func exists(ns string) bool {
 	_, err := os.Stat("/run/netns/" + ns)
 	return err == nil
+}
+
+// TestNetnsPause stops a node with SIGSTOP: a request to it ends at its
+// deadline; after SIGCONT the same connection serves again. (Pause
+// waits until every thread is stopped: without that wait this request,
+// sent at once, was once served by the process still finishing its
+// stop.)
+func TestNetnsPause(t *testing.T) {
+	c := New(t, Options{Nodes: 1, Mode: ModeNetns})
+	ctx := testutil.Context(t, wait)
+	conn := dialNode(t, c, 0, 0)
+	ex, err := conn.ReqResp(ctx, "pause", courier.RoundRobin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ex.Handle(ctx, func(r *courier.Request) { r.Reply(r.Body()) }); err != nil {
+		t.Fatal(err)
+	}
+	f, err := c.Inject(Pause{Node: 0}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = ex.Request(rctx, courier.Message{Body: []byte("x")})
+	cancel()
+	if !errors.Is(err, courier.ErrTimeout) {
+		t.Fatalf("request to a stopped node: %v, want a timeout", err)
+	}
+	if err := f.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitForf(t, wait, func() bool {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := ex.Request(rctx, courier.Message{Body: []byte("y")})
+		return err == nil
+	}, "requests served after SIGCONT")
+}
+
+// TestNetnsFlap checks that Flap cuts and heals in turn until healed.
+func TestNetnsFlap(t *testing.T) {
+	c := Create(t, Options{Nodes: 3, Mode: ModeNetns})
+	f, err := c.Inject(Flap{Period: 100 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sawCut, sawHealed := false, false
+	testutil.WaitForf(t, wait, func() bool {
+		c.mu.Lock()
+		n := len(c.cut)
+		c.mu.Unlock()
+		sawCut = sawCut || n > 0
+		sawHealed = sawHealed || (sawCut && n == 0)
+		return sawCut && sawHealed
+	}, "a cut, then healed")
+	if err := f.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.cut) != 0 {
+		t.Fatalf("still cut after healing: %v", c.cut)
+	}
+	// The routes are gone too: each namespace's table has no blackhole.
+	for i := range c.Nodes() {
+		out, err := exec.Command("ip", "-n", c.netns.nodes[i], "route", "show", "type", "blackhole").CombinedOutput()
+		if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+			t.Fatalf("n%d routes after healing: %q %v", i+1, out, err)
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -110,7 +111,55 @@ func (p Pause) Start(c *Cluster, rng *rand.Rand) (string, []int, func() error, e
 	if err := n.Signal(syscall.SIGSTOP); err != nil {
 		return "", nil, nil, err
 	}
+	// SIGSTOP takes effect as each thread next runs: on a loaded
+	// machine a process can serve a request after kill(2) returned. The
+	// fault begins when every thread is stopped.
+	if err := waitStopped(n.Pid(), 10*time.Second); err != nil {
+		n.Signal(syscall.SIGCONT)
+		return "", nil, nil, err
+	}
 	return "SIGSTOP; heal sends SIGCONT", []int{i}, func() error { return n.Signal(syscall.SIGCONT) }, nil
+}
+
+// waitStopped waits until every thread of pid is stopped (state T in
+// /proc/PID/task/*/stat).
+func waitStopped(pid int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		stopped, err := allStopped(pid)
+		if err != nil || stopped {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("clustertest: process %d not stopped %v after SIGSTOP", pid, timeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// allStopped reports whether every thread of pid is stopped.
+func allStopped(pid int) (bool, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return false, fmt.Errorf("clustertest: %w", err)
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(dir + "/" + task.Name() + "/stat")
+		if err != nil {
+			continue // the thread ended
+		}
+		// The state follows the command name, which is in parentheses
+		// and may hold spaces: read after the last ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) {
+			return false, fmt.Errorf("clustertest: bad %s/%s/stat", dir, task.Name())
+		}
+		if st := b[i+2]; st != 'T' && st != 't' {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // Isolate cuts one node from every other.
