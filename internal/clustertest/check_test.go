@@ -360,7 +360,7 @@ func TestReport(t *testing.T) {
 	if err := r.WriteText(&text); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"scenario smoke", "seed 42", "FAIL, 1 violations", "kill", "n2", "restarted", "leaders", "1 VIOLATIONS", "overlap"} {
+	for _, want := range []string{"scenario smoke", "seed 42", "FAIL, 1 violations", "nemeses (1: kill 1)", "n2", "restarted", "leaders", "1 VIOLATIONS", "overlap"} {
 		if !strings.Contains(text.String(), want) {
 			t.Fatalf("text report lacks %q:\n%s", want, text.String())
 		}

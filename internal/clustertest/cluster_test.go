@@ -418,11 +418,35 @@ func TestStaleNamespacesRemoved(t *testing.T) {
 	if err := ipCmd("netns", "add", name); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { exists(name) })
+	// A process left running in it, as a node of a dead test would be.
+	left := exec.Command("ip", "netns", "exec", name, "sleep", "600")
+	if err := left.Start(); err != nil {
+		deleteNamespace(name)
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- left.Wait() }()
+	t.Cleanup(func() {
+		left.Process.Kill()
+		if exists(name) {
+			deleteNamespace(name)
+		}
+	})
+	testutil.WaitForf(t, wait, func() bool {
+		out, _ := exec.Command("ip", "netns", "pids", name).Output()
+		return len(strings.TrimSpace(string(out))) > 0
+	}, "sleep running in %s", name)
 	removeStaleNamespaces()
 	if exists(name) {
-		deleteNamespace(name)
 		t.Fatalf("stale namespace %s not removed", name)
+	}
+	select {
+	case err := <-exited:
+		if err == nil {
+			t.Fatal("the process in the stale namespace exited by itself")
+		}
+	case <-time.After(wait):
+		t.Fatal("the process in the stale namespace still runs")
 	}
 }
 

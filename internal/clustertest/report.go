@@ -58,7 +58,7 @@ func (r Report) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "scenario %s  seed %d  mode %s  nodes %d  started %s  duration %v: %s, %d violations\n",
 		r.Scenario, r.Seed, r.Mode, r.Nodes, r.Started.UTC().Format(time.RFC3339), r.Duration.Round(time.Millisecond), verdict, r.Violations())
-	fmt.Fprintf(&b, "\nnemeses (%d):\n", len(r.Nemeses))
+	fmt.Fprintf(&b, "\nnemeses (%d%s):\n", len(r.Nemeses), kinds(r.Nemeses))
 	for _, n := range r.Nemeses {
 		fmt.Fprintf(&b, "  %10s – %-10s %-9s %-8s %s\n", ms(n.Start), ms(n.End), n.Name, strings.Join(n.Nodes, ","), n.Detail)
 	}
@@ -97,4 +97,25 @@ func (r Report) WriteJSON(w io.Writer) error {
 	e := json.NewEncoder(w)
 	e.SetIndent("", "  ")
 	return e.Encode(r)
+}
+
+// kinds counts faults by kind, in order of first appearance: ": kill 3,
+// pause 2".
+func kinds(ns []NemesisRecord) string {
+	count := map[string]int{}
+	var order []string
+	for _, n := range ns {
+		if count[n.Name] == 0 {
+			order = append(order, n.Name)
+		}
+		count[n.Name]++
+	}
+	if len(order) == 0 {
+		return ""
+	}
+	parts := make([]string, len(order))
+	for i, k := range order {
+		parts[i] = fmt.Sprintf("%s %d", k, count[k])
+	}
+	return ": " + strings.Join(parts, ", ")
 }
