@@ -378,11 +378,13 @@ func (p *Proxy) udpBack(f *udpFlow) {
 	buf := make([]byte, 65536)
 	for {
 		n, err := f.up.Read(buf)
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && !ne.Timeout() || errors.Is(err, net.ErrClosed) {
-				return
-			}
+			// ECONNREFUSED from a target that is down (killed, to be
+			// restarted on the same port): the flow lives on.
+			time.Sleep(10 * time.Millisecond)
 			continue
 		}
 		if cut, _ := p.faults.blocked(p.index, f.src, p.nodes()); cut {

@@ -8,6 +8,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/courier-mq/courier/internal/testutil"
 )
 
 // echoServer echoes TCP and UDP on one port of 127.0.0.1.
@@ -170,4 +172,54 @@ func TestSocketOwner(t *testing.T) {
 	if pidHasSocket(1, inode) {
 		t.Fatal("init owns the test's socket")
 	}
+}
+
+// TestProxyUDPSurvivesTargetRestart stops the target's UDP socket (as a
+// kill does) and opens it again on the same port: the relay carries on.
+func TestProxyUDPSurvivesTargetRestart(t *testing.T) {
+	ln, udp, err := listenProxy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	target := udp.LocalAddr().(*net.UDPAddr)
+	echo := func(u *net.UDPConn) {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := u.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			u.WriteToUDP(buf[:n], from)
+		}
+	}
+	go echo(udp)
+	f := NewFaults(1)
+	pl, pu, err := listenProxy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Proxy{index: 1, target: target.String(), faults: f, ln: pl, udp: pu,
+		owner: func(*net.TCPAddr) int { return 0 }, udpSrc: func(*net.UDPAddr) int { return 0 }, nodes: func() int { return 2 }}
+	p.serve()
+	defer p.Close()
+	c, err := net.Dial("udp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(c, "one", wait); err != nil {
+		t.Fatal(err)
+	}
+	udp.Close()
+	// The target is down: this datagram is refused there.
+	roundTrip(c, "down", 200*time.Millisecond)
+	udp, err = net.ListenUDP("udp", target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
+	go echo(udp)
+	testutil.WaitForf(t, wait, func() bool { return roundTrip(c, "back", 200*time.Millisecond) == nil },
+		"datagrams relayed after the target came back")
 }
