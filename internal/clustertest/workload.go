@@ -112,10 +112,14 @@ type Workload struct {
 	Rate int
 }
 
+// pubsubDrain is how long subscribers stay after the publishers stop.
+const pubsubDrain = 3 * time.Second
+
 // Start starts the workload's clients against every node; they run until
-// ctx ends. The returned function waits for them to stop; task workers
-// go on until every confirmed task was delivered or drain has passed,
-// so that the tasks checker judges a drained queue.
+// ctx ends. The returned function waits for them to stop; subscribers
+// stay 3 s more, and task workers until every confirmed task was
+// delivered or drain has passed, so that the checkers judge drained
+// streams and queues.
 func (w Workload) Start(ctx context.Context, c *Cluster, seed uint64, drain time.Duration) (wait func()) {
 	if w.Rate <= 0 {
 		w.Rate = 50
@@ -141,7 +145,8 @@ func (w Workload) Start(ctx context.Context, c *Cluster, seed uint64, drain time
 			start(func() { w.requests(ctx, c, i) })
 		}
 		if w.PubSub {
-			start(func() { w.pubsub(ctx, c, i) })
+			workers.Add(1)
+			go func() { defer workers.Done(); w.pubsub(ctx, workCtx, c, i) }()
 		}
 		if w.Leaders {
 			for m := range 2 {
@@ -156,6 +161,10 @@ func (w Workload) Start(ctx context.Context, c *Cluster, seed uint64, drain time
 	}
 	return func() {
 		wg.Wait()
+		// Subscribers and workers stay a while after the producers
+		// stopped, so that what was published last can arrive; a
+		// loaded machine delays deliveries by seconds at times.
+		sleepCtx(context.Background(), pubsubDrain)
 		deadline := time.Now().Add(drain)
 		for time.Now().Before(deadline) && CheckTasks(c.hist.Snapshot()).Count > 0 {
 			time.Sleep(200 * time.Millisecond)
@@ -292,8 +301,9 @@ func (w Workload) requests(ctx context.Context, c *Cluster, i int) {
 	}
 }
 
-// pubsub runs a publisher and a subscriber on node i.
-func (w Workload) pubsub(ctx context.Context, c *Cluster, i int) {
+// pubsub runs a publisher on node i until ctx ends and a subscriber
+// there until drained ends.
+func (w Workload) pubsub(ctx, drained context.Context, c *Cluster, i int) {
 	h := c.hist
 	name := w.Exchange(c.nodes[i]) + "-ps"
 	pub := c.nodes[i].Name + "-pub"
@@ -371,6 +381,12 @@ func (w Workload) pubsub(ctx context.Context, c *Cluster, i int) {
 		err = ex.PublishSync(pctx, courier.Message{Key: "k", Body: fmt.Appendf(nil, "%s#%d", pub, seq)})
 		cancel()
 		h.AddPublish(Publish{Publisher: pub, Seq: seq, Topic: "k", Time: h.Now(), Failed: err != nil})
+	}
+	if subConn != nil {
+		select {
+		case <-drained.Done():
+		case <-subConn.Done():
+		}
 	}
 }
 
