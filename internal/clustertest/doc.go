@@ -13,9 +13,13 @@
 // process is root and has `ip` (mode [ModeNetns]): a switch namespace
 // holds a bridge, every node namespace is linked to it by a veth pair,
 // and the test's clients reach a node by dialing from a thread that has
-// entered a namespace ([Cluster.DialContext]). Partitions are blackhole
-// routes inside the node namespaces, delay and loss are `tc netem` on a
-// node's veth; nothing in the root namespace's network is touched.
+// entered a namespace ([Cluster.DialContext]). Nodes have loopback
+// addresses (127.77.0.N), so a dial that strays into the root namespace
+// stays on the machine. Partitions are blackhole routes inside the node
+// namespaces, delay and loss are `tc netem` on a node's veth (or, on a
+// kernel without netem, a [Proxy] in the node's namespace in front of
+// its cluster port); nothing in the root namespace's network is
+// touched.
 // Elsewhere (mode [ModeProxy]) nodes listen on 127.0.0.1 and a fault
 // proxy of this package ([Proxy]) stands in front of every node's
 // cluster port, so the same scenarios run with cuts, delays and drops
