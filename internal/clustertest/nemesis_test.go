@@ -114,3 +114,17 @@ func TestPartitionCuts(t *testing.T) {
 		t.Fatal("no groups should heal")
 	}
 }
+
+func TestSetField(t *testing.T) {
+	var withField struct {
+		Name        string
+		NoReconnect bool
+	}
+	if !setField(&withField, "NoReconnect", true) || !withField.NoReconnect {
+		t.Fatal("NoReconnect not set")
+	}
+	var without struct{ Name string }
+	if setField(&without, "NoReconnect", true) || setField(&without, "Name", true) {
+		t.Fatal("set a field that is missing or not a bool")
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,9 +54,11 @@ func (s *session) get(ctx context.Context) (*courier.Conn, bool, error) {
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	var conn *courier.Conn
+	opts := client.Options{Name: s.name, Heartbeat: 500 * time.Millisecond, Log: discardLog}
+	setField(&opts, "NoReconnect", true)
 	err := s.c.InNode(s.from, func() error {
 		var err error
-		conn, err = client.Dial(dctx, s.c.nodes[s.to].ClientURL(), client.Options{Name: s.name, Heartbeat: 500 * time.Millisecond, Log: discardLog})
+		conn, err = client.Dial(dctx, s.c.nodes[s.to].ClientURL(), opts)
 		return err
 	})
 	if err != nil {
@@ -63,6 +66,22 @@ func (s *session) get(ctx context.Context) (*courier.Conn, bool, error) {
 	}
 	s.conn = conn
 	return conn, true, nil
+}
+
+// setField sets the bool field name of the struct ptr points to, if it
+// has one. The workload's sessions dial again themselves, from the
+// node's namespace; a client that reconnects on its own would dial from
+// a thread outside it, and in netns mode never reach the node. The
+// client's Options.NoReconnect comes with client failover (issue 14,
+// built in parallel): this sets it where it exists, without making the
+// harness wait for it to compile.
+func setField(ptr any, name string, v bool) bool {
+	f := reflect.ValueOf(ptr).Elem().FieldByName(name)
+	if !f.IsValid() || f.Kind() != reflect.Bool || !f.CanSet() {
+		return false
+	}
+	f.SetBool(v)
+	return true
 }
 
 // close closes the connection.
