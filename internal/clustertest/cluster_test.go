@@ -524,3 +524,50 @@ func TestNetnsFlap(t *testing.T) {
 		}
 	}
 }
+
+// TestRegistryCheckerOnRealRestart runs the registry checker on what a
+// real server does across kill -9: a durable exchange is still there
+// after the restart (linearizable), a transient one is gone, which the
+// checker must flag, since the server answered its declare.
+func TestRegistryCheckerOnRealRestart(t *testing.T) {
+	c := New(t, Options{Nodes: 1, Mode: ModeNetns})
+	h := c.History()
+	ctx := testutil.Context(t, wait)
+	op := func(conn *courier.Conn, kind RegistryKind, name string, opts ...courier.ExchangeOption) {
+		t.Helper()
+		o := RegistryOp{Kind: kind, Name: name, Call: h.Now()}
+		var err error
+		switch kind {
+		case Declare:
+			_, err = conn.PubSub(ctx, name, opts...)
+			o.Outcome = outcome(err, OutcomeOK)
+		case Get:
+			_, err = conn.Declare(ctx, name, courier.ExchangeSpec{Passive: true})
+			o.Outcome = outcome(err, OutcomeExists)
+		}
+		o.Return = h.Now()
+		if o.Outcome == OutcomeUnknown || o.Outcome == OutcomeFailed {
+			t.Fatalf("%s %s: %v", kind, name, err)
+		}
+		h.AddRegistry(o)
+	}
+	conn := dialNode(t, c, 0, 0)
+	op(conn, Declare, "durable")
+	op(conn, Declare, "transient", courier.Transient())
+	op(conn, Get, "durable")
+	op(conn, Get, "transient")
+	f, err := c.Inject(Kill{Node: 0}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	conn = dialNode(t, c, 0, 0)
+	op(conn, Get, "durable")
+	op(conn, Get, "transient")
+	r := CheckRegistry(h.Snapshot(), 10*time.Second)
+	if r.Count != 1 || !strings.Contains(r.Violations[0], `"transient"`) {
+		t.Fatalf("want the transient exchange alone flagged: %v (%s)", r.Violations, r.Checked)
+	}
+}

@@ -37,12 +37,14 @@ type Scenario struct {
 }
 
 // singleNode is the workload against separate single-node servers:
-// every client on its node, names scoped by node and incarnation.
+// every client on its node, registry names scoped by node. Definitions
+// are durable (fsynced before a declare is answered, docs/operations.md
+// "Durable storage"), so a node's registry must stay linearizable across
+// its kill -9 and restart.
 var singleNode = Workload{
 	Registry: true, Requests: true, PubSub: true, Leaders: true, Tasks: true,
 	RegistryNames: func(n *Node) []string {
-		p := fmt.Sprintf("%s-i%d-", n.Name, n.Incarnation())
-		return []string{p + "a", p + "b", p + "c"}
+		return []string{n.Name + "-a", n.Name + "-b", n.Name + "-c"}
 	},
 	Separate: true,
 	Rate:     40,
