@@ -1,0 +1,108 @@
+//go:build linux
+
+package clustertest
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Environment of a long run (scripts/chaos sets them).
+const (
+	envScenario = "COURIER_CHAOS_SCENARIO"
+	envSeed     = "COURIER_CHAOS_SEED"
+	envDuration = "COURIER_CHAOS_DURATION"
+	envReport   = "COURIER_CHAOS_REPORT"
+)
+
+// TestChaosShort runs the mixed scenario for a few seconds: every
+// nemesis kind can come up, and every checker must find nothing.
+func TestChaosShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a fault run of 10 s")
+	}
+	sc, err := ScenarioNamed("single-mixed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Hold, sc.Gap = time.Second, time.Second
+	seed := uint64(1)
+	if s := os.Getenv(envSeed); s != "" {
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := RunScenario(t, sc, seed, 10*time.Second)
+	var b strings.Builder
+	r.WriteText(&b)
+	t.Log("\n" + b.String())
+	if !r.OK() {
+		t.Fatalf("violations (seed %d)", seed)
+	}
+	if len(r.Nemeses) == 0 {
+		t.Fatal("no fault injected")
+	}
+	for _, x := range r.Results {
+		if x.Checker != "registry" && x.Checker != "leaders" && strings.HasPrefix(x.Checked, "0 ") {
+			t.Errorf("%s checked nothing: %s", x.Checker, x.Checked)
+		}
+	}
+}
+
+// TestChaos is the long run of scripts/chaos: it runs only when
+// COURIER_CHAOS_SCENARIO names a scenario, and writes the text and JSON
+// reports into COURIER_CHAOS_REPORT (a directory; default: the current
+// one).
+func TestChaos(t *testing.T) {
+	name := os.Getenv(envScenario)
+	switch name {
+	case "":
+		t.Skip("set " + envScenario + " (scripts/chaos does)")
+	case "list":
+		for _, s := range Scenarios() {
+			t.Logf("%s — %s", s.Name, s.Doc)
+		}
+		return
+	}
+	sc, err := ScenarioNamed(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := strconv.ParseUint(os.Getenv(envSeed), 10, 64)
+	if err != nil {
+		t.Fatalf("%s: %v", envSeed, err)
+	}
+	d, err := time.ParseDuration(os.Getenv(envDuration))
+	if err != nil {
+		t.Fatalf("%s: %v", envDuration, err)
+	}
+	dir := os.Getenv(envReport)
+	if dir == "" {
+		dir = "."
+	}
+	base := filepath.Join(dir, "chaos-"+name+"-"+strconv.FormatUint(seed, 10))
+	sc.LogDir = base + "-nodes"
+	r := RunScenario(t, sc, seed, d)
+	var text strings.Builder
+	r.WriteText(&text)
+	t.Log("\n" + text.String())
+	if err := os.WriteFile(base+".txt", []byte(text.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(base + ".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := r.WriteJSON(f); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("reports: %s.txt, %s.json; node logs in %s", base, base, sc.LogDir)
+	if !r.OK() {
+		t.Fatalf("%d violations", r.Violations())
+	}
+}
