@@ -47,6 +47,12 @@ type PubSubResult struct {
 	Latency Latency `json:"latency_us"`
 	// CPU is per delivered message.
 	CPU CPU `json:"cpu_per_delivery"`
+	// Servers is how many servers the subscribers were spread over
+	// (Config.SubscriberURLs); 0 when they were on the publisher's.
+	Servers int `json:"subscriber_servers,omitempty"`
+	// Links is what a Courier cluster's link counters did over one
+	// publication (Config.NodesHTTP).
+	Links *LinkReport `json:"links,omitempty"`
 }
 
 // A message of at least stampSize bytes carries its sequence number
@@ -78,7 +84,7 @@ func RunPubSub(ctx context.Context, cfg Config) (*PubSubResult, error) {
 	res := &PubSubResult{
 		Report: newReport("pubsub", &cfg), Mode: pubSubMode(cfg.Publishers, cfg.Subscribers),
 		Publishers: cfg.Publishers, Subscribers: cfg.Subscribers, Messages: cfg.Count,
-		Duration: cfg.Duration.Seconds(), Warmup: max(cfg.Warmup, 0),
+		Duration: cfg.Duration.Seconds(), Warmup: max(cfg.Warmup, 0), Servers: len(cfg.SubscriberURLs),
 	}
 	err := runPubSub(ctx, &cfg, res)
 	if err != nil {
@@ -159,14 +165,34 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 		}
 	}()
 
+	if cfg.spread() {
+		if err := awaitSubscribers(ctx, pubs[0], counters, readyWait); err != nil {
+			return err
+		}
+	}
 	if cfg.Warmup > 0 {
 		var published atomic.Int64
+		from := delivered()
 		err := pubs[0].run(ctx, newBudget(cfg.Warmup, 0), newPacer(0, 0), &published)
 		if err != nil {
 			return fmt.Errorf("bench: warm-up: %w", err)
 		}
-		want := published.Load() * int64(cfg.Subscribers)
+		want := from + published.Load()*int64(cfg.Subscribers)
 		awaitDeliveries(ctx, delivered, want, epoch, cfg.Drain)
+	}
+	if len(cfg.NodesHTTP) > 0 {
+		res.Links, err = measureLinks(ctx, cfg.NodesHTTP, linkWindow, func() error {
+			from := delivered()
+			var one atomic.Int64
+			if err := pubs[0].run(ctx, newBudget(1, 0), newPacer(0, 0), &one); err != nil {
+				return fmt.Errorf("bench: the publication for the link counters: %w", err)
+			}
+			awaitDeliveries(ctx, delivered, from+int64(cfg.Subscribers), time.Now(), cfg.Drain)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
 	}
 	base := delivered()
 
@@ -226,6 +252,39 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 		res.Notes = append(res.Notes, "the time ran out before every delivery came; the rest are counted as lost")
 	}
 	return pubErr
+}
+
+// linkWindow is how long the link counters are watched with and
+// without a publication.
+const linkWindow = 500 * time.Millisecond
+
+// awaitSubscribers publishes one message every 100ms until every
+// subscriber has received one, or wait is over: subscribers on other
+// nodes of a cluster receive once their interest has crossed the links
+// (NATS does not wait for that before it acknowledges a subscription).
+func awaitSubscribers(ctx context.Context, ps *pubState, counters []subCounter, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	var probes atomic.Int64
+	for {
+		if err := ps.run(ctx, newBudget(1, 0), newPacer(0, 0), &probes); err != nil {
+			return fmt.Errorf("bench: probing the subscribers: %w", err)
+		}
+		for range 10 {
+			waiting := 0
+			for i := range counters {
+				if counters[i].n.Load() == 0 {
+					waiting++
+				}
+			}
+			if waiting == 0 {
+				return nil
+			}
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				return fmt.Errorf("bench: %d of %d subscribers received nothing within %s of probes", waiting, len(counters), wait)
+			}
+			sleepCtx(ctx, 10*time.Millisecond)
+		}
+	}
 }
 
 // awaitDeliveries waits until delivered reaches want, stays unchanged
@@ -328,13 +387,21 @@ func (res *PubSubResult) WriteText(w io.Writer) error {
 	if res.Messages == 0 {
 		amount = fmt.Sprintf("%gs of messages", res.Duration)
 	}
-	fmt.Fprintf(&b, "Pub-sub %s: %s, %d publisher(s), %d subscriber(s), %s of %d bytes", res.Mode,
-		res.Target, res.Publishers, res.Subscribers, amount, res.Size)
+	fmt.Fprintf(&b, "Pub-sub %s: %s, %d publisher(s), %d subscriber(s)", res.Mode, res.Target, res.Publishers, res.Subscribers)
+	if res.Servers > 0 {
+		fmt.Fprintf(&b, " spread over %d server(s)", res.Servers)
+	}
+	fmt.Fprintf(&b, ", %s of %d bytes", amount, res.Size)
 	if res.Rate > 0 {
 		fmt.Fprintf(&b, ", offered %.0f msgs/s", res.Rate)
 	}
 	b.WriteString("\n")
 	writeLines(&b, res.Lines(), namedLatency{"Delivery", res.Latency, "deliveries"})
+	if res.Links != nil {
+		for _, l := range res.Links.Lines() {
+			b.WriteString(l + "\n")
+		}
+	}
 	return res.writeTail(w, &b, res.CPU, res.Delivered, "delivery")
 }
 
