@@ -103,6 +103,7 @@ in the same directory as courier.`,
 	cmd.AddCommand(scenarioCmd(g, rr, "echo",
 		"Request-response against an in-process echo, no broker: how many cycles/s the load generator itself sustains", true))
 	cmd.AddCommand(compareCmd(g))
+	cmd.AddCommand(clusterCmd(g))
 	return cmd
 }
 
