@@ -104,6 +104,7 @@ in the same directory as courier.`,
 		"Request-response against an in-process echo, no broker: how many cycles/s the load generator itself sustains", true))
 	cmd.AddCommand(compareCmd(g))
 	cmd.AddCommand(clusterCmd(g))
+	cmd.AddCommand(idleCmd(g))
 	return cmd
 }
 
