@@ -306,7 +306,7 @@ func (res *IdleResult) WriteText(w io.Writer) error {
 	if res.Kind == KindNATS {
 		b.WriteString(" (each to a subject of its own: the nearest analogue of an exchange)")
 	}
-	fmt.Fprintf(&b, "\nDeclared %d %s in ~%.1f seconds; settled %.0f s; CPU over %.0f s windows (/proc/PID/stat utime+stime, 10 ms ticks)\n",
+	fmt.Fprintf(&b, "\nDeclared %d %s in ~%.1f seconds; settled %.1f s; CPU over %.1f s windows (/proc/PID/stat utime+stime, 10 ms ticks)\n",
 		res.Exchanges, res.What, res.DeclareSeconds, res.Settle, res.Window)
 	mb := func(v int64) string { return fmt.Sprintf("%.1f", float64(v)/1e6) }
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -64,10 +64,11 @@ const stampSize = 20
 // subCounter is one subscriber's tally, written by its goroutine only;
 // padded so that subscribers do not share cache lines.
 type subCounter struct {
-	n    atomic.Int64
+	n    atomic.Int64 // every delivery: probes and warm-up too
+	m    atomic.Int64 // deliveries of the measured run's messages
 	ooo  atomic.Int64
 	last []uint64 // by publisher
-	_    [40]byte
+	_    [32]byte
 }
 
 // RunPubSub runs the pub-sub scenario: cfg.Subscribers subscribers and
@@ -119,6 +120,13 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 	for i := range counters {
 		counters[i].last = make([]uint64, cfg.Publishers)
 	}
+	// Stamped messages of the measured run have a sequence number above
+	// their publisher's first; the probes and the warm-up's stragglers,
+	// which may still come in a cluster, are not counted with them.
+	firstSeq := make([]atomic.Uint64, cfg.Publishers)
+	for j := range firstSeq {
+		firstSeq[j].Store(math.MaxUint64)
+	}
 	err = d.subscribe(ctx, cfg.Subscribers, func(i int, b []byte) {
 		c := &counters[i]
 		if stamped && len(b) >= stampSize {
@@ -129,8 +137,11 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 					c.ooo.Add(1)
 				}
 				c.last[p] = seq
+				if seq > firstSeq[p].Load() {
+					c.m.Add(1)
+					rec.record(i, time.Since(epoch)-due)
+				}
 			}
-			rec.record(i, time.Since(epoch)-due)
 		}
 		c.n.Add(1)
 	})
@@ -181,6 +192,9 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 		awaitDeliveries(ctx, delivered, want, epoch, cfg.Drain)
 	}
 	if len(cfg.NodesHTTP) > 0 {
+		// Stragglers of the probes and the warm-up would cross the links
+		// in the windows.
+		awaitQuiet(ctx, delivered, time.Second, readyWait)
 		res.Links, err = measureLinks(ctx, cfg.NodesHTTP, linkWindow, func() error {
 			from := delivered()
 			var one atomic.Int64
@@ -195,10 +209,24 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 		}
 	}
 	base := delivered()
+	for j, ps := range pubs {
+		firstSeq[j].Store(ps.seq)
+	}
+	// measured counts the deliveries of the measured run's messages.
+	measured := func() int64 {
+		if !stamped {
+			return delivered() - base
+		}
+		var n int64
+		for i := range counters {
+			n += counters[i].m.Load()
+		}
+		return n
+	}
 
 	meter := newCPUMeter(cfg)
 	var published atomic.Int64
-	pr := probe{sent: published.Load, received: delivered, lat: rec}
+	pr := probe{sent: published.Load, received: measured, lat: rec}
 	if cfg.Rate > 0 {
 		pr.offered = func() float64 { return cfg.Rate }
 	}
@@ -231,7 +259,6 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 	// Wait for the deliveries until all came, none came for cfg.Drain,
 	// or the time is up. A publisher that failed ends the wait at once.
 	smp.setStage("draining")
-	measured := func() int64 { return delivered() - base }
 	stop = progress(cfg, "Delivered", measured, res.Expected)
 	last, lastAt := measured(), time.Now()
 	if pubErr == nil {
@@ -283,6 +310,19 @@ func awaitSubscribers(ctx context.Context, ps *pubState, counters []subCounter, 
 				return fmt.Errorf("bench: %d of %d subscribers received nothing within %s of probes", waiting, len(counters), wait)
 			}
 			sleepCtx(ctx, 10*time.Millisecond)
+		}
+	}
+}
+
+// awaitQuiet waits until delivered has not changed for quiet, at most
+// for wait.
+func awaitQuiet(ctx context.Context, delivered func() int64, quiet, wait time.Duration) {
+	deadline := time.Now().Add(wait)
+	last, lastAt := delivered(), time.Now()
+	for time.Since(lastAt) < quiet && time.Now().Before(deadline) && ctx.Err() == nil {
+		sleepCtx(ctx, 10*time.Millisecond)
+		if n := delivered(); n != last {
+			last, lastAt = n, time.Now()
 		}
 	}
 }

@@ -1,0 +1,121 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeNodes serves GET /api/nodes in the shape of RabbitMQ's: node n1
+// with links to n2 and n3 whose message counters move by one per
+// publication, and a heartbeat counter that moves by itself.
+func fakeNodes(t *testing.T, published, beats *atomic.Int64) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/nodes" {
+			http.NotFound(w, r)
+			return
+		}
+		if u, p, ok := r.BasicAuth(); ok && (u != "admin" || p != "pw") {
+			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+		b := beats.Add(1)
+		p := published.Load()
+		fmt.Fprintf(w, `[{"name":"n1","uptime":%d,"exchanges":3,"cluster_links":[
+			{"name":"n2","send_msgs":%d,"heartbeats":%d,"state":"up"},
+			{"name":"n3","send_msgs":%d,"heartbeats":%d}]}]`, b*100, 10+p, b, 20+p, b)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func TestMeasureLinks(t *testing.T) {
+	var published, beats atomic.Int64
+	srv := fakeNodes(t, &published, &beats)
+	rep, err := measureLinks(context.Background(), []string{srv.URL}, 10*time.Millisecond, func() error {
+		published.Add(1)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]LinkCounter{}
+	for _, c := range rep.Counters {
+		got[c.Path] = c
+	}
+	for path, want := range map[string][2]float64{
+		"n1.cluster_links[n2].send_msgs":  {1, 0},
+		"n1.cluster_links[n3].send_msgs":  {1, 0},
+		"n1.cluster_links[n2].heartbeats": {1, 1},
+	} {
+		c, ok := got[path]
+		if !ok || c.Delta != want[0] || c.Idle != want[1] {
+			t.Errorf("%s: %+v, want delta %v, idle %v", path, c, want[0], want[1])
+		}
+	}
+	if _, ok := got["n1.uptime"]; ok {
+		t.Errorf("uptime taken for a link counter")
+	}
+	if rep.Found != 4 || len(rep.Notes) != 0 {
+		t.Errorf("found %d link fields, notes %q; want 4, none", rep.Found, rep.Notes)
+	}
+	text := strings.Join(rep.Lines(), "\n")
+	if !strings.Contains(text, "n1.cluster_links[n2].send_msgs  +1  (idle +0)") || !strings.Contains(text, "4 link fields, 2 moved more than when idle") {
+		t.Errorf("lines:\n%s", text)
+	}
+}
+
+func TestReadNodes(t *testing.T) {
+	var published, beats atomic.Int64
+	srv := fakeNodes(t, &published, &beats)
+	withAuth := strings.Replace(srv.URL, "http://", "http://admin:pw@", 1)
+	if _, err := readNodes(context.Background(), withAuth); err != nil {
+		t.Errorf("with credentials: %v", err)
+	}
+	bad := strings.Replace(srv.URL, "http://", "http://admin:nope@", 1)
+	if _, err := readNodes(context.Background(), bad); err == nil || strings.Contains(err.Error(), "nope") {
+		t.Errorf("bad credentials: %v (the error must not show the password)", err)
+	}
+	// A node that is not there, or answers something else, is a note.
+	rep, err := measureLinks(context.Background(), []string{"http://127.0.0.1:1", srv.URL + "/x"}, time.Millisecond, func() error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Notes) != 2 || rep.Found != 0 {
+		t.Errorf("notes %q, found %d", rep.Notes, rep.Found)
+	}
+}
+
+func TestFlattenJSON(t *testing.T) {
+	big := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("["))
+		chunk := []byte(strings.Repeat(" ", 1<<20))
+		for range maxNodesDoc>>20 + 1 {
+			w.Write(chunk)
+		}
+	}))
+	defer big.Close()
+	if _, err := readNodes(context.Background(), big.URL); err == nil || !strings.Contains(err.Error(), "more than") {
+		t.Errorf("an oversized document: %v", err)
+	}
+	deep := strings.Repeat("[", 100) + "1" + strings.Repeat("]", 100)
+	m, err := flattenJSON([]byte(deep))
+	if err != nil || len(m) != 0 {
+		t.Errorf("a deep document: %v, %v", m, err)
+	}
+	m, err = flattenJSON([]byte(`[{"name":"a","links":[{"peer":"b","n":2},{"x":1}]}]`))
+	if err != nil || m["a.links[b].n"] != 2 || m["a.links[1].x"] != 1 {
+		t.Errorf("flatten: %v, %v", m, err)
+	}
+	for path, want := range map[string]bool{"n1.cluster_links[n2].send_bytes": true, "n1.routes[0].out_msgs": true, "n1.peers": true, "n1.exchanges": false} {
+		if isLinkPath(path) != want {
+			t.Errorf("isLinkPath(%q) = %v", path, !want)
+		}
+	}
+}
