@@ -24,7 +24,9 @@
 # Knobs: ROUNDS (5), FANOUT_ROUNDS (3), SUBSCRIBERS (10000), MESSAGES
 # (200), EXCHANGES (10000), IDLE_WINDOW (30s), SINGLE_PORT (7400: the
 # baseline server's client port; its HTTP port is SINGLE_HTTP, 7480),
-# STEPS (default "reqresp fanout idle").
+# COURIER_ARGS (every Courier server's extra flags; default
+# "--log-level warn --heartbeat 5s", see below), STEPS (default
+# "reqresp fanout idle").
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,6 +42,11 @@ IDLE_WINDOW=${IDLE_WINDOW:-30s}
 SINGLE_PORT=${SINGLE_PORT:-7400}
 SINGLE_HTTP=${SINGLE_HTTP:-7480}
 STEPS=${STEPS:-reqresp fanout idle}
+# Every Courier server (the cluster's nodes and the single one) gets
+# these flags. --heartbeat 5s: 10,000 subscriber connections from one
+# process on a loaded 2-core machine go silent for more than the
+# default 3 x 1 s now and then, and are cut (NATS pings every 2 minutes).
+export COURIER_ARGS=${COURIER_ARGS:---log-level warn --heartbeat 5s}
 export CLUSTER_DIR=$out/clusters
 export COURIER_BIN=$out/courier
 bench=$out/courier-bench
@@ -49,7 +56,9 @@ cluster=$root/scripts/cluster.sh
 
 single_pid=
 cleanup() {
-	if [ -n "$single_pid" ]; then kill "$single_pid" 2>/dev/null || true; fi
+	# The steps run in a pipeline's subshell: the single server's pid is
+	# in its file.
+	if [ -s "$out/single/pid" ]; then kill "$(cat "$out/single/pid")" 2>/dev/null || true; fi
 	"$cluster" stop nats >/dev/null 2>&1 || true
 	"$cluster" stop courier >/dev/null 2>&1 || true
 }
@@ -68,21 +77,39 @@ if "$COURIER_BIN" server --help 2>&1 | grep -q -- '--cluster '; then has_cluster
 	if [ "$has_cluster" = 1 ]; then echo "courier: with --cluster"; else echo "courier: no --cluster flag (built before the cluster): single server and NATS only"; fi
 } | tee "$out/machine.txt"
 
-# The single-node baseline, on its own ports and data directory.
-mkdir -p "$out/single"
-setsid "$COURIER_BIN" server --listen "127.0.0.1:$SINGLE_PORT" --http "127.0.0.1:$SINGLE_HTTP" \
-	--data "$out/single/data" --log-level warn >"$out/single/log" 2>&1 </dev/null &
-single_pid=$!
-for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$SINGLE_PORT") 2>/dev/null && break; sleep 0.1; done
+# The single-node baseline, on its own ports, fresh for every step (a
+# step's connections leave memory behind that the next step's figures
+# would carry).
 SINGLE=courier://127.0.0.1:$SINGLE_PORT
+start_single() {
+	rm -rf "$out/single"
+	mkdir -p "$out/single"
+	# shellcheck disable=SC2086
+	setsid "$COURIER_BIN" server --listen "127.0.0.1:$SINGLE_PORT" --http "127.0.0.1:$SINGLE_HTTP" \
+		--data "$out/single/data" $COURIER_ARGS >"$out/single/log" 2>&1 </dev/null &
+	single_pid=$!
+	echo "$single_pid" >"$out/single/pid"
+	for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$SINGLE_PORT") 2>/dev/null && break; sleep 0.1; done
+	echo "single Courier server (pid $single_pid): $COURIER_BIN server --listen 127.0.0.1:$SINGLE_PORT --http 127.0.0.1:$SINGLE_HTTP --data $out/single/data $COURIER_ARGS"
+}
+stop_single() {
+	if [ -n "$single_pid" ]; then
+		kill "$single_pid" 2>/dev/null || true
+		for _ in $(seq 1 50); do kill -0 "$single_pid" 2>/dev/null || break; sleep 0.1; done
+		single_pid=
+		rm -f "$out/single/pid"
+	fi
+}
 
 start_clusters() { # n
+	start_single
 	"$cluster" start nats "$1" | tee -a "$out/clusters.txt"
 	if [ "$has_cluster" = 1 ]; then "$cluster" start courier "$1" | tee -a "$out/clusters.txt"; fi
 }
 stop_clusters() {
 	"$cluster" stop nats
 	"$cluster" stop courier
+	stop_single
 }
 
 run() { # name, courier-bench args...
@@ -123,8 +150,8 @@ courier_nodes() {
 			if [ "$has_cluster" = 1 ]; then
 				run idle-courier-3 idle --url "$("$cluster" urls courier)" --exchanges "$EXCHANGES" --window "$IDLE_WINDOW"
 			fi
-			stop_clusters
 			run idle-courier-single idle --url "$SINGLE" --exchanges "$EXCHANGES" --window "$IDLE_WINDOW"
+			stop_clusters
 			;;
 		*)
 			echo "bench-cluster.sh: unknown step $step (reqresp, fanout, idle)" >&2
