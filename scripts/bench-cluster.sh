@@ -146,11 +146,11 @@ courier_nodes() {
 			;;
 		idle)
 			start_clusters 3
-			run idle-nats-3 idle --target "$("$cluster" urls nats)" --exchanges "$EXCHANGES" --window "$IDLE_WINDOW"
+			run idle-nats-3 idle --target "$("$cluster" urls nats)" --exchanges "$EXCHANGES" --window "$IDLE_WINDOW" --baseline
 			if [ "$has_cluster" = 1 ]; then
-				run idle-courier-3 idle --url "$("$cluster" urls courier)" --exchanges "$EXCHANGES" --window "$IDLE_WINDOW"
+				run idle-courier-3 idle --url "$("$cluster" urls courier)" --exchanges "$EXCHANGES" --window "$IDLE_WINDOW" --baseline
 			fi
-			run idle-courier-single idle --url "$SINGLE" --exchanges "$EXCHANGES" --window "$IDLE_WINDOW"
+			run idle-courier-single idle --url "$SINGLE" --exchanges "$EXCHANGES" --window "$IDLE_WINDOW" --baseline
 			stop_clusters
 			;;
 		*)
