@@ -88,8 +88,13 @@ check_free() { # what, ports...
 }
 
 # nats_routes prints how many routes node K's monitor reports (0 if it
-# does not answer).
+# does not answer; "?" without curl, when start waits for the client
+# ports only).
 nats_routes() {
+	if ! command -v curl >/dev/null 2>&1; then
+		echo "?"
+		return
+	fi
 	curl -fsS --max-time 2 "http://127.0.0.1:$(nats_monitor "$1")/routez" 2>/dev/null |
 		sed -n 's/.*"num_routes": *\([0-9]*\).*/\1/p' | head -n1 || true
 }
@@ -123,7 +128,7 @@ start_nats() { # n
 		for k in $(seq 1 "$n"); do
 			local r
 			r=$(nats_routes "$k")
-			if port_open "$(nats_client "$k")" && [ "${r:-0}" -ge $((n - 1)) ]; then ready=$((ready + 1)); fi
+			if port_open "$(nats_client "$k")" && { [ "$r" = "?" ] || [ "${r:-0}" -ge $((n - 1)) ]; }; then ready=$((ready + 1)); fi
 		done
 		if [ "$ready" = "$n" ]; then
 			echo "nats-server $("$NATS_BIN" --version | awk '{print $2}'): $n nodes, cluster $NATS_CLUSTER_NAME, full mesh of routes"

@@ -49,12 +49,54 @@ type LinkCounter struct {
 
 // isLinkPath reports whether a field of GET /api/nodes counts traffic
 // on a node-to-node link. The field names of the cluster's links were
-// not settled when this was written: it takes any path with "link",
-// "route" or "peer" in it (RabbitMQ's cluster_links, NATS's routes).
-// Adjust it here, and only here, once the names are known.
+// not settled when this was written (the fabric's branch had
+// "links":[{"peer":"n2","control":{"frames_out":...},"data":{...}}]):
+// it takes any path with "link", "route" or "peer" in it (RabbitMQ's
+// cluster_links, NATS's routes). Adjust it here, and isCopyPath, once
+// the names are known.
 func isLinkPath(path string) bool {
 	p := strings.ToLower(path)
 	return strings.Contains(p, "link") || strings.Contains(p, "route") || strings.Contains(p, "peer")
+}
+
+// isCopyPath reports whether a link field counts messages or frames
+// sent: the fields whose moves over one publication are the copies that
+// crossed the links. Control links (votes, views, heartbeats) are left
+// out. Adjust it with isLinkPath.
+func isCopyPath(path string) bool {
+	p := strings.ToLower(path)
+	if !isLinkPath(p) || strings.Contains(p, "control") {
+		return false
+	}
+	for _, w := range []string{"frames_out", "msgs_out", "messages_out", "send_msgs", "sent_msgs", "sent_frames"} {
+		if strings.Contains(p, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// Copies sums, by sending node, the sent-frame or sent-message fields
+// ([isCopyPath]) over the publication minus their idle moves: the copies
+// of the one publication that crossed the links. A field reported by
+// several nodes (each node's /api/nodes may show the whole cluster) is
+// counted once. The node is the first part of the path.
+func (rep *LinkReport) Copies() map[string]float64 {
+	byPath := map[string]float64{}
+	for _, c := range rep.Counters {
+		if !isCopyPath(c.Path) {
+			continue
+		}
+		if v, ok := byPath[c.Path]; !ok || c.Delta-c.Idle > v {
+			byPath[c.Path] = c.Delta - c.Idle
+		}
+	}
+	out := map[string]float64{}
+	for path, v := range byPath {
+		node, _, _ := strings.Cut(path, ".")
+		out[node] += v
+	}
+	return out
 }
 
 // maxNodesDoc bounds the GET /api/nodes document read from a node.
@@ -245,6 +287,18 @@ func (rep *LinkReport) Lines() []string {
 	}
 	for _, n := range rep.Notes {
 		out = append(out, "  "+n)
+	}
+	if copies := rep.Copies(); len(copies) > 0 {
+		nodes := make([]string, 0, len(copies))
+		for n := range copies {
+			nodes = append(nodes, n)
+		}
+		slices.Sort(nodes)
+		parts := make([]string, len(nodes))
+		for i, n := range nodes {
+			parts[i] = n + " " + signed(copies[n])
+		}
+		out = append(out, "Copies sent on the links for the publication (sent frames or messages, minus idle), by node: "+strings.Join(parts, ", "))
 	}
 	return out
 }

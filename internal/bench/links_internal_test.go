@@ -119,3 +119,42 @@ func TestFlattenJSON(t *testing.T) {
 		}
 	}
 }
+
+// The shape of the cluster's /api/nodes: every node's row with its
+// links to the others, control and data counters apart.
+func TestLinkCopies(t *testing.T) {
+	doc := func(data, control int) string {
+		return fmt.Sprintf(`[{"name":"n1","links":[
+			{"peer":"n2","up":true,"rtt_ms":0.2,"control":{"frames_out":%d,"bytes_out":%d},"data":{"frames_out":%d,"frames_in":0,"bytes_out":%d}},
+			{"peer":"n3","up":true,"rtt_ms":0.3,"control":{"frames_out":%d},"data":{"frames_out":%d}}]},
+			{"name":"n2","links":[{"peer":"n1","control":{"frames_out":%d},"data":{"frames_out":7}}]}]`,
+			control, control*40, data, data*200, control, data, control)
+	}
+	reads := []string{doc(10, 5), doc(10, 6), doc(11, 7)} // idle: control +1; publication: data +1, control +1
+	rep := &LinkReport{}
+	var snaps []map[string]float64
+	for _, d := range reads {
+		m, err := flattenJSON([]byte(d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		snaps = append(snaps, m)
+	}
+	// Two nodes report the same document: counted once.
+	rep.add("http://a", snaps[0], snaps[1], snaps[2])
+	rep.add("http://b", snaps[0], snaps[1], snaps[2])
+	copies := rep.Copies()
+	if len(copies) != 1 || copies["n1"] != 2 {
+		t.Errorf("copies %v, want n1: 2 (one per peer, control links left out)", copies)
+	}
+	text := strings.Join(rep.Lines(), "\n")
+	if !strings.Contains(text, "Copies sent on the links for the publication (sent frames or messages, minus idle), by node: n1 +2") {
+		t.Errorf("lines:\n%s", text)
+	}
+	for path, want := range map[string]bool{"n1.links[n2].data.frames_out": true, "n1.links[n2].control.frames_out": false,
+		"n1.cluster_links[n2].send_msgs": true, "n1.links[n2].data.bytes_out": false, "n1.frames_out": false} {
+		if isCopyPath(path) != want {
+			t.Errorf("isCopyPath(%q) = %v", path, !want)
+		}
+	}
+}
