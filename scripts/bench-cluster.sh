@@ -10,7 +10,7 @@
 #      reqresp-cross,reqresp-same);
 #   2. 5-node clusters: one publisher on node A, $SUBSCRIBERS subscribers
 #      spread round-robin over the five, with each Courier node's link
-#      counters over one publication (--cases fanout-spread);
+#      counters over 20 publications (--cases fanout-spread);
 #   3. the idle cost: CPU and RSS of every server of an idle 3-node
 #      cluster after $EXCHANGES exchanges (NATS: as many subscriptions)
 #      (courier-bench idle).

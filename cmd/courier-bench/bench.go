@@ -194,7 +194,7 @@ func addScenarioFlags(fs *pflag.FlagSet, f *benchFlags, sc bench.Scenario) {
 		fs.StringVar(&f.mode, "mode", "fanout", "fanout (one publisher, many subscribers) or fanin (many publishers, one subscriber)")
 		fs.DurationVar(&f.drain, "drain", 3*time.Second, "how long to wait for deliveries that stopped coming before counting them lost")
 		fs.StringSliceVar(&f.subURLs, "subscriber-urls", nil, "spread the subscribers round-robin over these servers, such as a cluster's nodes (the publishers stay on --url or --target)")
-		fs.StringSliceVar(&f.nodesHTTP, "nodes-http", nil, "Courier cluster: the nodes' management URLs (http://127.0.0.1:7481,...); their link counters (GET /api/nodes) are read before and after one publication")
+		fs.StringSliceVar(&f.nodesHTTP, "nodes-http", nil, "Courier cluster: the nodes' management URLs (http://127.0.0.1:7481,...); their link counters (GET /api/nodes) are read before and after 20 publications, and the copies of one that crossed the links printed")
 		fs.IntVar(&f.count, "messages", 1000000, "same as --count")
 		fs.MarkDeprecated("messages", "use --count")
 	case "users":

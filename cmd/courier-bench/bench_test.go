@@ -210,7 +210,7 @@ func TestBenchCrossNodeFlags(t *testing.T) {
 		{"reqresp", []string{"reqresp", "--url", url, "--handler-url", url, "--count", "30", "--parallel", "100"},
 			[]string{"1 handler(s) connected to " + url, "Sequential 30 cycles in ~", "Parallel 100 30 cycles in ~"}},
 		{"pubsub", []string{"pubsub", "--url", url, "--subscriber-urls", url + "," + url, "--nodes-http", http, "--subscribers", "3", "--count", "50"},
-			[]string{"3 subscriber(s) spread over 2 server(s)", "Lost 0 of 150 deliveries", "Link counters over one publication", "no link fields in /api/nodes"}},
+			[]string{"3 subscriber(s) spread over 2 server(s)", "Lost 0 of 150 deliveries", "Link counters over 20 publications", "no link fields in /api/nodes"}},
 		{"cluster", []string{"cluster", "--single", url, "--nats-nodes", "nats://127.0.0.1:1,nats://127.0.0.1:2", "--count", "30",
 			"--parallel-count", "100", "--subscribers", "3", "--messages", "10", "--rounds", "2"},
 			[]string{"Skipping NATS cluster", "reqresp-cross", "reqresp-same", "fanout-spread", "Parallel 100", "Medians of 2 rounds"}},

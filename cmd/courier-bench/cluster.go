@@ -38,7 +38,8 @@ Cases:
   fanout-spread  one publisher on the first node, --subscribers spread
                  round-robin over every node; with --courier-http, the
                  link counters of each Courier node (GET /api/nodes)
-                 over one publication
+                 over 20 publications, and the copies of one publication
+                 that crossed the links
 The single server runs every case with all its clients on it: the
 baseline a cluster's single-node path is held to.
 

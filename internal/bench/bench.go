@@ -253,7 +253,7 @@ type Config struct {
 	// NodesHTTP, for a Courier target, are the management API base URLs
 	// of a cluster's nodes (such as http://127.0.0.1:7481): the pub-sub
 	// scenario reads the link counters of each node's GET /api/nodes
-	// before and after one publication ([LinkReport]).
+	// before and after 20 publications and an idle window ([LinkReport]).
 	NodesHTTP []string
 
 	// ServerPID, if not 0, is the broker's process for CPU and memory

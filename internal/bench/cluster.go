@@ -24,7 +24,7 @@ type ClusterConfig struct {
 	// empty to leave that cluster out.
 	Courier, NATS []string
 	// CourierHTTP are the management URLs of the Courier nodes: the
-	// fan-out case reads their link counters over one publication.
+	// fan-out case reads their link counters over a few publications.
 	CourierHTTP []string
 	// Single, if set, is a single-node Courier server measured as the
 	// baseline: every case with all its clients on that server.

@@ -75,7 +75,7 @@ func TestPubSubSpreadLinks(t *testing.T) {
 		!strings.Contains(res.Links.Notes[0], "no link fields in /api/nodes") || !strings.Contains(res.Links.Notes[0], ".exchanges") {
 		t.Errorf("links %+v", res.Links)
 	}
-	if !strings.Contains(text, "Link counters over one publication") {
+	if !strings.Contains(text, "Link counters over 20 publications") {
 		t.Errorf("no link counter lines")
 	}
 }
@@ -136,7 +136,7 @@ func TestCompareClusters(t *testing.T) {
 			t.Errorf("row %q: %+v", k, r)
 		}
 	}
-	for _, want := range []string{"Courier cluster/Courier single", "Medians of 2 rounds", "Link counters over one publication", "Ratios: how many times better Courier cluster did"} {
+	for _, want := range []string{"Courier cluster/Courier single", "Medians of 2 rounds", "Link counters over 20 publications", "Ratios: how many times better Courier cluster did"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output has no %q", want)
 		}

@@ -15,11 +15,15 @@ import (
 )
 
 // LinkReport is what the link counters of a Courier cluster's nodes did
-// over one publication: every numeric field of GET /api/nodes whose path
-// [isLinkPath] takes for a node-to-node link's, read on every node
+// over a few publications: every numeric field of GET /api/nodes whose
+// path [isLinkPath] takes for a node-to-node link's, read on every node
 // before and after, next to the same fields over an equal window
-// without a publication (link heartbeats move some of them).
+// without publications (link heartbeats move some of them). Each node's
+// own row is read (the one whose http_url is the URL read), as another
+// node's row may show this node's view of it.
 type LinkReport struct {
+	// Publications is how many messages were published in the window.
+	Publications int `json:"publications"`
 	// Window is the length of each of the two windows, in seconds.
 	Window float64 `json:"window_s"`
 	// Counters are the link fields that moved in either window.
@@ -52,11 +56,17 @@ type LinkCounter struct {
 // not settled when this was written (the fabric's branch had
 // "links":[{"peer":"n2","control":{"frames_out":...},"data":{...}}]):
 // it takes any path with "link", "route" or "peer" in it (RabbitMQ's
-// cluster_links, NATS's routes). Adjust it here, and isCopyPath, once
-// the names are known.
+// cluster_links, NATS's routes), but not round-trip times, latencies
+// and timestamps. Adjust it here, and isCopyPath, once the names are
+// known.
 func isLinkPath(path string) bool {
 	p := strings.ToLower(path)
-	return strings.Contains(p, "link") || strings.Contains(p, "route") || strings.Contains(p, "peer")
+	if !strings.Contains(p, "link") && !strings.Contains(p, "route") && !strings.Contains(p, "peer") {
+		return false
+	}
+	// Not counters: round-trip times, latencies, timestamps.
+	last := p[strings.LastIndexByte(p, '.')+1:]
+	return !strings.Contains(last, "rtt") && !strings.Contains(last, "latency") && !strings.Contains(last, "since")
 }
 
 // isCopyPath reports whether a link field counts messages or frames
@@ -77,10 +87,10 @@ func isCopyPath(path string) bool {
 }
 
 // Copies sums, by sending node, the sent-frame or sent-message fields
-// ([isCopyPath]) over the publication minus their idle moves: the copies
-// of the one publication that crossed the links. A field reported by
-// several nodes (each node's /api/nodes may show the whole cluster) is
-// counted once. The node is the first part of the path.
+// ([isCopyPath]) over the publications minus their idle moves, divided
+// by the publications: the copies of one publication that crossed the
+// links. A field reported by several nodes is counted once. The node is
+// the first part of the path.
 func (rep *LinkReport) Copies() map[string]float64 {
 	byPath := map[string]float64{}
 	for _, c := range rep.Counters {
@@ -94,7 +104,7 @@ func (rep *LinkReport) Copies() map[string]float64 {
 	out := map[string]float64{}
 	for path, v := range byPath {
 		node, _, _ := strings.Cut(path, ".")
-		out[node] += v
+		out[node] += v / float64(max(rep.Publications, 1))
 	}
 	return out
 }
@@ -103,13 +113,15 @@ func (rep *LinkReport) Copies() map[string]float64 {
 const maxNodesDoc = 16 << 20
 
 // readNodes returns every numeric field of a node's GET /api/nodes, by
-// path ([LinkCounter.Path]). Credentials in the URL
+// path ([LinkCounter.Path]), and the name of the node's own row (""
+// when no row's http_url is base). Credentials in the URL
 // (http://user:password@host:port) are sent as basic authentication.
-func readNodes(ctx context.Context, base string) (map[string]float64, error) {
+func readNodes(ctx context.Context, base string) (map[string]float64, string, error) {
 	u, err := url.Parse(base)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
+	host := u.Host
 	user := u.User
 	u.User = nil
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/api/nodes"
@@ -117,7 +129,7 @@ func readNodes(ctx context.Context, base string) (map[string]float64, error) {
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if user != nil {
 		pw, _ := user.Password()
@@ -125,31 +137,57 @@ func readNodes(ctx context.Context, base string) (map[string]float64, error) {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", u.Redacted(), resp.Status)
+		return nil, "", fmt.Errorf("GET %s: %s", u.Redacted(), resp.Status)
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxNodesDoc+1))
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if len(b) > maxNodesDoc {
-		return nil, fmt.Errorf("GET %s: more than %d bytes", u.Redacted(), maxNodesDoc)
+		return nil, "", fmt.Errorf("GET %s: more than %d bytes", u.Redacted(), maxNodesDoc)
 	}
-	return flattenJSON(b)
+	return parseNodes(b, host)
+}
+
+// parseNodes returns the numeric leaves of a GET /api/nodes document by
+// path, and the name of the row whose http_url has the host (host:port)
+// given.
+func parseNodes(b []byte, host string) (map[string]float64, string, error) {
+	var doc any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return nil, "", fmt.Errorf("GET /api/nodes: %w", err)
+	}
+	out := map[string]float64{}
+	flatten(doc, "", 0, out)
+	return out, selfRow(doc, host), nil
 }
 
 // flattenJSON returns the numeric leaves of a JSON document by path.
 func flattenJSON(b []byte) (map[string]float64, error) {
-	var doc any
-	if err := json.Unmarshal(b, &doc); err != nil {
-		return nil, fmt.Errorf("GET /api/nodes: %w", err)
+	m, _, err := parseNodes(b, "")
+	return m, err
+}
+
+// selfRow returns the name of the node whose http_url has host, "" if
+// none has.
+func selfRow(doc any, host string) string {
+	rows, _ := doc.([]any)
+	for _, r := range rows {
+		m, ok := r.(map[string]any)
+		if !ok {
+			continue
+		}
+		raw, _ := m["http_url"].(string)
+		name, _ := m["name"].(string)
+		if u, err := url.Parse(raw); err == nil && host != "" && u.Host == host && name != "" {
+			return name
+		}
 	}
-	out := map[string]float64{}
-	flatten(doc, "", 0, out)
-	return out, nil
+	return ""
 }
 
 // maxFlattenDepth bounds the nesting flatten follows.
@@ -202,26 +240,28 @@ func entryLabel(e any, i int) string {
 // management URL; nil for a node that could not be read.
 type linkSnapshot map[string]map[string]float64
 
-func readAllNodes(ctx context.Context, bases []string, errs map[string]error) linkSnapshot {
+// readAllNodes reads every node; selves gets each one's own row's name.
+func readAllNodes(ctx context.Context, bases []string, errs map[string]error, selves map[string]string) linkSnapshot {
 	s := linkSnapshot{}
 	for _, b := range bases {
-		m, err := readNodes(ctx, b)
+		m, self, err := readNodes(ctx, b)
 		if err != nil {
 			errs[b] = err
 		}
 		s[b] = m
+		if self != "" {
+			selves[b] = self
+		}
 	}
 	return s
 }
 
-// measureLinks reads the nodes' link counters over an idle window, then
-// over a window in which publish sends one message and delivered waits
-// for it; the windows are equally long, at least window.
-func measureLinks(ctx context.Context, bases []string, window time.Duration, publish func() error) (*LinkReport, error) {
-	errs := map[string]error{}
-	s0 := readAllNodes(ctx, bases, errs)
-	sleepCtx(ctx, window)
-	s1 := readAllNodes(ctx, bases, errs)
+// measureLinks reads the nodes' link counters before and after publish
+// sends n messages and waits for their deliveries (the window, at least
+// window long), then again after an idle window of the same length.
+func measureLinks(ctx context.Context, bases []string, window time.Duration, n int, publish func() error) (*LinkReport, error) {
+	errs, selves := map[string]error{}, map[string]string{}
+	s0 := readAllNodes(ctx, bases, errs, selves)
 	start := time.Now()
 	if err := publish(); err != nil {
 		return nil, err
@@ -230,24 +270,28 @@ func measureLinks(ctx context.Context, bases []string, window time.Duration, pub
 		sleepCtx(ctx, rest)
 	}
 	elapsed := time.Since(start)
-	s2 := readAllNodes(ctx, bases, errs)
-	rep := &LinkReport{Window: max(window, elapsed).Seconds()}
+	s1 := readAllNodes(ctx, bases, errs, selves)
+	sleepCtx(ctx, elapsed)
+	s2 := readAllNodes(ctx, bases, errs, selves)
+	rep := &LinkReport{Publications: n, Window: elapsed.Seconds()}
 	for _, b := range bases {
 		if err := errs[b]; err != nil {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("%s: %v", redact(b), err))
 			continue
 		}
-		rep.add(redact(b), s0[b], s1[b], s2[b])
+		rep.add(redact(b), selves[b], s0[b], s1[b], s2[b])
 	}
 	return rep, ctx.Err()
 }
 
-// add adds one node's link fields that moved, and a note if it has none.
-func (rep *LinkReport) add(node string, s0, s1, s2 map[string]float64) {
+// add adds the link fields of one node's own row (self; every row when
+// "") that moved: over the publications from s0 to s1, idle from s1 to
+// s2. It notes a node without link fields.
+func (rep *LinkReport) add(node, self string, s0, s1, s2 map[string]float64) {
 	var paths, all []string
 	for p := range s2 {
 		all = append(all, p)
-		if isLinkPath(p) {
+		if isLinkPath(p) && (self == "" || strings.HasPrefix(p, self+".")) {
 			paths = append(paths, p)
 		}
 	}
@@ -262,27 +306,28 @@ func (rep *LinkReport) add(node string, s0, s1, s2 map[string]float64) {
 		return
 	}
 	for _, p := range paths {
-		c := LinkCounter{Node: node, Path: p, Delta: s2[p] - s1[p], Idle: s1[p] - s0[p]}
+		c := LinkCounter{Node: node, Path: p, Delta: s1[p] - s0[p], Idle: s2[p] - s1[p]}
 		if c.Delta != 0 || c.Idle != 0 {
 			rep.Counters = append(rep.Counters, c)
 		}
 	}
 }
 
-// Lines describe the report:
+// Lines describe the report: the fields that moved otherwise than
+// when idle, then the copies per publication:
 //
-//	Link counters over one publication (GET /api/nodes of 5 nodes, 0.5 s windows; 40 link fields, 3 moved):
-//	  http://127.0.0.1:7481  n1.cluster_links[n2].send_msgs  +1  (idle +0)
+//	Link counters over 20 publications (GET /api/nodes, 0.5 s windows; 40 link fields, 3 moved otherwise than when idle, 8 as when idle):
+//	  http://127.0.0.1:7481  n1.links[n2].data.frames_out  +22  (idle +2)
 func (rep *LinkReport) Lines() []string {
-	moved := 0
+	var moved []LinkCounter
 	for _, c := range rep.Counters {
 		if c.Delta != c.Idle {
-			moved++
+			moved = append(moved, c)
 		}
 	}
-	out := []string{fmt.Sprintf("Link counters over one publication (GET /api/nodes, %.1f s windows; %d link fields, %d moved more than when idle):",
-		rep.Window, rep.Found, moved)}
-	for _, c := range rep.Counters {
+	out := []string{fmt.Sprintf("Link counters over %d publications (GET /api/nodes, %.1f s windows; %d link fields, %d moved otherwise than when idle, %d as when idle):",
+		rep.Publications, rep.Window, rep.Found, len(moved), len(rep.Counters)-len(moved))}
+	for _, c := range moved {
 		out = append(out, fmt.Sprintf("  %s  %s  %s  (idle %s)", c.Node, c.Path, signed(c.Delta), signed(c.Idle)))
 	}
 	for _, n := range rep.Notes {
@@ -298,7 +343,7 @@ func (rep *LinkReport) Lines() []string {
 		for i, n := range nodes {
 			parts[i] = n + " " + signed(copies[n])
 		}
-		out = append(out, "Copies sent on the links for the publication (sent frames or messages, minus idle), by node: "+strings.Join(parts, ", "))
+		out = append(out, "Copies of one publication sent on the links (sent frames or messages, minus idle, per publication), by node: "+strings.Join(parts, ", "))
 	}
 	return out
 }
@@ -307,5 +352,5 @@ func signed(v float64) string {
 	if v == math.Trunc(v) {
 		return fmt.Sprintf("%+.0f", v)
 	}
-	return fmt.Sprintf("%+g", v)
+	return fmt.Sprintf("%+.3g", v)
 }

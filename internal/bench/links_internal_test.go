@@ -38,8 +38,8 @@ func fakeNodes(t *testing.T, published, beats *atomic.Int64) *httptest.Server {
 func TestMeasureLinks(t *testing.T) {
 	var published, beats atomic.Int64
 	srv := fakeNodes(t, &published, &beats)
-	rep, err := measureLinks(context.Background(), []string{srv.URL}, 10*time.Millisecond, func() error {
-		published.Add(1)
+	rep, err := measureLinks(context.Background(), []string{srv.URL}, 10*time.Millisecond, 4, func() error {
+		published.Add(4)
 		return nil
 	})
 	if err != nil {
@@ -50,8 +50,8 @@ func TestMeasureLinks(t *testing.T) {
 		got[c.Path] = c
 	}
 	for path, want := range map[string][2]float64{
-		"n1.cluster_links[n2].send_msgs":  {1, 0},
-		"n1.cluster_links[n3].send_msgs":  {1, 0},
+		"n1.cluster_links[n2].send_msgs":  {4, 0},
+		"n1.cluster_links[n3].send_msgs":  {4, 0},
 		"n1.cluster_links[n2].heartbeats": {1, 1},
 	} {
 		c, ok := got[path]
@@ -66,7 +66,9 @@ func TestMeasureLinks(t *testing.T) {
 		t.Errorf("found %d link fields, notes %q; want 4, none", rep.Found, rep.Notes)
 	}
 	text := strings.Join(rep.Lines(), "\n")
-	if !strings.Contains(text, "n1.cluster_links[n2].send_msgs  +1  (idle +0)") || !strings.Contains(text, "4 link fields, 2 moved more than when idle") {
+	if !strings.Contains(text, "n1.cluster_links[n2].send_msgs  +4  (idle +0)") ||
+		!strings.Contains(text, "over 4 publications") || !strings.Contains(text, "4 link fields, 2 moved otherwise than when idle, 2 as when idle") ||
+		strings.Contains(text, "heartbeats") || !strings.Contains(text, "by node: n1 +2") {
 		t.Errorf("lines:\n%s", text)
 	}
 }
@@ -75,15 +77,15 @@ func TestReadNodes(t *testing.T) {
 	var published, beats atomic.Int64
 	srv := fakeNodes(t, &published, &beats)
 	withAuth := strings.Replace(srv.URL, "http://", "http://admin:pw@", 1)
-	if _, err := readNodes(context.Background(), withAuth); err != nil {
+	if _, _, err := readNodes(context.Background(), withAuth); err != nil {
 		t.Errorf("with credentials: %v", err)
 	}
 	bad := strings.Replace(srv.URL, "http://", "http://admin:nope@", 1)
-	if _, err := readNodes(context.Background(), bad); err == nil || strings.Contains(err.Error(), "nope") {
+	if _, _, err := readNodes(context.Background(), bad); err == nil || strings.Contains(err.Error(), "nope") {
 		t.Errorf("bad credentials: %v (the error must not show the password)", err)
 	}
 	// A node that is not there, or answers something else, is a note.
-	rep, err := measureLinks(context.Background(), []string{"http://127.0.0.1:1", srv.URL + "/x"}, time.Millisecond, func() error { return nil })
+	rep, err := measureLinks(context.Background(), []string{"http://127.0.0.1:1", srv.URL + "/x"}, time.Millisecond, 1, func() error { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +103,7 @@ func TestFlattenJSON(t *testing.T) {
 		}
 	}))
 	defer big.Close()
-	if _, err := readNodes(context.Background(), big.URL); err == nil || !strings.Contains(err.Error(), "more than") {
+	if _, _, err := readNodes(context.Background(), big.URL); err == nil || !strings.Contains(err.Error(), "more than") {
 		t.Errorf("an oversized document: %v", err)
 	}
 	deep := strings.Repeat("[", 100) + "1" + strings.Repeat("]", 100)
@@ -113,42 +115,55 @@ func TestFlattenJSON(t *testing.T) {
 	if err != nil || m["a.links[b].n"] != 2 || m["a.links[1].x"] != 1 {
 		t.Errorf("flatten: %v, %v", m, err)
 	}
-	for path, want := range map[string]bool{"n1.cluster_links[n2].send_bytes": true, "n1.routes[0].out_msgs": true, "n1.peers": true, "n1.exchanges": false} {
+	for path, want := range map[string]bool{"n1.cluster_links[n2].send_bytes": true, "n1.routes[0].out_msgs": true, "n1.peers": true, "n1.exchanges": false,
+		"n1.links[n2].rtt_ms": false, "n1.links[n2].since": false, "n1.routes[0].latency_us": false} {
 		if isLinkPath(path) != want {
 			t.Errorf("isLinkPath(%q) = %v", path, !want)
 		}
 	}
 }
 
-// The shape of the cluster's /api/nodes: every node's row with its
-// links to the others, control and data counters apart.
+// The shape of the fabric branch's /api/nodes: a row per node, each
+// with this node's links to it (the own row: to every other node), and
+// control and data counters apart. Only the own row counts.
 func TestLinkCopies(t *testing.T) {
 	doc := func(data, control int) string {
-		return fmt.Sprintf(`[{"name":"n1","links":[
+		return fmt.Sprintf(`[{"name":"n1","http_url":"http://127.0.0.1:7481","links":[
 			{"peer":"n2","up":true,"rtt_ms":0.2,"control":{"frames_out":%d,"bytes_out":%d},"data":{"frames_out":%d,"frames_in":0,"bytes_out":%d}},
 			{"peer":"n3","up":true,"rtt_ms":0.3,"control":{"frames_out":%d},"data":{"frames_out":%d}}]},
-			{"name":"n2","links":[{"peer":"n1","control":{"frames_out":%d},"data":{"frames_out":7}}]}]`,
-			control, control*40, data, data*200, control, data, control)
+			{"name":"n2","http_url":"http://127.0.0.1:7482","links":[{"peer":"n2","control":{"frames_out":%d},"data":{"frames_out":%d}}]}]`,
+			control, control*40, data, data*200, control, data, control, data)
 	}
-	reads := []string{doc(10, 5), doc(10, 6), doc(11, 7)} // idle: control +1; publication: data +1, control +1
-	rep := &LinkReport{}
+	// Over 10 publications: data +12 (10 copies, 2 heartbeats), control
+	// +2; idle: data +2, control +2.
+	reads := []string{doc(100, 50), doc(112, 52), doc(114, 54)}
+	rep := &LinkReport{Publications: 10}
 	var snaps []map[string]float64
+	var self string
 	for _, d := range reads {
-		m, err := flattenJSON([]byte(d))
+		m, s, err := parseNodes([]byte(d), "127.0.0.1:7481")
 		if err != nil {
 			t.Fatal(err)
 		}
-		snaps = append(snaps, m)
+		snaps, self = append(snaps, m), s
 	}
-	// Two nodes report the same document: counted once.
-	rep.add("http://a", snaps[0], snaps[1], snaps[2])
-	rep.add("http://b", snaps[0], snaps[1], snaps[2])
+	if self != "n1" {
+		t.Fatalf("own row %q, want n1", self)
+	}
+	// Two management URLs of one node: a field is counted once.
+	rep.add("http://a", self, snaps[0], snaps[1], snaps[2])
+	rep.add("http://b", self, snaps[0], snaps[1], snaps[2])
+	for _, c := range rep.Counters {
+		if strings.HasPrefix(c.Path, "n2.") {
+			t.Errorf("another node's row counted: %s", c.Path)
+		}
+	}
 	copies := rep.Copies()
 	if len(copies) != 1 || copies["n1"] != 2 {
-		t.Errorf("copies %v, want n1: 2 (one per peer, control links left out)", copies)
+		t.Errorf("copies %v, want n1: 2 (one per peer and publication, control links left out)", copies)
 	}
 	text := strings.Join(rep.Lines(), "\n")
-	if !strings.Contains(text, "Copies sent on the links for the publication (sent frames or messages, minus idle), by node: n1 +2") {
+	if !strings.Contains(text, "by node: n1 +2") || !strings.Contains(text, "n1.links[n2].data.frames_out  +12  (idle +2)") || strings.Contains(text, "control.frames_out") {
 		t.Errorf("lines:\n%s", text)
 	}
 	for path, want := range map[string]bool{"n1.links[n2].data.frames_out": true, "n1.links[n2].control.frames_out": false,

@@ -195,13 +195,13 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 		// Stragglers of the probes and the warm-up would cross the links
 		// in the windows.
 		awaitQuiet(ctx, delivered, time.Second, readyWait)
-		res.Links, err = measureLinks(ctx, cfg.NodesHTTP, linkWindow, func() error {
+		res.Links, err = measureLinks(ctx, cfg.NodesHTTP, linkWindow, linkPublications, func() error {
 			from := delivered()
-			var one atomic.Int64
-			if err := pubs[0].run(ctx, newBudget(1, 0), newPacer(0, 0), &one); err != nil {
-				return fmt.Errorf("bench: the publication for the link counters: %w", err)
+			var n atomic.Int64
+			if err := pubs[0].run(ctx, newBudget(linkPublications, 0), newPacer(0, 0), &n); err != nil {
+				return fmt.Errorf("bench: the publications for the link counters: %w", err)
 			}
-			awaitDeliveries(ctx, delivered, from+int64(cfg.Subscribers), time.Now(), cfg.Drain)
+			awaitDeliveries(ctx, delivered, from+linkPublications*int64(cfg.Subscribers), time.Now(), cfg.Drain)
 			return nil
 		})
 		if err != nil {
@@ -281,9 +281,14 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 	return pubErr
 }
 
-// linkWindow is how long the link counters are watched with and
-// without a publication.
-const linkWindow = 500 * time.Millisecond
+// linkWindow is how long, at least, the link counters are watched with
+// and without publications; linkPublications is how many are published
+// in the window, so that a heartbeat more or less in one window than in
+// the other moves the copies per publication by 1/linkPublications.
+const (
+	linkWindow       = 500 * time.Millisecond
+	linkPublications = 20
+)
 
 // awaitSubscribers publishes one message every 100ms until every
 // subscriber has received one, or wait is over: subscribers on other
