@@ -44,13 +44,16 @@ type benchFlags struct {
 	rate        float64
 	warmup      int
 
-	parallel []int         // reqresp
-	mode     string        // pubsub
-	drain    time.Duration // pubsub, tasks
-	users    bench.UsersConfig
-	mgmt     bench.MgmtConfig
-	queue    bench.QueueConfig // tasks, backlog
-	maxRSSMB int64             // backlog
+	parallel   []int         // reqresp
+	handlerURL string        // reqresp
+	subURLs    []string      // pubsub
+	nodesHTTP  []string      // pubsub
+	mode       string        // pubsub
+	drain      time.Duration // pubsub, tasks
+	users      bench.UsersConfig
+	mgmt       bench.MgmtConfig
+	queue      bench.QueueConfig // tasks, backlog
+	maxRSSMB   int64             // backlog
 }
 
 // benchCmd is the root command of courier-bench, with a subcommand per
@@ -100,6 +103,8 @@ in the same directory as courier.`,
 	cmd.AddCommand(scenarioCmd(g, rr, "echo",
 		"Request-response against an in-process echo, no broker: how many cycles/s the load generator itself sustains", true))
 	cmd.AddCommand(compareCmd(g))
+	cmd.AddCommand(clusterCmd(g))
+	cmd.AddCommand(idleCmd(g))
 	return cmd
 }
 
@@ -184,9 +189,12 @@ func addScenarioFlags(fs *pflag.FlagSet, f *benchFlags, sc bench.Scenario) {
 	switch sc.Name {
 	case "reqresp":
 		fs.IntSliceVar(&f.parallel, "parallel", []int{2, 4, 10, 100}, "requesting goroutines of each parallel run")
+		fs.StringVar(&f.handlerURL, "handler-url", "", "connect the handlers to this server, such as another node of a cluster (the requesters stay on --url or --target)")
 	case "pubsub":
 		fs.StringVar(&f.mode, "mode", "fanout", "fanout (one publisher, many subscribers) or fanin (many publishers, one subscriber)")
 		fs.DurationVar(&f.drain, "drain", 3*time.Second, "how long to wait for deliveries that stopped coming before counting them lost")
+		fs.StringSliceVar(&f.subURLs, "subscriber-urls", nil, "spread the subscribers round-robin over these servers, such as a cluster's nodes (the publishers stay on --url or --target)")
+		fs.StringSliceVar(&f.nodesHTTP, "nodes-http", nil, "Courier cluster: the nodes' management URLs (http://127.0.0.1:7481,...); their link counters (GET /api/nodes) are read before and after 20 publications, and the copies of one that crossed the links printed")
 		fs.IntVar(&f.count, "messages", 1000000, "same as --count")
 		fs.MarkDeprecated("messages", "use --count")
 	case "users":
@@ -263,6 +271,7 @@ func (f *benchFlags) config(cmd *cobra.Command, g *benchGlobal, sc bench.Scenari
 		Target: t, Size: f.size, Duration: f.duration, Publishers: f.publishers, Subscribers: f.subscribers,
 		Workers: f.workers, Rate: f.rate, Warmup: warmup, Interval: g.interval, ServerPID: g.serverPID,
 		Parallel: f.parallel, Drain: f.drain, Users: f.users, Mgmt: f.mgmt, Queue: f.queue,
+		HandlerURL: f.handlerURL, SubscriberURLs: f.subURLs, NodesHTTP: f.nodesHTTP,
 	}
 	cfg.Queue.MaxRSS = f.maxRSSMB * 1e6
 	switch sc.Name {

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/courier-mq/courier/node"
 )
 
 // cliWait bounds every run of a test.
@@ -177,9 +180,68 @@ func TestBenchRoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"courier-bench [command]", "reqresp", "pubsub", "users", "tasks", "backlog", "mgmt", "echo", "compare"} {
+	for _, want := range []string{"courier-bench [command]", "reqresp", "pubsub", "users", "tasks", "backlog", "mgmt", "echo", "compare", "cluster", "idle"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("help has no %q:\n%s", want, out)
+		}
+	}
+}
+
+// startServer runs a node that serves the network and the management
+// API on free loopback ports, in this process, and returns its client
+// and management URLs.
+func startServer(t *testing.T) (string, string) {
+	t.Helper()
+	n, err := node.Start(node.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0", Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n.URL(), n.HTTPURL()
+}
+
+func TestBenchCrossNodeFlags(t *testing.T) {
+	url, http := startServer(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"reqresp", []string{"reqresp", "--url", url, "--handler-url", url, "--count", "30", "--parallel", "100"},
+			[]string{"1 handler(s) connected to " + url, "Sequential 30 cycles in ~", "Parallel 100 30 cycles in ~"}},
+		{"pubsub", []string{"pubsub", "--url", url, "--subscriber-urls", url + "," + url, "--nodes-http", http, "--subscribers", "3", "--count", "50"},
+			[]string{"3 subscriber(s) spread over 2 server(s)", "Lost 0 of 150 deliveries", "Link counters over 20 publications", "no link fields in /api/nodes"}},
+		{"cluster", []string{"cluster", "--single", url, "--nats-nodes", "nats://127.0.0.1:1,nats://127.0.0.1:2", "--count", "30",
+			"--parallel-count", "100", "--subscribers", "3", "--messages", "10", "--rounds", "2"},
+			[]string{"Skipping NATS cluster", "reqresp-cross", "reqresp-same", "fanout-spread", "Parallel 100", "Medians of 2 rounds"}},
+		{"idle", []string{"idle", "--url", url, "--exchanges", "20", "--window", "100ms", "--settle", "10ms", "--baseline"},
+			[]string{"Idle cost: Courier, 1 server(s), 20 exchanges", "CPU % before", url}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := runBench(t, tc.args...)
+			if err != nil {
+				t.Fatalf("courier-bench %s: %v\n%s", strings.Join(tc.args, " "), err, out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output has no %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+	for _, args := range [][]string{
+		{"reqresp", "--handler-url", url},                                   // embedded
+		{"reqresp", "--url", url, "--handler-url", "nats://127.0.0.1:4222"}, // another kind
+		{"pubsub", "--target", "nats://127.0.0.1:1", "--nodes-http", http},  // NATS has no /api/nodes
+		{"cluster"}, // no columns
+		{"cluster", "--url", url, "--single", url},      // --url is not a column
+		{"cluster", "--single", url, "--cases", "nope"}, // unknown case
+		{"idle"}, // no servers
+		{"idle", "--url", url + ",nats://127.0.0.1:1", "--window", "10ms"}, // mixed kinds
+		{"idle", "--target", "amqp://127.0.0.1:5672/", "--window", "10ms"}, // no mapping
+	} {
+		if out, err := runBench(t, args...); err == nil {
+			t.Errorf("courier-bench %s: no error\n%s", strings.Join(args, " "), out)
 		}
 	}
 }

@@ -56,6 +56,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -237,8 +238,27 @@ type Config struct {
 	// Queue configures the tasks and backlog scenarios.
 	Queue QueueConfig
 
+	// HandlerURL, if set, is where the request-response handlers
+	// connect: a URL of the same broker kind as Target, such as another
+	// node of a cluster. The requesters stay on Target, so that each
+	// request crosses from the requester's node to the handler's. For
+	// NATS, the responders subscribe on this server and the requests
+	// are sent to Target's.
+	HandlerURL string
+	// SubscriberURLs, if set, are where the pub-sub subscribers
+	// connect, spread round-robin: subscriber i on
+	// SubscriberURLs[i%len(SubscriberURLs)]. The publishers stay on
+	// Target. URLs of the same broker kind as Target.
+	SubscriberURLs []string
+	// NodesHTTP, for a Courier target, are the management API base URLs
+	// of a cluster's nodes (such as http://127.0.0.1:7481): the pub-sub
+	// scenario reads the link counters of each node's GET /api/nodes
+	// before and after 20 publications and an idle window ([LinkReport]).
+	NodesHTTP []string
+
 	// ServerPID, if not 0, is the broker's process for CPU and memory
-	// figures, instead of the one found listening on the target's port.
+	// figures, instead of the ones found listening on the ports of
+	// Target, HandlerURL and SubscriberURLs (whose figures are summed).
 	ServerPID int
 	// Progress, if set, is called every 200ms or so from one goroutine
 	// with what the scenario is doing and how far it is; total is -1
@@ -366,6 +386,9 @@ func (c Config) Validate() error {
 	case c.Publishers > maxConns || c.Subscribers > maxConns || c.Workers > maxConns:
 		return fmt.Errorf("bench: at most %d publishers, subscribers or workers", maxConns)
 	}
+	if err := c.validateNodes(); err != nil {
+		return err
+	}
 	if err := c.Mgmt.validate(); err != nil {
 		return err
 	}
@@ -373,6 +396,73 @@ func (c Config) Validate() error {
 		return err
 	}
 	return c.Users.validate()
+}
+
+// validateNodes checks HandlerURL, SubscriberURLs and NodesHTTP: only
+// with a Courier server or NATS target, and of the target's kind.
+func (c Config) validateNodes() error {
+	urls := c.SubscriberURLs
+	if c.HandlerURL != "" {
+		urls = append([]string{c.HandlerURL}, urls...)
+	}
+	if len(urls) == 0 && len(c.NodesHTTP) == 0 {
+		return nil
+	}
+	if c.Target.Kind != KindCourier && c.Target.Kind != KindNATS {
+		return fmt.Errorf("bench: handler and subscriber URLs and --nodes-http are for Courier servers and NATS, not %s", c.Target)
+	}
+	for _, raw := range urls {
+		t, err := ParseTarget(raw)
+		if err != nil {
+			return err
+		}
+		if t.Kind != c.Target.Kind {
+			return fmt.Errorf("bench: %s is not of the target's kind (%s)", redact(raw), c.Target.Kind)
+		}
+	}
+	if len(c.NodesHTTP) > 0 && c.Target.Kind != KindCourier {
+		return fmt.Errorf("bench: --nodes-http reads Courier's management API; %s has none", c.Target)
+	}
+	for _, raw := range c.NodesHTTP {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("bench: management URL %q: want one such as http://127.0.0.1:7481", raw)
+		}
+	}
+	return nil
+}
+
+// spread reports whether the run's clients are spread over several
+// servers (a cluster), which then need time to learn each other's
+// handlers and subscribers.
+func (c Config) spread() bool { return c.HandlerURL != "" || len(c.SubscriberURLs) > 0 }
+
+// subscriberURL is where subscriber i connects.
+func (c Config) subscriberURL(i int) string {
+	if len(c.SubscriberURLs) == 0 {
+		return c.Target.URL
+	}
+	return c.SubscriberURLs[i%len(c.SubscriberURLs)]
+}
+
+// handlerURL is where the request handlers connect.
+func (c Config) handlerURL() string {
+	if c.HandlerURL == "" {
+		return c.Target.URL
+	}
+	return c.HandlerURL
+}
+
+// serverURLs are the URLs of every server the run connects to, Target
+// first, without repeats.
+func (c Config) serverURLs() []string {
+	out := []string{c.Target.URL}
+	for _, u := range append([]string{c.HandlerURL}, c.SubscriberURLs...) {
+		if u != "" && !slices.Contains(out, u) {
+			out = append(out, u)
+		}
+	}
+	return out
 }
 
 // maxConns bounds the connections a scenario opens of one kind.

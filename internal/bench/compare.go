@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -108,6 +109,21 @@ type Comparison struct {
 	Skipped []string `json:"skipped,omitempty"`
 	// Errors lists the runs that failed.
 	Errors []string `json:"errors,omitempty"`
+	// Labels, if set, head the columns instead of the kinds' names.
+	Labels []string `json:"labels,omitempty"`
+	// Notes are printed after the table, such as link counters.
+	Notes []string `json:"notes,omitempty"`
+	// vsAll: the ratios are of the first column to every other one
+	// (a cluster comparison), whatever their kinds.
+	vsAll bool
+}
+
+// heading is column i's heading.
+func (c *Comparison) heading(i int) string {
+	if i < len(c.Labels) {
+		return c.Labels[i]
+	}
+	return kindName(c.Kinds[i])
 }
 
 // Row is one figure of a comparison across the targets.
@@ -117,7 +133,21 @@ type Row struct {
 	Unit   string `json:"unit"`
 	Lower  bool   `json:"lower_is_better,omitempty"`
 	// Values are by target, NaN (null in JSON) where a target has none.
+	// With several rounds ([CompareClusters]), they are the medians.
 	Values []jsonFloat `json:"values"`
+	// Range is the lowest and highest value by target, and Rounds how
+	// many rounds counted, when there were several.
+	Range  [][2]jsonFloat `json:"range,omitempty"`
+	Rounds int            `json:"rounds,omitempty"`
+}
+
+// cell formats column i's value, with its range over several rounds.
+func (r Row) cell(i int) string {
+	v := formatFigure(float64(r.Values[i]))
+	if r.Rounds > 1 && i < len(r.Range) && !math.IsNaN(float64(r.Range[i][0])) {
+		v += fmt.Sprintf(" [%s–%s]", formatFigure(float64(r.Range[i][0])), formatFigure(float64(r.Range[i][1])))
+	}
+	return v
 }
 
 // jsonFloat is a float64 that encodes NaN as null.
@@ -237,6 +267,16 @@ func ratio(first, other float64, lower bool) float64 {
 // reference returns the column the ratios are about, and the columns
 // they compare it with.
 func (c *Comparison) reference() (int, []int) {
+	if c.vsAll {
+		ref := max(slices.Index(c.Kinds, KindCourier), 0)
+		var others []int
+		for i := range c.Kinds {
+			if i != ref {
+				others = append(others, i)
+			}
+		}
+		return ref, others
+	}
 	ref := 0
 	for i, k := range c.Kinds {
 		if k == KindCourier {
@@ -263,17 +303,17 @@ func (c *Comparison) WriteText(w io.Writer) error {
 	ref, others := c.reference()
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "case\tfigure\tunit\t")
-	for _, k := range c.Kinds {
-		fmt.Fprintf(tw, "%s\t", kindName(k))
+	for i := range c.Kinds {
+		fmt.Fprintf(tw, "%s\t", c.heading(i))
 	}
 	for _, o := range others {
-		fmt.Fprintf(tw, "%s/%s\t", kindName(c.Kinds[ref]), kindName(c.Kinds[o]))
+		fmt.Fprintf(tw, "%s/%s\t", c.heading(ref), c.heading(o))
 	}
 	fmt.Fprint(tw, "\n")
 	for _, r := range c.Rows {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t", r.Case, r.Metric, r.Unit)
-		for _, v := range r.Values {
-			fmt.Fprintf(tw, "%s\t", formatFigure(float64(v)))
+		for i := range r.Values {
+			fmt.Fprintf(tw, "%s\t", r.cell(i))
 		}
 		for _, o := range others {
 			q := ratio(float64(r.Values[ref]), float64(r.Values[o]), r.Lower)
@@ -287,10 +327,17 @@ func (c *Comparison) WriteText(w io.Writer) error {
 	}
 	tw.Flush()
 	for i, t := range c.Targets {
-		fmt.Fprintf(&b, "%s: %s\n", kindName(c.Kinds[i]), t)
+		fmt.Fprintf(&b, "%s: %s\n", c.heading(i), t)
 	}
 	if len(others) > 0 {
-		fmt.Fprintf(&b, "Ratios: how many times better %s did (above 1: better); rates are divided, latency, CPU and memory inverted.\n", c.Targets[ref])
+		who := c.Targets[ref]
+		if len(c.Labels) > ref {
+			who = c.Labels[ref]
+		}
+		fmt.Fprintf(&b, "Ratios: how many times better %s did (above 1: better); rates are divided, latency, CPU and memory inverted.\n", who)
+	}
+	for _, n := range c.Notes {
+		b.WriteString(n + "\n")
 	}
 	for _, e := range c.Errors {
 		b.WriteString("Failed: " + e + "\n")

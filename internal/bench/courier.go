@@ -55,16 +55,23 @@ func newCourierDriver(ctx context.Context, cfg *Config) (*courierDriver, error) 
 	return d, nil
 }
 
-// connect opens a Conn: in-process for an embedded node, else over TCP.
+// connect opens a Conn to the target: in-process for an embedded node,
+// else over TCP.
 func (d *courierDriver) connect(ctx context.Context, name string) (*courier.Conn, error) {
+	return d.connectTo(ctx, d.cfg.Target.URL, name)
+}
+
+// connectTo opens a Conn to the server at url (another node of the
+// target's cluster); in-process for an embedded node, whatever url.
+func (d *courierDriver) connectTo(ctx context.Context, url, name string) (*courier.Conn, error) {
 	var c *courier.Conn
 	if d.node != nil {
 		c = d.node.Connect()
 	} else {
 		var err error
-		c, err = client.Dial(ctx, d.cfg.Target.URL, client.Options{Name: name, Log: d.cfg.Log})
+		c, err = client.Dial(ctx, url, client.Options{Name: name, Log: d.cfg.Log})
 		if err != nil {
-			return nil, fmt.Errorf("bench: connect to %s: %w", redact(d.cfg.Target.URL), err)
+			return nil, fmt.Errorf("bench: connect to %s: %w", redact(url), err)
 		}
 	}
 	c.OnError(func(err error) {
@@ -83,7 +90,7 @@ func (d *courierDriver) connect(ctx context.Context, name string) (*courier.Conn
 func (d *courierDriver) serve(ctx context.Context, n int, pong []byte) error {
 	name := names("reqresp")
 	for i := range n {
-		hc, err := d.connect(ctx, fmt.Sprintf("bench-handler-%d", i))
+		hc, err := d.connectTo(ctx, d.cfg.handlerURL(), fmt.Sprintf("bench-handler-%d", i))
 		if err != nil {
 			return err
 		}
@@ -141,8 +148,9 @@ func (r *courierRequester) close() error { return nil }
 
 func (d *courierDriver) subscribe(ctx context.Context, n int, fn func(int, []byte)) error {
 	name := names("pubsub")
-	for i := range n {
-		c, err := d.connect(ctx, fmt.Sprintf("bench-sub-%d", i))
+	// The first declares the exchange; the rest attach in parallel.
+	err := forEach(ctx, n, func(i int) error {
+		c, err := d.connectTo(ctx, d.cfg.subscriberURL(i), fmt.Sprintf("bench-sub-%d", i))
 		if err != nil {
 			return err
 		}
@@ -153,6 +161,10 @@ func (d *courierDriver) subscribe(ctx context.Context, n int, fn func(int, []byt
 		if _, err := ps.Subscribe(ctx, "bench", func(m *courier.Delivery) { fn(i, m.Body) }); err != nil {
 			return fmt.Errorf("bench: subscribe: %w", err)
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	d.mu.Lock()
 	d.ps = name

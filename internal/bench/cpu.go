@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"time"
 )
 
@@ -15,6 +16,9 @@ type cpuMeter struct {
 	pid      int    // the broker's process, 0 if unknown
 	name     string // its command name
 	why      string // why pid is unknown
+	// others are the processes of the cluster's other servers the run
+	// uses (HandlerURL, SubscriberURLs), whose figures add to pid's.
+	others []int
 }
 
 func newCPUMeter(cfg *Config) *cpuMeter {
@@ -35,6 +39,7 @@ func newCPUMeter(cfg *Config) *cpuMeter {
 		if err != nil {
 			m.why = err.Error()
 		}
+		m.others = otherPIDs(cfg, m.pid)
 	}
 	if m.pid != 0 {
 		if _, err := procCPU(m.pid); err != nil {
@@ -62,9 +67,35 @@ func (m *cpuMeter) sample() cpuSample {
 	} else if m.pid != 0 {
 		if d, err := procCPU(m.pid); err == nil {
 			s.broker = d
+			for _, pid := range m.others {
+				d, _ := procCPU(pid) // 0 once it is gone
+				s.broker += d
+			}
 		}
 	}
 	return s
+}
+
+// otherPIDs returns the processes listening on the ports of the run's
+// other servers on this machine, without first and repeats. A server
+// whose process is not found is left out (its figures are not summed).
+func otherPIDs(cfg *Config, first int) []int {
+	var out []int
+	for _, raw := range cfg.serverURLs()[1:] {
+		t, err := ParseTarget(raw)
+		if err != nil || !t.local() {
+			continue
+		}
+		port, err := t.port()
+		if err != nil {
+			continue
+		}
+		pid, err := listenerPID(port)
+		if err == nil && pid != first && !slices.Contains(out, pid) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // CPU is the CPU time spent over a run, in microseconds per cycle (or per
@@ -95,8 +126,19 @@ func (m *cpuMeter) rss() int64 {
 	if m.pid == 0 {
 		return 0
 	}
-	rss, _, _ := procMem(m.pid)
+	rss, _ := m.mem()
 	return rss
+}
+
+// mem returns the resident memory and its peak of the broker's
+// processes together, in bytes.
+func (m *cpuMeter) mem() (rss, peak int64) {
+	for _, pid := range append([]int{m.pid}, m.others...) {
+		r, p, _ := procMem(pid)
+		rss += r
+		peak += p
+	}
+	return rss, peak
 }
 
 // Usage is what the server and this process used over a measured run.
@@ -132,7 +174,7 @@ func (m *cpuMeter) usage(from, to cpuSample, wall time.Duration, peakRSS int64) 
 	}
 	if m.pid != 0 {
 		var rss int64
-		rss, u.ServerHWM, _ = procMem(m.pid)
+		rss, u.ServerHWM = m.mem()
 		u.ServerPeakRSS = max(peakRSS, rss)
 	}
 	return u
@@ -158,7 +200,11 @@ func (u Usage) lines(p Process) []string {
 			u.ClientCPUSeconds, u.Seconds, u.ClientCores(), mb(u.ServerPeakRSS)))
 		return out
 	case u.ServerCPUSeconds >= 0:
-		out = append(out, fmt.Sprintf("Server: CPU %.2f s over %.1f s (%.2f cores), peak RSS %s during the run (%s over its life)",
+		label := "Server"
+		if len(p.Others) > 0 {
+			label = fmt.Sprintf("Servers (%d processes, summed)", 1+len(p.Others))
+		}
+		out = append(out, fmt.Sprintf("%s: CPU %.2f s over %.1f s (%.2f cores), peak RSS %s during the run (%s over its life)", label,
 			u.ServerCPUSeconds, u.Seconds, u.ServerCPUSeconds/max(u.Seconds, 1e-9), mb(u.ServerPeakRSS), mb(u.ServerHWM)))
 	default:
 		out = append(out, "Server: CPU and memory unknown: "+p.Unknown)
@@ -185,14 +231,31 @@ type Process struct {
 	PeakRSS int64 `json:"peak_rss_bytes,omitempty"`
 	// Unknown tells why the broker's figures are missing.
 	Unknown string `json:"unknown,omitempty"`
+	// Others are the processes of the other servers of a cluster the
+	// run used; the CPU and memory figures are the sum over PID and
+	// them.
+	Others []int `json:"other_pids,omitempty"`
 }
 
 func (m *cpuMeter) process() Process {
-	p := Process{PID: m.pid, Name: m.name, Embedded: m.embedded, Unknown: m.why}
+	p := Process{PID: m.pid, Name: m.name, Embedded: m.embedded, Unknown: m.why, Others: m.others}
 	if m.pid != 0 {
-		p.RSS, p.PeakRSS, _ = procMem(m.pid)
+		p.RSS, p.PeakRSS = m.mem()
 	}
 	return p
+}
+
+// pids describes the broker's processes: "pid 12" or "pids 12, 13, 14
+// summed".
+func (p Process) pids() string {
+	if len(p.Others) == 0 {
+		return fmt.Sprintf("pid %d", p.PID)
+	}
+	s := fmt.Sprintf("pids %d", p.PID)
+	for _, o := range p.Others {
+		s += fmt.Sprintf(", %d", o)
+	}
+	return s + " summed"
 }
 
 // describe returns the text lines about the CPU time spent per unit of
@@ -204,7 +267,7 @@ func (p Process) describe(total CPU, unit string) []string {
 		return []string{fmt.Sprintf("Process CPU %.1f us/%s (broker in this process: broker and clients together, pid %d)",
 			total.Client, unit, p.PID)}
 	case p.PID != 0 && total.Broker >= 0:
-		return []string{fmt.Sprintf("Broker CPU %.1f us/%s (%s pid %d, utime+stime)", total.Broker, unit, p.Name, p.PID), client}
+		return []string{fmt.Sprintf("Broker CPU %.1f us/%s (%s %s, utime+stime)", total.Broker, unit, p.Name, p.pids()), client}
 	}
 	return []string{client}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
+	"sync/atomic"
 )
 
 // driver speaks to one kind of broker. A driver is used from one
@@ -95,4 +97,47 @@ func openDriver(ctx context.Context, cfg *Config, rep *Report) (driver, func(), 
 // per process, so that runs against one server do not see each other.
 func names(what string) string {
 	return fmt.Sprintf("bench.%s.%d", what, os.Getpid())
+}
+
+// setupWorkers bounds the connections forEach opens at a time.
+const setupWorkers = 8
+
+// forEach calls fn for 0 first, then for 1 to n-1 from setupWorkers
+// goroutines, so that ten thousand subscribers connect in seconds rather
+// than one round trip after another. It returns the first error and
+// stops handing out indexes after it.
+func forEach(ctx context.Context, n int, fn func(i int) error) error {
+	if n <= 0 {
+		return nil
+	}
+	if err := fn(0); err != nil {
+		return err
+	}
+	var (
+		next  atomic.Int64
+		once  sync.Once
+		first error
+		wg    sync.WaitGroup
+	)
+	next.Store(1)
+	for range min(setupWorkers, n-1) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				if err := fn(i); err != nil {
+					once.Do(func() { first = err })
+					next.Store(int64(n))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if first == nil {
+		first = ctx.Err()
+	}
+	return first
 }

@@ -37,7 +37,15 @@ func newNATSDriver(cfg *Config) *natsDriver {
 }
 
 func (d *natsDriver) connect(name string) (*nats.Conn, error) {
-	nc, err := nats.Connect(d.cfg.Target.URL,
+	return d.connectTo(d.cfg.Target.URL, name)
+}
+
+// connectTo connects to the server at url, such as another server of
+// the target's cluster: a spread run stays spread, as the client
+// connects to the first URL of its pool (kept first by DontRandomize).
+func (d *natsDriver) connectTo(url, name string) (*nats.Conn, error) {
+	nc, err := nats.Connect(url,
+		nats.DontRandomize(),
 		nats.Name(name),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			d.event(name + ": " + err.Error())
@@ -49,7 +57,7 @@ func (d *natsDriver) connect(name string) (*nats.Conn, error) {
 		}),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("bench: connect to %s: %w", redact(d.cfg.Target.URL), err)
+		return nil, fmt.Errorf("bench: connect to %s: %w", redact(url), err)
 	}
 	d.mu.Lock()
 	d.conns = append(d.conns, nc)
@@ -60,7 +68,7 @@ func (d *natsDriver) connect(name string) (*nats.Conn, error) {
 func (d *natsDriver) serve(ctx context.Context, n int, pong []byte) error {
 	// A queue group shares the requests among the handlers.
 	for i := range n {
-		hc, err := d.connect(fmt.Sprintf("bench-handler-%d", i))
+		hc, err := d.connectTo(d.cfg.handlerURL(), fmt.Sprintf("bench-handler-%d", i))
 		if err != nil {
 			return err
 		}
@@ -112,8 +120,8 @@ func (r *natsRequester) close() error { return nil }
 
 func (d *natsDriver) subscribe(ctx context.Context, n int, fn func(int, []byte)) error {
 	subject := names("pubsub")
-	for i := range n {
-		nc, err := d.connect(fmt.Sprintf("bench-sub-%d", i))
+	return forEach(ctx, n, func(i int) error {
+		nc, err := d.connectTo(d.cfg.subscriberURL(i), fmt.Sprintf("bench-sub-%d", i))
 		if err != nil {
 			return err
 		}
@@ -130,8 +138,8 @@ func (d *natsDriver) subscribe(ctx context.Context, n int, fn func(int, []byte))
 		if err := nc.FlushWithContext(ctx); err != nil {
 			return fmt.Errorf("bench: flush: %w", err)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 type natsPublisher struct {

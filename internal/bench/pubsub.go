@@ -47,6 +47,12 @@ type PubSubResult struct {
 	Latency Latency `json:"latency_us"`
 	// CPU is per delivered message.
 	CPU CPU `json:"cpu_per_delivery"`
+	// Servers is how many servers the subscribers were spread over
+	// (Config.SubscriberURLs); 0 when they were on the publisher's.
+	Servers int `json:"subscriber_servers,omitempty"`
+	// Links is what a Courier cluster's link counters did over one
+	// publication (Config.NodesHTTP).
+	Links *LinkReport `json:"links,omitempty"`
 }
 
 // A message of at least stampSize bytes carries its sequence number
@@ -58,10 +64,11 @@ const stampSize = 20
 // subCounter is one subscriber's tally, written by its goroutine only;
 // padded so that subscribers do not share cache lines.
 type subCounter struct {
-	n    atomic.Int64
+	n    atomic.Int64 // every delivery: probes and warm-up too
+	m    atomic.Int64 // deliveries of the measured run's messages
 	ooo  atomic.Int64
 	last []uint64 // by publisher
-	_    [40]byte
+	_    [32]byte
 }
 
 // RunPubSub runs the pub-sub scenario: cfg.Subscribers subscribers and
@@ -78,7 +85,7 @@ func RunPubSub(ctx context.Context, cfg Config) (*PubSubResult, error) {
 	res := &PubSubResult{
 		Report: newReport("pubsub", &cfg), Mode: pubSubMode(cfg.Publishers, cfg.Subscribers),
 		Publishers: cfg.Publishers, Subscribers: cfg.Subscribers, Messages: cfg.Count,
-		Duration: cfg.Duration.Seconds(), Warmup: max(cfg.Warmup, 0),
+		Duration: cfg.Duration.Seconds(), Warmup: max(cfg.Warmup, 0), Servers: len(cfg.SubscriberURLs),
 	}
 	err := runPubSub(ctx, &cfg, res)
 	if err != nil {
@@ -113,6 +120,13 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 	for i := range counters {
 		counters[i].last = make([]uint64, cfg.Publishers)
 	}
+	// Stamped messages of the measured run have a sequence number above
+	// their publisher's first; the probes and the warm-up's stragglers,
+	// which may still come in a cluster, are not counted with them.
+	firstSeq := make([]atomic.Uint64, cfg.Publishers)
+	for j := range firstSeq {
+		firstSeq[j].Store(math.MaxUint64)
+	}
 	err = d.subscribe(ctx, cfg.Subscribers, func(i int, b []byte) {
 		c := &counters[i]
 		if stamped && len(b) >= stampSize {
@@ -123,8 +137,11 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 					c.ooo.Add(1)
 				}
 				c.last[p] = seq
+				if seq > firstSeq[p].Load() {
+					c.m.Add(1)
+					rec.record(i, time.Since(epoch)-due)
+				}
 			}
-			rec.record(i, time.Since(epoch)-due)
 		}
 		c.n.Add(1)
 	})
@@ -159,20 +176,57 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 		}
 	}()
 
+	if cfg.spread() {
+		if err := awaitSubscribers(ctx, pubs[0], counters, readyWait); err != nil {
+			return err
+		}
+	}
 	if cfg.Warmup > 0 {
 		var published atomic.Int64
+		from := delivered()
 		err := pubs[0].run(ctx, newBudget(cfg.Warmup, 0), newPacer(0, 0), &published)
 		if err != nil {
 			return fmt.Errorf("bench: warm-up: %w", err)
 		}
-		want := published.Load() * int64(cfg.Subscribers)
+		want := from + published.Load()*int64(cfg.Subscribers)
 		awaitDeliveries(ctx, delivered, want, epoch, cfg.Drain)
 	}
+	if len(cfg.NodesHTTP) > 0 {
+		// Stragglers of the probes and the warm-up would cross the links
+		// in the windows.
+		awaitQuiet(ctx, delivered, time.Second, readyWait)
+		res.Links, err = measureLinks(ctx, cfg.NodesHTTP, linkWindow, linkPublications, func() error {
+			from := delivered()
+			var n atomic.Int64
+			if err := pubs[0].run(ctx, newBudget(linkPublications, 0), newPacer(0, 0), &n); err != nil {
+				return fmt.Errorf("bench: the publications for the link counters: %w", err)
+			}
+			awaitDeliveries(ctx, delivered, from+linkPublications*int64(cfg.Subscribers), time.Now(), cfg.Drain)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
 	base := delivered()
+	for j, ps := range pubs {
+		firstSeq[j].Store(ps.seq)
+	}
+	// measured counts the deliveries of the measured run's messages.
+	measured := func() int64 {
+		if !stamped {
+			return delivered() - base
+		}
+		var n int64
+		for i := range counters {
+			n += counters[i].m.Load()
+		}
+		return n
+	}
 
 	meter := newCPUMeter(cfg)
 	var published atomic.Int64
-	pr := probe{sent: published.Load, received: delivered, lat: rec}
+	pr := probe{sent: published.Load, received: measured, lat: rec}
 	if cfg.Rate > 0 {
 		pr.offered = func() float64 { return cfg.Rate }
 	}
@@ -205,7 +259,6 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 	// Wait for the deliveries until all came, none came for cfg.Drain,
 	// or the time is up. A publisher that failed ends the wait at once.
 	smp.setStage("draining")
-	measured := func() int64 { return delivered() - base }
 	stop = progress(cfg, "Delivered", measured, res.Expected)
 	last, lastAt := measured(), time.Now()
 	if pubErr == nil {
@@ -226,6 +279,57 @@ func runPubSub(ctx context.Context, cfg *Config, res *PubSubResult) error {
 		res.Notes = append(res.Notes, "the time ran out before every delivery came; the rest are counted as lost")
 	}
 	return pubErr
+}
+
+// linkWindow is how long, at least, the link counters are watched with
+// and without publications; linkPublications is how many are published
+// in the window, so that a heartbeat more or less in one window than in
+// the other moves the copies per publication by 1/linkPublications.
+const (
+	linkWindow       = 500 * time.Millisecond
+	linkPublications = 20
+)
+
+// awaitSubscribers publishes one message every 100ms until every
+// subscriber has received one, or wait is over: subscribers on other
+// nodes of a cluster receive once their interest has crossed the links
+// (NATS does not wait for that before it acknowledges a subscription).
+func awaitSubscribers(ctx context.Context, ps *pubState, counters []subCounter, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	var probes atomic.Int64
+	for {
+		if err := ps.run(ctx, newBudget(1, 0), newPacer(0, 0), &probes); err != nil {
+			return fmt.Errorf("bench: probing the subscribers: %w", err)
+		}
+		for range 10 {
+			waiting := 0
+			for i := range counters {
+				if counters[i].n.Load() == 0 {
+					waiting++
+				}
+			}
+			if waiting == 0 {
+				return nil
+			}
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				return fmt.Errorf("bench: %d of %d subscribers received nothing within %s of probes", waiting, len(counters), wait)
+			}
+			sleepCtx(ctx, 10*time.Millisecond)
+		}
+	}
+}
+
+// awaitQuiet waits until delivered has not changed for quiet, at most
+// for wait.
+func awaitQuiet(ctx context.Context, delivered func() int64, quiet, wait time.Duration) {
+	deadline := time.Now().Add(wait)
+	last, lastAt := delivered(), time.Now()
+	for time.Since(lastAt) < quiet && time.Now().Before(deadline) && ctx.Err() == nil {
+		sleepCtx(ctx, 10*time.Millisecond)
+		if n := delivered(); n != last {
+			last, lastAt = n, time.Now()
+		}
+	}
 }
 
 // awaitDeliveries waits until delivered reaches want, stays unchanged
@@ -328,13 +432,21 @@ func (res *PubSubResult) WriteText(w io.Writer) error {
 	if res.Messages == 0 {
 		amount = fmt.Sprintf("%gs of messages", res.Duration)
 	}
-	fmt.Fprintf(&b, "Pub-sub %s: %s, %d publisher(s), %d subscriber(s), %s of %d bytes", res.Mode,
-		res.Target, res.Publishers, res.Subscribers, amount, res.Size)
+	fmt.Fprintf(&b, "Pub-sub %s: %s, %d publisher(s), %d subscriber(s)", res.Mode, res.Target, res.Publishers, res.Subscribers)
+	if res.Servers > 0 {
+		fmt.Fprintf(&b, " spread over %d server(s)", res.Servers)
+	}
+	fmt.Fprintf(&b, ", %s of %d bytes", amount, res.Size)
 	if res.Rate > 0 {
 		fmt.Fprintf(&b, ", offered %.0f msgs/s", res.Rate)
 	}
 	b.WriteString("\n")
 	writeLines(&b, res.Lines(), namedLatency{"Delivery", res.Latency, "deliveries"})
+	if res.Links != nil {
+		for _, l := range res.Links.Lines() {
+			b.WriteString(l + "\n")
+		}
+	}
 	return res.writeTail(w, &b, res.CPU, res.Delivered, "delivery")
 }
 

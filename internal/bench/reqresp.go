@@ -20,9 +20,12 @@ import (
 // that failed or timed out leaves the runs before it.
 type ReqRespResult struct {
 	Report
-	Warmup  int   `json:"warmup"`
-	Workers int   `json:"workers"`
-	Runs    []Run `json:"runs"`
+	Warmup  int `json:"warmup"`
+	Workers int `json:"workers"`
+	// HandlerURL is where the handlers were connected, when not to the
+	// requesters' server (Config.HandlerURL).
+	HandlerURL string `json:"handler_url,omitempty"`
+	Runs       []Run  `json:"runs"`
 	// Latency is over all sequential runs together.
 	Latency Latency `json:"latency_us"`
 	// CPU is per cycle over all runs together.
@@ -72,7 +75,8 @@ func RunReqResp(ctx context.Context, cfg Config) (*ReqRespResult, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	res := &ReqRespResult{Report: newReport("reqresp", &cfg), Warmup: max(cfg.Warmup, 0), Workers: cfg.Workers}
+	res := &ReqRespResult{Report: newReport("reqresp", &cfg), Warmup: max(cfg.Warmup, 0), Workers: cfg.Workers,
+		HandlerURL: redact(cfg.HandlerURL)}
 	err := runReqResp(ctx, &cfg, res)
 	if err != nil {
 		res.Error = err.Error()
@@ -97,6 +101,11 @@ func runReqResp(ctx context.Context, cfg *Config, res *ReqRespResult) (err error
 		return err
 	}
 	defer r.close()
+	if cfg.spread() {
+		if err := awaitHandler(ctx, r, ping, readyWait); err != nil {
+			return err
+		}
+	}
 	for i := range cfg.Warmup {
 		if err := r.request(ctx, ping); err != nil {
 			return fmt.Errorf("bench: warm-up cycle %d: %w", i, err)
@@ -165,6 +174,30 @@ func runReqResp(ctx context.Context, cfg *Config, res *ReqRespResult) (err error
 		res.Runs = append(res.Runs, finish(run, elapsed, h, meter.per(from, to, int64(run.Cycles))))
 	}
 	return nil
+}
+
+// readyWait bounds how long a spread run waits for the cluster to learn
+// of its handlers or subscribers before it starts.
+const readyWait = 30 * time.Second
+
+// awaitHandler sends requests until one is answered, or wait is over: a
+// handler attached to another node of a cluster is known to the
+// requester's node once its view or interest has crossed the link
+// (NATS answers "no responders" until then; Courier "no handler").
+func awaitHandler(ctx context.Context, r requester, ping []byte, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := r.request(rctx, ping)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("bench: the requester's node did not reach the handler within %s: %w", wait, err)
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
+	}
 }
 
 // runStage names a run for progress reports and samples: "Sequential
@@ -288,7 +321,11 @@ func parallel(parent context.Context, rs []requester, ping []byte, b *budget, ra
 // memory, then a table by run.
 func (res *ReqRespResult) WriteText(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Request-response: %s, %d-byte ping and pong, %d handler(s), %d warm-up cycles", res.Target, res.Size, res.Workers, res.Warmup)
+	fmt.Fprintf(&b, "Request-response: %s, %d-byte ping and pong, %d handler(s)", res.Target, res.Size, res.Workers)
+	if res.HandlerURL != "" {
+		fmt.Fprintf(&b, " connected to %s", res.HandlerURL)
+	}
+	fmt.Fprintf(&b, ", %d warm-up cycles", res.Warmup)
 	if res.Rate > 0 {
 		fmt.Fprintf(&b, ", offered %.0f cycles/s", res.Rate)
 	}
