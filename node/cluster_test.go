@@ -3,6 +3,7 @@ package node
 import (
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,7 +19,7 @@ var clusterSecret = []byte("a cluster secret of 32 bytes!!!!")
 func startClusterNode(t *testing.T, name string, join ...string) *Node {
 	t.Helper()
 	n, err := Start(Config{
-		Name: name, DataDir: t.TempDir(), Log: quiet,
+		Name: name, DataDir: t.TempDir(), Log: testLog(),
 		Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0",
 		Cluster: ClusterConfig{Listen: "127.0.0.1:0", Join: join, Secret: clusterSecret},
 	})
@@ -172,4 +173,11 @@ func TestClusterRefusedWithoutSecret(t *testing.T) {
 	if _, err := Start(Config{DataDir: t.TempDir(), Log: quiet, Cluster: ClusterConfig{Join: []string{"127.0.0.1:1"}}}); err == nil {
 		t.Error("join without a cluster address was accepted")
 	}
+}
+
+func testLog() *slog.Logger {
+	if os.Getenv("COURIER_TEST_LOG") != "" {
+		return slog.Default()
+	}
+	return quiet
 }

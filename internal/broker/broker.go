@@ -559,13 +559,16 @@ func (b *Broker) declareRouter(ex *Exchange, spec Spec, by Declarer, rq *recover
 	}
 	stored := false
 	store := func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if _, loaded := b.exchanges.LoadOrStore(ex.name, ex); loaded {
-			return
-		}
-		b.exVersion.Add(1)
-		stored = true
+		b.declareHeld(ex, func() bool { // peer_pubsub.go
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if _, loaded := b.exchanges.LoadOrStore(ex.name, ex); loaded {
+				return false
+			}
+			b.exVersion.Add(1)
+			stored = true
+			return true
+		})
 	}
 	wait := func() error { return nil }
 	switch {

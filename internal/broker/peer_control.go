@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/courier-mq/courier/wire"
@@ -120,30 +121,53 @@ func (ex *Exchange) remoteController() (node, member string) {
 	return best.node, best.member
 }
 
-// controllerJoined runs once controller a joined its exchange.
-func (ex *Exchange) controllerJoined(a *Attachment) {
+// controllerJoined runs once controller a joined its exchange, and then
+// runs then, once the other nodes know of it if it is the exchange's
+// oldest local controller now (every live node acknowledged the RCTRL,
+// or went down, or maxInterestWait passed): a subscriber attaching on
+// another node after the controller's OK is asked of a controller.
+func (ex *Exchange) controllerJoined(a *Attachment, then func()) {
 	ex.pendMu.Lock()
 	ex.sinceLocked(a)
 	ex.pendMu.Unlock()
-	ex.advertise()
+	w := ex.advertise()
+	if w == nil {
+		then()
+		return
+	}
+	var once sync.Once
+	wait := cmp.Or(ex.b.ps.maxWait, maxInterestWait)
+	timer := time.AfterFunc(wait, func() {
+		ex.b.log.Warn("a controller's attach answers without every node's acknowledgement", "exchange", ex.name, "waited", wait)
+		once.Do(then)
+	})
+	w.onDone(func() {
+		timer.Stop()
+		once.Do(then)
+	})
 }
 
 // advertise tells the other nodes of the exchange's oldest local
-// controller when it changed.
-func (ex *Exchange) advertise() {
+// controller when it changed. It returns the wait for their
+// acknowledgements, or nil when nothing was sent.
+func (ex *Exchange) advertise() *interestWait {
 	if !ex.b.hasPeerLinks() {
-		return
+		return nil
 	}
 	ex.pendMu.Lock()
-	defer ex.pendMu.Unlock()
 	l := ex.view.Load().leader
 	if l == ex.ctrl.advertised {
-		return
+		ex.pendMu.Unlock()
+		return nil
 	}
 	ex.ctrl.advertised = l
+	w := newInterestWait()
 	for _, pp := range ex.b.psLivePeers() {
-		ex.b.psSend(pp, ex.ctrlFrameLocked(l), nil)
+		ex.b.psSend(pp, ex.ctrlFrameLocked(l), w)
 	}
+	ex.pendMu.Unlock()
+	w.release() // the creator's hold
+	return w
 }
 
 // advertiseTo tells pp, whose link just came up, of the exchange's
@@ -231,6 +255,7 @@ func (b *Broker) peerControl(pp *psPeer, f *wire.Frame) {
 		} else {
 			pp.c.unknown.Add(1)
 		}
+		b.ackInterest(pp, f.Ref)
 	case wire.TypeRSubReq:
 		b.remoteSubRequest(pp, f)
 	case wire.TypeRDecide:

@@ -49,6 +49,19 @@ type pubsubCluster struct {
 	ops map[uint64]*memberOp
 	// maxWait is maxInterestWait; tests shorten it.
 	maxWait time.Duration
+
+	// earlyMu orders interest for an exchange this node does not know
+	// yet with the exchange's declaration here (see holdEarly).
+	earlyMu sync.Mutex
+	// early is the interest of other nodes in exchanges this node does
+	// not know yet, by exchange and node: in a cluster a declaration
+	// reaches the nodes one by one, and a subscriber's node may tell of
+	// its interest before another node applied the declaration. It is
+	// installed when the exchange is declared here, before anyone here
+	// can publish to it. earlyN counts its patterns per node, bounded
+	// by MaxPatternsPerPeer.
+	early  map[string]map[string][]string
+	earlyN map[string]int
 }
 
 // psPeer is one node's link, for pub-sub.
@@ -187,8 +200,8 @@ func (b *Broker) psPeer(node string) *psPeer {
 }
 
 // psSend sends f on pp's control link and takes ownership of it.
-// An RSUB gets the link's next number as its Ref and, with w, makes w
-// wait for its RSUBACK. It reports whether f was sent.
+// An RSUB or an RCTRL gets the link's next number as its Ref and, with
+// w, makes w wait for its RSUBACK. It reports whether f was sent.
 func (b *Broker) psSend(pp *psPeer, f *wire.Frame, w *interestWait) bool {
 	links := b.peerLinks.Load()
 	pp.mu.Lock()
@@ -198,7 +211,8 @@ func (b *Broker) psSend(pp *psPeer, f *wire.Frame, w *interestWait) bool {
 		return false
 	}
 	typ := f.Type
-	if typ == wire.TypeRSub {
+	acked := typ == wire.TypeRSub || typ == wire.TypeRCtrl
+	if acked {
 		pp.seq++
 		f.Ref = pp.seq
 		pp.c.seq.Store(pp.seq)
@@ -206,12 +220,12 @@ func (b *Broker) psSend(pp *psPeer, f *wire.Frame, w *interestWait) bool {
 	if err := (*links).SendControl(pp.p.node, f); err != nil {
 		return false // the link is down: PeerDown follows
 	}
+	if acked && w != nil && w.hold() {
+		pp.waits = append(pp.waits, pendingAck{need: pp.seq, w: w})
+	}
 	switch typ {
 	case wire.TypeRSub:
 		pp.c.subsSent.Add(1)
-		if w != nil && w.hold() {
-			pp.waits = append(pp.waits, pendingAck{need: pp.seq, w: w})
-		}
 	case wire.TypeRUnsub:
 		pp.c.unsubsSent.Add(1)
 	}
@@ -604,6 +618,9 @@ func (b *Broker) remoteInterest(pp *psPeer, f *wire.Frame) {
 		pp.c.unsubsReceived.Add(1)
 	}
 	ex := b.Exchange(f.Name)
+	if ex == nil && f.Aux != rsubResend && b.holdEarly(pp, f) {
+		return
+	}
 	if ex == nil || ex.subs == nil {
 		pp.c.unknown.Add(1)
 		return
@@ -625,6 +642,98 @@ func (b *Broker) remoteInterest(pp *psPeer, f *wire.Frame) {
 	} else if len(pb.Patterns) > 0 {
 		ex.uninstallLocked(pp, pb.Patterns)
 	}
+}
+
+// holdEarly keeps interest f of pp in an exchange this node does not
+// know, for when it is declared here; it reports whether it took f (the
+// exchange is still unknown under earlyMu, and the bound holds).
+func (b *Broker) holdEarly(pp *psPeer, f *wire.Frame) bool {
+	var pb wire.PatternsBody
+	if err := json.Unmarshal(f.Body, &pb); err != nil || checkPatterns(pb.Patterns) != nil || !ValidName(f.Name) {
+		return false
+	}
+	ps := &b.ps
+	ps.earlyMu.Lock()
+	defer ps.earlyMu.Unlock()
+	if b.Exchange(f.Name) != nil {
+		return false // declared meanwhile: handled as known
+	}
+	node := pp.p.node
+	held := ps.early[f.Name][node]
+	if f.Type == wire.TypeRUnsub {
+		if len(held) == 0 {
+			return true
+		}
+		kept := slices.DeleteFunc(slices.Clone(held), func(p string) bool { return slices.Contains(pb.Patterns, p) })
+		ps.earlyN[node] -= len(held) - len(kept)
+		ps.setEarly(f.Name, node, kept)
+		return true
+	}
+	fresh := slices.DeleteFunc(slices.Clone(pb.Patterns), func(p string) bool { return slices.Contains(held, p) })
+	if ps.earlyN[node]+len(fresh) > b.cfg.MaxPatternsPerPeer {
+		pp.c.refused.Add(1)
+		return false
+	}
+	if ps.early == nil {
+		ps.early, ps.earlyN = make(map[string]map[string][]string), make(map[string]int)
+	}
+	ps.earlyN[node] += len(fresh)
+	ps.setEarly(f.Name, node, append(held, fresh...))
+	return true
+}
+
+// setEarly sets node's held patterns of exchange; earlyMu is held.
+func (ps *pubsubCluster) setEarly(exchange, node string, patterns []string) {
+	if len(patterns) == 0 {
+		delete(ps.early[exchange], node)
+		if len(ps.early[exchange]) == 0 {
+			delete(ps.early, exchange)
+		}
+		return
+	}
+	if ps.early[exchange] == nil {
+		ps.early[exchange] = make(map[string][]string)
+	}
+	ps.early[exchange][node] = patterns
+}
+
+// declareHeld makes ex visible with store, once the interest held for it
+// is installed: a publication here can then never miss it. store
+// reports whether ex was added (another exchange of its name may have
+// been first).
+func (b *Broker) declareHeld(ex *Exchange, store func() bool) {
+	ps := &b.ps
+	ps.earlyMu.Lock()
+	defer ps.earlyMu.Unlock()
+	held := ps.early[ex.name]
+	if ex.subs != nil && len(held) > 0 {
+		ex.subMu.Lock()
+		for node, patterns := range held {
+			if pp := b.psPeer(node); pp != nil {
+				ex.installLocked(pp, patterns)
+			}
+		}
+		ex.subMu.Unlock()
+	}
+	if store() {
+		for node, patterns := range held {
+			ps.earlyN[node] -= len(patterns)
+		}
+		delete(ps.early, ex.name)
+	}
+}
+
+// dropEarly forgets what node's interest was held.
+func (b *Broker) dropEarly(node string) {
+	ps := &b.ps
+	ps.earlyMu.Lock()
+	defer ps.earlyMu.Unlock()
+	for name, nodes := range ps.early {
+		if _, ok := nodes[node]; ok {
+			ps.setEarly(name, node, nil)
+		}
+	}
+	delete(ps.earlyN, node)
 }
 
 // rsubResend is the Aux of an RSUB that asks for the receiving node's
@@ -752,6 +861,7 @@ func (b *Broker) pubsubPeerDown(p *peer) {
 	waits := pp.waits
 	pp.waits = nil
 	pp.mu.Unlock()
+	b.dropEarly(p.node)
 	for _, pa := range waits {
 		pa.w.release()
 	}

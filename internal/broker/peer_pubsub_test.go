@@ -574,8 +574,8 @@ func TestMeshPeerPatternsBoundedAcrossFrames(t *testing.T) {
 	}
 }
 
-// Publications and interest for an exchange a node does not know are
-// dropped and counted.
+// Publications for an exchange a node does not know are dropped and
+// counted; interest in it is held for when it is declared there.
 func TestMeshUnknownExchangeDropped(t *testing.T) {
 	m := newMesh(t, "a", "b")
 	b := m.brokers["b"]
@@ -586,8 +586,8 @@ func TestMeshUnknownExchangeDropped(t *testing.T) {
 	f.Ref, f.Name, f.Body = 7, "nope", []byte(`{"patterns":["#"]}`)
 	b.FromPeer("a", f)
 	st := linkStats(b, "a")
-	if st.DroppedUnknown != 2 || st.PubsReceived != 1 {
-		t.Errorf("b's link to a: %+v, want 2 dropped of which 1 RPUB", st)
+	if st.DroppedUnknown != 1 || st.PubsReceived != 1 {
+		t.Errorf("b's link to a: %+v, want the RPUB dropped", st)
 	}
 	// The RSUB is acknowledged all the same, so that no subscribe waits
 	// for a node that cannot take its interest.
@@ -924,15 +924,19 @@ func TestMeshExchangeDeclaredLate(t *testing.T) {
 	}
 	sub := m.client("b")
 	sub.subscribe(1, "x", "late.*")
-	// Subscribe returned: a answered b's RSUB, dropped (and b's request
-	// for a's table of x, sent as b declared it).
-	if got := linkStats(m.brokers["a"], "b").DroppedUnknown; got != 2 {
-		t.Fatalf("a dropped %d frames of b for x, want 2", got)
+	// Subscribe returned: a answered b's RSUB and holds its interest (it
+	// dropped b's request for a's table of x, sent as b declared it).
+	if got := linkStats(m.brokers["a"], "b").DroppedUnknown; got != 1 {
+		t.Fatalf("a dropped %d frames of b for x, want 1", got)
 	}
 	if _, err := m.brokers["a"].Declare("x", spec); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "a gets b's table of x", func() bool { return linkStats(m.brokers["a"], "b").Patterns == 1 })
+	// The interest held is in place as Declare returns: a publication
+	// on a right after it reaches b's subscriber.
+	if got := linkStats(m.brokers["a"], "b").Patterns; got != 1 {
+		t.Fatalf("a holds %d patterns of b for x as its Declare returns, want 1", got)
+	}
 	m.client("a").publish("x", "late.1", "found")
 	waitUntil(t, "b's subscriber gets a's publication", func() bool { return len(sub.k.got(1)) == 1 })
 }
@@ -1121,5 +1125,34 @@ func TestMeshInterestConvergesUnderChurn(t *testing.T) {
 				t.Errorf("%s holds %v of %s's interest, want %v", to, got, from, exp)
 			}
 		}
+	}
+}
+
+// Interest held for exchanges a node does not know is bounded per node:
+// a node cannot grow another's memory by naming exchanges that do not
+// exist there.
+func TestMeshEarlyInterestBounded(t *testing.T) {
+	m := newMeshConfig(t, Config{MaxPatternsPerPeer: 10}, "a", "b")
+	b := m.brokers["b"]
+	for i := range 20 {
+		f := wire.NewFrame(wire.TypeRSub)
+		f.Ref, f.Name, f.Body = uint64(i+1), fmt.Sprintf("nope%d", i), []byte(`{"patterns":["a","b"]}`)
+		b.FromPeer("a", f)
+	}
+	b.ps.earlyMu.Lock()
+	held := b.ps.earlyN["a"]
+	b.ps.earlyMu.Unlock()
+	if held > 10 {
+		t.Errorf("b holds %d patterns of a for unknown exchanges, limit 10", held)
+	}
+	if st := linkStats(b, "a"); st.Refused == 0 {
+		t.Errorf("nothing refused past the limit: %+v", st)
+	}
+	m.cutLink("a", "b")
+	b.ps.earlyMu.Lock()
+	left := len(b.ps.early)
+	b.ps.earlyMu.Unlock()
+	if left != 0 {
+		t.Errorf("b still holds interest of a for %d exchanges after its link went down", left)
 	}
 }

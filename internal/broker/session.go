@@ -426,10 +426,13 @@ func (s *Session) attach(f *wire.Frame) {
 		s.sendError(f.Ref, err)
 		return
 	}
+	ref, member := f.Ref, a.member
+	reply := func() { s.reply(ref, jsonBody(wire.AttachResult{Member: member}), nil) }
 	if a.role == wire.RoleController {
-		ex.controllerJoined(a) // peer_control.go
+		ex.controllerJoined(a, reply) // peer_control.go
+		return
 	}
-	s.reply(f.Ref, jsonBody(wire.AttachResult{Member: a.member}), nil)
+	reply()
 }
 
 // roomFor refuses a new attachment a past the session's limit, or with
