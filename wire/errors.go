@@ -40,6 +40,7 @@ const (
 	CodeExprLimit          Code = 27 // a routing expression went over its cost, memory or time budget
 	CodeHandshakeLimit     Code = 28 // too many connections still in their handshake (node-wide or from one address)
 	CodeStorage            Code = 30 // the store failed: the message may not be durable
+	CodeNotLeader          Code = 31 // node link only: the member is no longer the leader the request was routed to
 )
 
 var codeNames = [...]string{
@@ -55,7 +56,7 @@ var codeNames = [...]string{
 	CodeTooManyInflight: "too many requests in flight", CodeDeadlineTooLong: "deadline too long",
 	CodeQueueFull: "queue full", CodeTooManyPatterns: "too many patterns",
 	CodeExprLimit: "expression limit", CodeHandshakeLimit: "too many handshakes",
-	CodeStorage: "storage error",
+	CodeStorage: "storage error", CodeNotLeader: "not leader",
 }
 
 // String returns the short name of c, such as "no handler".

@@ -100,6 +100,16 @@ type Config struct {
 	// task exchange declared by a user, brought back from the store, are
 	// dropped; those of trusted declarers are not checked.
 	Policy auth.Policy
+	// Home names, in a cluster, the home node of a request-response
+	// exchange, which owns its member list and appoints its leader, and
+	// that assignment's epoch, which must grow each time the exchange's
+	// home changes (docs/cluster.md). The metadata group answers it.
+	// Default: this node, epoch 0, for every exchange.
+	Home func(exchange string) (node string, epoch uint64)
+	// LeaseValid reports whether this node's liveness lease holds; while
+	// it does not, the node treats no leader as valid and appoints none.
+	// Default: always true.
+	LeaseValid func() bool
 }
 
 func (c *Config) setDefaults() {
@@ -318,6 +328,8 @@ type Broker struct {
 	// alone.
 	peers     peerTable
 	peerLinks atomic.Pointer[Peers]
+	// rr is the state of request-response across nodes (peer_view.go).
+	rr rrCluster
 
 	closeOnce sync.Once
 	stop      chan struct{}
@@ -379,6 +391,7 @@ func (b *Broker) Sweep(ctx context.Context) error {
 			for _, s := range list {
 				s.expire(now.UnixNano())
 			}
+			b.checkLease()
 		}
 	}
 }
@@ -565,6 +578,7 @@ func (b *Broker) declareRouter(ex *Exchange, spec Spec, by Declarer, rq *recover
 	if rq == nil {
 		b.log.Info("exchange declared", "exchange", ex.name, "pattern", ex.cfg.Pattern, "strategy", ex.cfg.Strategy, "durable", ex.def.ID != 0)
 	}
+	b.clusterDeclared(ex)
 	return ex, nil
 }
 

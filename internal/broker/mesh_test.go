@@ -30,11 +30,21 @@ type meshLink struct {
 
 // newMesh starts a broker per name, with default config, all linked.
 func newMesh(t testing.TB, names ...string) *mesh {
+	return newMeshConfig(t, nil, names...)
+}
+
+// newMeshConfig is newMesh with each broker's config passed through
+// config first, when not nil.
+func newMeshConfig(t testing.TB, config func(*Config), names ...string) *mesh {
 	t.Helper()
 	m := &mesh{t: t, brokers: map[string]*Broker{}, links: map[[2]string]*meshLink{},
 		cut: map[[2]string]bool{}, sent: map[string]int{}}
 	for _, n := range names {
-		b := New(Config{Node: n})
+		cfg := Config{Node: n}
+		if config != nil {
+			config(&cfg)
+		}
+		b := New(cfg)
 		b.SetPeers(meshPeers{m, n})
 		m.brokers[n] = b
 		t.Cleanup(func() { b.Close() })

@@ -2,7 +2,11 @@ package broker
 
 // peerUp runs once p's session is open: each part of the broker tells
 // the new peer what it must know (interest, views).
-func (b *Broker) peerUp(p *peer) {}
+func (b *Broker) peerUp(p *peer) {
+	b.rrPeerUp(p)
+}
 
 // peerDown runs when p goes, before its session closes.
-func (b *Broker) peerDown(p *peer) {}
+func (b *Broker) peerDown(p *peer) {
+	b.rrPeerDown(p)
+}

@@ -95,6 +95,15 @@ type Attachment struct {
 	// strategy only (countBusy): other exchanges spare the shared write.
 	busy      atomic.Int64
 	countBusy bool
+	// reported is, on a stand-in of another node's handler (its session
+	// is a peer's), the requests that node last said the handler serves
+	// (see peerResponse).
+	reported atomic.Int64
+	// node is the member's node in a cluster ("" on a node alone); key
+	// its seniority in the exchange's view (see clusterEx), guarded by
+	// ex.mu.
+	node string
+	key  int64
 	// stripe is the stripe of the exchange's latency histogram that the
 	// handler's answers are recorded in.
 	stripe uint32
@@ -112,7 +121,7 @@ type Attachment struct {
 }
 
 func (a *Attachment) info() wire.Member {
-	return wire.Member{ID: a.member, Role: wire.RoleName(a.role), ServiceTag: a.serviceTag, ConnTag: a.connTag, Options: a.options}
+	return wire.Member{ID: a.member, Role: wire.RoleName(a.role), ServiceTag: a.serviceTag, ConnTag: a.connTag, Options: a.options, Node: a.node}
 }
 
 func (a *Attachment) event(kind uint64, body []byte) {
@@ -130,6 +139,9 @@ func (a *Attachment) detached(reason string) {
 
 // sendDetached tells the client its attachment is gone.
 func (a *Attachment) sendDetached(reason string) {
+	if a.s.peer != nil {
+		return // a stand-in: its node tells its own members
+	}
 	f := wire.NewFrame(wire.TypeEvent)
 	f.Attach, f.Aux, f.Name, f.Tag = a.id, wire.EventDetached, a.ex.name, reason
 	a.s.sink.Deliver(f)
