@@ -110,9 +110,9 @@ type homeState struct {
 
 // viewState is what a node's members were told of a view.
 type viewState struct {
-	entries      []viewMember
-	leader       string
-	epoch, term  uint64
+	entries     []viewMember
+	leader      string
+	epoch, term uint64
 }
 
 func (b *Broker) clustered() bool { return b.peerLinks.Load() != nil }
