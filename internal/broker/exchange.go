@@ -388,6 +388,7 @@ func (ex *Exchange) close() {
 	ex.closed = true
 	members := ex.members
 	ex.members = nil
+	ex.cl = nil // every node deletes it: no view to keep
 	ex.rebuild()
 	ex.mu.Unlock()
 	var subs []*Attachment

@@ -767,6 +767,61 @@ func TestMeshLeaderNodeLost(t *testing.T) {
 	}
 }
 
+// An entry node with a stale view sends a leader request to the old
+// leader's node, which answers not-leader; the entry routes it again
+// until its view names the new leader, within the deadline.
+func TestMeshNotLeaderRoutedAgain(t *testing.T) {
+	rm := newRRMesh(t, "a", "b", "c")
+	rm.declare("svc", wire.ExchangeConfig{Strategy: Leader})
+	hb, ha, hc := rm.client("b"), rm.client("a"), rm.client("c")
+	mb := hb.attach("svc", 1, "", "")
+	rm.waitMembers("svc", 1)
+	ma := ha.attach("svc", 1, "", "")
+	rm.waitMembers("svc", 2)
+	hc.attach("svc", 1, "", "")
+	rm.waitMembers("svc", 3)
+	for _, h := range []*tclient{ha, hb, hc} {
+		h.serve(nil)
+	}
+	hc.waitLeader(mb)
+	// c hears nothing from the home a while a appoints a's member.
+	rm.pause("a", "c")
+	resumed := false
+	defer func() {
+		if !resumed {
+			rm.resume("a", "c")
+		}
+	}()
+	rm.cutLink("a", "b")
+	hb.waitLeader("")
+	req := rm.client("c")
+	id := req.request("svc", "", "", uint64(wait/time.Millisecond), nil)
+	deadline := time.Now().Add(wait)
+	for rm.count("b", "c", wire.TypeResponse) < 2 {
+		if time.Now().After(deadline) {
+			select {
+			case f := <-req.k.resp:
+				t.Logf("requester got %s flags %#x code %d %q from %s", f.Type, f.Flags, f.Aux, f.Tag, f.Name)
+			default:
+			}
+			t.Fatalf("b never refused the stale leader request twice: c→b RREQ %d, b→c RESPONSE %d", rm.count("c", "b", wire.TypeRReq), rm.count("b", "c", wire.TypeResponse))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case f := <-req.k.resp:
+		t.Fatalf("the requester got %+v before c had the new view: not-leader must not reach it", f)
+	default:
+	}
+	rm.resume("a", "c")
+	resumed = true
+	f := recv(t, req.k.resp, "response")
+	if f.Ref != id || from(t, f) != ma {
+		t.Fatalf("answered %d by %s, want %d by the new leader %s", f.Ref, f.Name, id, ma)
+	}
+	t.Logf("b refused %d times as not-leader", rm.count("b", "c", wire.TypeResponse))
+}
+
 func TestMeshHomeLostRehomes(t *testing.T) {
 	rm := newRRMesh(t, "a", "b", "c")
 	rm.declare("svc", wire.ExchangeConfig{Strategy: Leader})

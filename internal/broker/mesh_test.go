@@ -20,6 +20,7 @@ type mesh struct {
 	links map[[2]string]*meshLink // by from, to
 	cut   map[[2]string]bool      // pairs cut by cutLink, both directions
 	sent  map[string]int          // frames sent, by "from>to type"
+	gates map[[2]string]chan struct{} // directions paused by pause
 }
 
 // meshLink is one direction between two nodes: a control and a data queue.
@@ -38,7 +39,7 @@ func newMesh(t testing.TB, names ...string) *mesh {
 func newMeshConfig(t testing.TB, config func(*Config), names ...string) *mesh {
 	t.Helper()
 	m := &mesh{t: t, brokers: map[string]*Broker{}, links: map[[2]string]*meshLink{},
-		cut: map[[2]string]bool{}, sent: map[string]int{}}
+		cut: map[[2]string]bool{}, sent: map[string]int{}, gates: map[[2]string]chan struct{}{}}
 	for _, n := range names {
 		cfg := Config{Node: n}
 		if config != nil {
@@ -75,6 +76,12 @@ func (m *mesh) drain(from, to string, l *meshLink) {
 	defer close(l.done)
 	dst := m.brokers[to]
 	deliver := func(p []byte) {
+		m.mu.Lock()
+		gate := m.gates[[2]string{from, to}]
+		m.mu.Unlock()
+		if gate != nil {
+			<-gate
+		}
 		f := wire.NewFrame(0)
 		if err := wire.Decode(p, f); err != nil {
 			m.t.Errorf("mesh %s→%s: %v", from, to, err)
@@ -133,6 +140,25 @@ func (m *mesh) heal(a, b string) {
 	m.mu.Unlock()
 	m.up(a, b)
 	m.up(b, a)
+}
+
+// pause holds the frames from→to, both links, until resume; a test
+// resumes what it paused before it cuts that link or ends.
+func (m *mesh) pause(from, to string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.gates[[2]string{from, to}] = make(chan struct{})
+}
+
+// resume delivers what pause held, and what follows.
+func (m *mesh) resume(from, to string) {
+	m.mu.Lock()
+	gate := m.gates[[2]string{from, to}]
+	delete(m.gates, [2]string{from, to})
+	m.mu.Unlock()
+	if gate != nil {
+		close(gate)
+	}
 }
 
 // count returns the frames of type t sent from→to so far.

@@ -154,9 +154,9 @@ func (s *Session) peerResponse(sl slot, f *wire.Frame, final bool) bool {
 	if !final || sl.retry == nil || f.Flags&wire.FlagError == 0 || wire.Code(f.Aux) != wire.CodeNotLeader {
 		return false
 	}
+	r, rt, id := sl.r, sl.retry, f.Ref
 	sl.a.addBusy(-1)
 	f.Release()
-	r, rt, id := sl.r, sl.retry, f.Ref
 	if _, ok := r.take(sl.reqID, func(p pending) bool { return p.a == sl.a && p.id == id }); !ok {
 		return true // cancelled or expired meanwhile
 	}
