@@ -17,9 +17,9 @@ type mesh struct {
 	brokers map[string]*Broker
 
 	mu    sync.Mutex
-	links map[[2]string]*meshLink // by from, to
-	cut   map[[2]string]bool      // pairs cut by cutLink, both directions
-	sent  map[string]int          // frames sent, by "from>to type"
+	links map[[2]string]*meshLink     // by from, to
+	cut   map[[2]string]bool          // pairs cut by cutLink, both directions
+	sent  map[string]int              // frames sent, by "from>to type"
 	gates map[[2]string]chan struct{} // directions paused by pause
 }
 
