@@ -650,6 +650,9 @@ func TestMeshCancelReachesHandler(t *testing.T) {
 	req := rm.client("a")
 	id := req.request("svc", "", "", uint64(wait/time.Millisecond), nil)
 	in := recv(t, got, "request at the handler")
+	if in.Name != req.s.ID() {
+		t.Errorf("the handler sees the request from %q, want the requester's connection %q", in.Name, req.s.ID())
+	}
 	c := wire.NewFrame(wire.TypeCancel)
 	c.Ref = id
 	req.s.Handle(c)

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/courier-mq/courier/wire"
@@ -43,16 +44,17 @@ func (b *Broker) peerRequest(p *peer, f *wire.Frame) {
 func (b *Broker) servePeerRequest(p *peer, f *wire.Frame) {
 	start := monoNow()
 	p.s.stats.Requests.Add(f.Ref, 1)
-	a := b.member(f.Name)
+	member, requester, _ := strings.Cut(f.Name, "\x00")
+	a := b.member(member)
 	if a == nil || a.s.peer != nil || a.role != wire.RoleHandler || a.gone.Load() {
-		p.s.failRequest(f, wire.Errorf(wire.CodeHandlerGone, "handler %s left node %s", f.Name, b.cfg.Node))
+		p.s.failRequest(f, wire.Errorf(wire.CodeHandlerGone, "handler %s left node %s", member, b.cfg.Node))
 		return
 	}
 	if f.Attach != 0 && !a.ex.fencedLeader(a, f.Attach) {
 		p.s.failRequest(f, wire.Errorf(wire.CodeNotLeader, "%s is not the leader of %q on node %s", a.member, a.ex.name, b.cfg.Node))
 		return
 	}
-	f.Type, f.Attach = wire.TypeRequest, 0
+	f.Type, f.Attach, f.Name = wire.TypeRequest, 0, requester
 	if err := p.s.sendOne(f, a, start); err != nil {
 		p.s.failRequest(f, err)
 	}
@@ -125,16 +127,17 @@ func (s *Session) sendRemoteRetry(f *wire.Frame, a *Attachment, start int64, rt 
 		return nil
 	}
 	h.stats.Delivered.Add(f.Ref, 1)
-	f.Ref, f.Waiter = id, nil
+	f.Ref, f.Name, f.Waiter = id, s.id, nil
 	toRReq(f, a, fence, start)
 	h.sink.Deliver(f)
 	return nil
 }
 
-// toRReq turns f, a REQUEST with Ref set to its slot, into the RREQ for
-// stand-in a: the member id in Name, the deadline as the time left.
+// toRReq turns f, a REQUEST with Ref set to its slot and Name to the
+// requester's connection id, into the RREQ for stand-in a: the member id
+// and the requester's in Name, the deadline as the time left.
 func toRReq(f *wire.Frame, a *Attachment, fence uint32, start int64) {
-	f.Type, f.Name, f.Attach = wire.TypeRReq, a.member, fence
+	f.Type, f.Name, f.Attach = wire.TypeRReq, a.member+"\x00"+f.Name, fence
 	if f.Aux != 0 {
 		left := int64(f.Aux) - (monoNow()-start)/int64(time.Millisecond)
 		f.Aux = uint64(max(left, 1))

@@ -563,7 +563,10 @@ func (s *Session) sendOne(f *wire.Frame, a *Attachment, start int64) error {
 		return nil
 	}
 	h.stats.Delivered.Add(f.Ref, 1)
-	f.Ref, f.Attach, f.Name, f.Waiter = id, a.id, s.id, nil
+	if s.peer == nil { // another node's request names its requester already
+		f.Name = s.id
+	}
+	f.Ref, f.Attach, f.Waiter = id, a.id, nil
 	h.sink.Deliver(f)
 	return nil
 }
