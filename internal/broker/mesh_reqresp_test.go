@@ -944,3 +944,66 @@ func BenchmarkMeshRequest(b *testing.B) {
 		})
 	}
 }
+
+// A broadcast whose handler on another node leaves mid-flight: the
+// requester gets "handler gone" from that member, the others' responses,
+// and the last flagged once.
+func TestMeshBroadcastMemberLeavesMidFlight(t *testing.T) {
+	rm := newRRMesh(t, "a", "b", "c")
+	rm.declare("svc", wire.ExchangeConfig{Strategy: Broadcast})
+	hb, hc := rm.client("b"), rm.client("c")
+	mb := hb.attach("svc", 1, "", "")
+	mc := hc.attach("svc", 1, "", "")
+	held := make(chan *wire.Frame, 10)
+	hb.serve(func(f *wire.Frame) bool { held <- f; return true })
+	hc.serve(nil)
+	rm.waitMembers("svc", 2)
+	req := rm.client("a")
+	id := req.request("svc", "", "", uint64(wait/time.Millisecond), nil)
+	if f := recv(t, req.k.resp, "c's response"); f.Ref != id || from(t, f) != mc || f.Flags&wire.FlagLast != 0 {
+		t.Fatalf("got %d from %s flags %#x, want %s's response, not last", f.Ref, f.Name, f.Flags, mc)
+	}
+	recv(t, held, "the request at b")
+	hb.detach(1)
+	f := recv(t, req.k.resp, "handler gone")
+	if f.Ref != id || f.Name != mb || wire.Code(f.Aux) != wire.CodeHandlerGone || f.Flags&wire.FlagLast == 0 {
+		t.Fatalf("got %d from %s code %d flags %#x, want the last response, handler gone from %s", f.Ref, f.Name, f.Aux, f.Flags, mb)
+	}
+}
+
+// A handler's node reports its load on each response across nodes, and
+// the entry node routes least-busy requests by it: a handler busy with
+// another entry node's requests is avoided once it answered one.
+func TestMeshLeastBusyLearnsRemoteLoad(t *testing.T) {
+	rm := newRRMesh(t, "a", "b", "c")
+	rm.declare("svc", wire.ExchangeConfig{Strategy: LeastBusy})
+	hb := rm.client("b")
+	mb := hb.attach("svc", 1, "", "")
+	held := make(chan *wire.Frame, 100)
+	hb.serve(func(f *wire.Frame) bool {
+		if f.Type == wire.TypeRequest && f.Key == "hold" {
+			held <- f
+			return true
+		}
+		return false
+	})
+	rm.waitMembers("svc", 1)
+	// c's requester keeps 3 requests on b's handler, the only one yet.
+	busy := rm.client("c")
+	for range 3 {
+		busy.request("svc", "hold", "", uint64(wait/time.Millisecond), nil)
+		recv(t, held, "a held request")
+	}
+	hc := rm.client("c")
+	hc.attach("svc", 1, "", "")
+	hc.serve(nil)
+	rm.waitMembers("svc", 2)
+	req := rm.client("a")
+	got := map[string]int{}
+	for range 20 {
+		got[from(t, req.call("svc", "x", ""))]++
+	}
+	if got[mb] > 1 {
+		t.Errorf("requests went %v: b's handler, busy with c's requests, took %d, want at most the one that told a its load", got, got[mb])
+	}
+}
