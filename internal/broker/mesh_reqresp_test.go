@@ -1007,3 +1007,77 @@ func TestMeshLeastBusyLearnsRemoteLoad(t *testing.T) {
 		t.Errorf("requests went %v: b's handler, busy with c's requests, took %d, want at most the one that told a its load", got, got[mb])
 	}
 }
+
+// Requests from every node while a node is cut off and comes back, twice:
+// every request has exactly one outcome, a response or "handler gone",
+// and none is answered twice.
+func TestMeshOneOutcomePerRequestUnderCuts(t *testing.T) {
+	rm, _, _ := spread(t, "svc", wire.ExchangeConfig{Strategy: RoundRobin}, abc)
+	const n = 300
+	var wg sync.WaitGroup
+	var gone atomic.Int64
+	errs := make(chan string, 3*n)
+	for _, entry := range []string{"a", "b"} {
+		req := rm.client(entry)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sent := map[uint64]bool{}
+			var mu sync.Mutex
+			go func() { // requests pipelined, a batch at a time
+				for i := range n {
+					id := req.request("svc", "", "", uint64(wait/time.Millisecond), nil)
+					mu.Lock()
+					sent[id] = true
+					mu.Unlock()
+					if i%20 == 19 {
+						time.Sleep(time.Millisecond)
+					}
+				}
+			}()
+			outcomes := map[uint64]int{}
+			for total := 0; total < n; total++ {
+				select {
+				case f := <-req.k.resp:
+					outcomes[f.Ref]++
+					if wire.Code(f.Aux) == wire.CodeHandlerGone {
+						gone.Add(1)
+					}
+					if f.Flags&wire.FlagError != 0 && wire.Code(f.Aux) != wire.CodeHandlerGone {
+						errs <- fmt.Sprintf("%s: request %d failed with code %d %q", entry, f.Ref, f.Aux, f.Tag)
+					}
+				case <-time.After(wait):
+					errs <- fmt.Sprintf("%s: %d of %d requests have no outcome", entry, n-total, n)
+					return
+				}
+			}
+			select {
+			case f := <-req.k.resp:
+				errs <- fmt.Sprintf("%s: an outcome more, for %d", entry, f.Ref)
+			case <-time.After(20 * time.Millisecond):
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for id, k := range outcomes {
+				if k != 1 || !sent[id] {
+					errs <- fmt.Sprintf("%s: request %d had %d outcomes (sent: %v)", entry, id, k, sent[id])
+				}
+			}
+		}()
+	}
+	for range 2 {
+		time.Sleep(5 * time.Millisecond)
+		rm.cutLink("c", "a")
+		rm.cutLink("c", "b")
+		time.Sleep(5 * time.Millisecond)
+		rm.heal("c", "a")
+		rm.heal("c", "b")
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	t.Logf("%d of %d requests failed with handler gone", gone.Load(), 2*n)
+	rm.waitMembers("svc", 3)
+}
