@@ -298,25 +298,20 @@ func (ex *Exchange) applyView(from string, ver uint64, body viewBody) {
 	cl.from, cl.epoch, cl.ver, cl.term, cl.leader, cl.entries = from, body.Epoch, ver, body.Term, body.Leader, body.Members
 	cl.stale = false
 	self := ex.b.cfg.Node
-	inView := make(map[string]bool, len(cl.entries))
+	locals := make(map[string]*Attachment, len(cl.locals))
+	for _, a := range cl.locals {
+		locals[a.member] = a
+	}
 	for _, e := range cl.entries {
-		if e.Node == self {
-			inView[e.ID] = true
+		if a := locals[e.ID]; a != nil && e.Node == self {
+			a.key = e.Key // its seniority as the home keeps it
+			delete(locals, e.ID)
 		}
 	}
 	var missing []*Attachment
 	for _, a := range cl.locals {
-		if !inView[a.member] {
+		if locals[a.member] == a {
 			missing = append(missing, a)
-		}
-	}
-	for _, e := range cl.entries {
-		if e.Node == self {
-			for _, a := range cl.locals {
-				if a.member == e.ID {
-					a.key = e.Key
-				}
-			}
 		}
 	}
 	cl.valid = ex.viewValid()
