@@ -74,16 +74,17 @@ const (
 	// pub-sub interest and publications, 0x48–0x4f request-response
 	// views and forwarded requests. docs/protocol.md §12 gives their
 	// fields.
-	TypeRSub    Type = 0x40 // node → node: Ref, Name exchange, Body JSON patterns gaining their first subscriber there
-	TypeRUnsub  Type = 0x41 // node → node: Name exchange, Body JSON patterns losing their last subscriber there
-	TypeRPub    Type = 0x42 // node → node: Name exchange, Key routing key, Header, Body: a publication to fan out there
-	TypeRSubAck Type = 0x43 // node → node: Ref of the RSUB, once its interest is in place
-	TypeRView   Type = 0x48 // home node → node: Name exchange, Aux view version, Body JSON members
-	TypeRAttach Type = 0x49 // node → home node: Name exchange, Body JSON member
-	TypeRDetach Type = 0x4a // node → home node: Name exchange, Tag member id
-	TypeRReq    Type = 0x4b // node → node: a REQUEST for one member: Ref, Name member id, Key, Tag, Aux deadline ms, Header, Body
+	TypeRSub     Type = 0x40 // node → node: Ref, Name exchange, Body JSON patterns gaining their first subscriber there
+	TypeRUnsub   Type = 0x41 // node → node: Name exchange, Body JSON patterns losing their last subscriber there
+	TypeRPub     Type = 0x42 // node → node: Name exchange, Key routing key, Header, Body: a publication to fan out there
+	TypeRSubAck  Type = 0x43 // node → node: Ref of the RSUB, once its interest is in place
+	TypeRView    Type = 0x48 // home node → node: Name exchange, Aux view version, Body JSON members
+	TypeRAttach  Type = 0x49 // node → home node: Name exchange, Body JSON member
+	TypeRDetach  Type = 0x4a // node → home node: Name exchange, Tag member id
+	TypeRReq     Type = 0x4b // node → node: a REQUEST for one member: Ref, Name member id, Key, Tag, Aux deadline ms, Header, Body
+	TypeRViewAck Type = 0x4c // node → home: Name exchange, Aux view version applied; home → node: Aux version every node applied
 
-	maxType = 0x4b
+	maxType = 0x4c
 )
 
 var typeNames = [...]string{
@@ -98,6 +99,7 @@ var typeNames = [...]string{
 	TypeProgress: "PROGRESS", TypeTaskEvent: "TASKEVENT", TypeWatch: "WATCH",
 	TypeRSub: "RSUB", TypeRUnsub: "RUNSUB", TypeRPub: "RPUB", TypeRSubAck: "RSUBACK",
 	TypeRView: "RVIEW", TypeRAttach: "RATTACH", TypeRDetach: "RDETACH", TypeRReq: "RREQ",
+	TypeRViewAck: "RVIEWACK",
 }
 
 // Link reports whether t is a node-link frame type, which only another

@@ -388,7 +388,10 @@ func (ex *Exchange) close() {
 	ex.closed = true
 	members := ex.members
 	ex.members = nil
-	ex.cl = nil // every node deletes it: no view to keep
+	if ex.cl != nil {
+		ex.releaseOKs(true) // the held ATTACH and DETACH OKs
+		ex.cl = nil         // every node deletes it: no view to keep
+	}
 	ex.rebuild()
 	ex.mu.Unlock()
 	var subs []*Attachment

@@ -34,6 +34,8 @@ func (b *Broker) peerRequest(p *peer, f *wire.Frame) {
 		b.peerAttach(p, f)
 	case wire.TypeRDetach:
 		b.peerDetach(p, f)
+	case wire.TypeRViewAck:
+		b.peerViewAck(p, f)
 	default:
 		f.Release()
 	}

@@ -99,13 +99,30 @@ type clusterEx struct {
 	standins map[string]*Attachment // by member id
 	hs       *homeState             // while this node is the home
 	body     []byte                 // the last view published as home
+
+	// confirmed is the latest version of the home's view that every
+	// node linked to the home has applied; waiting holds the ATTACH
+	// OKs of local members not yet in a confirmed view.
+	confirmed uint64
+	waiting   map[*Attachment]func()
+	// leaving holds the DETACH OKs of local members until a confirmed
+	// view no longer lists them.
+	leaving map[*Attachment]*goneWait
+}
+
+// goneWait is a held DETACH OK: ver is the first view of the home that
+// no longer listed the member, 0 until one came.
+type goneWait struct {
+	ver uint64
+	ok  func()
 }
 
 // homeState is the member list the home node keeps.
 type homeState struct {
 	ver, term uint64
 	leader    string
-	members   []viewMember // by key, node, id
+	members   []viewMember      // by key, node, id
+	acked     map[string]uint64 // the latest version each node applied
 }
 
 // viewState is what a node's members were told of a view.
@@ -222,6 +239,10 @@ func (ex *Exchange) clusterLeave(a *Attachment) {
 		return
 	}
 	cl.locals = slices.Delete(cl.locals, i, i+1)
+	if ok := cl.waiting[a]; ok != nil {
+		delete(cl.waiting, a)
+		ok()
+	}
 	if cl.hs != nil && cl.hs.remove(a.member, ex.b.cfg.Node) {
 		ex.publish()
 		return
@@ -265,6 +286,7 @@ func (ex *Exchange) publish() {
 	for _, n := range ex.b.PeerNodes() {
 		ex.sendView(n)
 	}
+	ex.confirm()
 }
 
 // sendView sends node the view this home published last.
@@ -314,9 +336,30 @@ func (ex *Exchange) applyView(from string, ver uint64, body viewBody) {
 			missing = append(missing, a)
 		}
 	}
+	for _, e := range cl.entries {
+		if a := ex.localMember(e); a != nil && a.inView == 0 {
+			a.inView = ver
+		}
+	}
+	if len(cl.leaving) > 0 {
+		listed := make(map[string]bool, len(cl.entries))
+		for _, e := range cl.entries {
+			listed[e.ID] = true
+		}
+		for a, w := range cl.leaving {
+			if w.ver == 0 && !listed[a.member] {
+				w.ver = ver
+			}
+		}
+	}
 	cl.valid = ex.viewValid()
 	ex.rebuildCluster()
 	ex.announce(old)
+	if cl.hs == nil && from == cl.home {
+		f := wire.NewFrame(wire.TypeRViewAck)
+		f.Name, f.Aux = ex.name, ver
+		ex.b.sendControl(from, f)
+	}
 	if cl.hs == nil && len(missing) > 0 {
 		// Attached since, or dropped while the home lost this node.
 		ex.report(false, missing)
@@ -337,6 +380,9 @@ func (ex *Exchange) viewValid() bool {
 func (ex *Exchange) revalidate() {
 	cl := ex.cl
 	valid := ex.viewValid()
+	if cl.hs == nil && (cl.stale || ex.b.peer(cl.home) == nil) {
+		ex.releaseOKs(true) // the home is out of reach: no confirmation is coming
+	}
 	if valid == cl.valid {
 		return
 	}
@@ -541,6 +587,12 @@ func (ex *Exchange) recheckHome() {
 	}
 	ex.b.log.Info("exchange re-homed", "exchange", ex.name, "from", cl.home, "to", home, "epoch", epoch)
 	cl.home, cl.homeEpoch = home, epoch
+	// Versions start again under the new home.
+	ex.releaseOKs(true)
+	cl.confirmed = 0
+	for _, a := range cl.locals {
+		a.inView = 0
+	}
 	if home != self {
 		cl.hs = nil
 		ex.revalidate()
@@ -637,6 +689,10 @@ func (b *Broker) rrPeerDown(p *peer) {
 			ex.publish()
 		} else {
 			ex.rebuildCluster()
+		}
+		if cl.hs != nil {
+			delete(cl.hs.acked, p.node)
+			ex.confirm() // p's applying is no longer waited for
 		}
 		ex.recheckHome()
 	})
@@ -744,6 +800,172 @@ func (b *Broker) peerDetach(p *peer, f *wire.Frame) {
 	}
 	if ex.cl.hs.remove(f.Tag, p.node) {
 		ex.publish()
+	}
+}
+
+// localMember returns the local member e names, or nil.
+func (ex *Exchange) localMember(e viewMember) *Attachment {
+	if e.Node != ex.b.cfg.Node {
+		return nil
+	}
+	for _, a := range ex.cl.locals {
+		if a.member == e.ID {
+			return a
+		}
+	}
+	return nil
+}
+
+// attachWait bounds how long an ATTACH's OK waits for every node to
+// route to the new member.
+const attachWait = 5 * time.Second
+
+// awaitView holds the OK of local member a's ATTACH, ok, until every
+// node linked to the exchange's home has applied a view that lists a,
+// so that a requester on any node reaches a once its ATTACH returned,
+// as on a node alone. It reports whether it holds ok; it does not on a
+// node alone, nor once that is so already. The OK goes anyway after
+// attachWait, or when the home is out of reach.
+func (ex *Exchange) awaitView(a *Attachment, ok func()) bool {
+	if ex.cl == nil {
+		return false
+	}
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	cl := ex.cl
+	if cl == nil || !slices.Contains(cl.locals, a) || ex.confirmedMember(a) || ex.homeLost() {
+		return false
+	}
+	if cl.waiting == nil {
+		cl.waiting = make(map[*Attachment]func())
+	}
+	cl.waiting[a] = ok
+	time.AfterFunc(attachWait, func() {
+		ex.mu.Lock()
+		defer ex.mu.Unlock()
+		if cl := ex.cl; cl != nil {
+			if ok := cl.waiting[a]; ok != nil {
+				delete(cl.waiting, a)
+				ok()
+			}
+		}
+	})
+	return true
+}
+
+// awaitGone holds the OK of local member a's DETACH, ok, until every
+// node linked to the home has applied a view without a, so that no
+// request routed afterwards reaches it, as on a node alone. It reports
+// whether it holds ok, with the same bounds as awaitView.
+func (ex *Exchange) awaitGone(a *Attachment, ok func()) bool {
+	if ex.cl == nil || !ex.isMemberRole(a.role) {
+		return false
+	}
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	cl := ex.cl
+	if cl == nil || ex.homeLost() {
+		return false
+	}
+	w := &goneWait{ok: ok}
+	if cl.hs != nil {
+		w.ver = cl.hs.ver // the home published the view without a already
+		if cl.confirmed >= w.ver {
+			return false
+		}
+	}
+	if cl.leaving == nil {
+		cl.leaving = make(map[*Attachment]*goneWait)
+	}
+	cl.leaving[a] = w
+	time.AfterFunc(attachWait, func() {
+		ex.mu.Lock()
+		defer ex.mu.Unlock()
+		if cl := ex.cl; cl != nil && cl.leaving[a] == w {
+			delete(cl.leaving, a)
+			w.ok()
+		}
+	})
+	return true
+}
+
+// homeLost reports whether this node cannot hear from the exchange's
+// home: no confirmation is coming. ex.mu is held.
+func (ex *Exchange) homeLost() bool {
+	cl := ex.cl
+	return cl.hs == nil && (cl.stale || ex.b.peer(cl.home) == nil)
+}
+
+func (ex *Exchange) confirmedMember(a *Attachment) bool {
+	return a.inView != 0 && ex.cl.confirmed >= a.inView
+}
+
+// releaseOKs sends the held OKs of members now in a confirmed view, or
+// all of them; ex.mu is held.
+func (ex *Exchange) releaseOKs(all bool) {
+	cl := ex.cl
+	for a, ok := range cl.waiting {
+		if all || ex.confirmedMember(a) {
+			delete(cl.waiting, a)
+			ok()
+		}
+	}
+	for a, w := range cl.leaving {
+		if all || w.ver != 0 && cl.confirmed >= w.ver {
+			delete(cl.leaving, a)
+			w.ok()
+		}
+	}
+}
+
+// confirm finds, at the home, the latest version every linked node
+// applied; when it moves on, the held OKs it covers go, and every node
+// is told. ex.mu is held.
+func (ex *Exchange) confirm() {
+	cl, hs := ex.cl, ex.cl.hs
+	v := hs.ver
+	for _, n := range ex.b.PeerNodes() {
+		v = min(v, hs.acked[n])
+	}
+	if v <= cl.confirmed {
+		return
+	}
+	cl.confirmed = v
+	ex.releaseOKs(false)
+	for _, n := range ex.b.PeerNodes() {
+		f := wire.NewFrame(wire.TypeRViewAck)
+		f.Name, f.Aux = ex.name, v
+		ex.b.sendControl(n, f)
+	}
+}
+
+// peerViewAck handles an RVIEWACK from p: at the home, p applied a
+// view; at another node, the home says every node applied one.
+func (b *Broker) peerViewAck(p *peer, f *wire.Frame) {
+	defer f.Release()
+	ex := b.Exchange(f.Name)
+	if ex == nil || !ex.clusterMode() {
+		return
+	}
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	cl := ex.cl
+	if ex.closed || cl == nil {
+		return
+	}
+	if hs := cl.hs; hs != nil {
+		if f.Aux <= hs.ver && f.Aux > hs.acked[p.node] {
+			if hs.acked == nil {
+				hs.acked = make(map[string]uint64)
+			}
+			hs.acked[p.node] = f.Aux
+			ex.confirm()
+		}
+		return
+	}
+	if cl.home == p.node && cl.from == p.node && f.Aux > cl.confirmed {
+		cl.confirmed = f.Aux
+		ex.releaseOKs(false)
 	}
 }
 

@@ -104,6 +104,9 @@ type Attachment struct {
 	// ex.mu.
 	node string
 	key  int64
+	// inView is the version of the first view of its home that listed
+	// this local member, 0 before; guarded by ex.mu.
+	inView uint64
 	// stripe is the stripe of the exchange's latency histogram that the
 	// handler's answers are recorded in.
 	stripe uint32
@@ -178,7 +181,10 @@ func (s *Session) Handle(f *wire.Frame) {
 	case wire.TypeAttach:
 		s.attach(f)
 	case wire.TypeDetach:
-		s.reply(f.Ref, nil, s.detach(f.Attach))
+		ref := f.Ref
+		if err := s.detach(f.Attach, func() { s.reply(ref, nil, nil) }); err != nil {
+			s.reply(ref, nil, err)
+		}
 	case wire.TypeSubscribe, wire.TypeUnsubscribe:
 		s.subscribe(f)
 	case wire.TypeDecision:
@@ -436,7 +442,11 @@ func (s *Session) attach(f *wire.Frame) {
 		s.sendError(f.Ref, err)
 		return
 	}
-	s.reply(f.Ref, jsonBody(wire.AttachResult{Member: a.member}), nil)
+	ref, res := f.Ref, jsonBody(wire.AttachResult{Member: a.member})
+	if ex.awaitView(a, func() { s.reply(ref, res, nil) }) {
+		return // the OK waits until every node routes to it
+	}
+	s.reply(ref, res, nil)
 }
 
 // roomFor refuses a new attachment a past the session's limit, or with
@@ -469,7 +479,9 @@ func (s *Session) forget(a *Attachment) {
 	s.b.mu.Unlock()
 }
 
-func (s *Session) detach(id uint32) error {
+// detach ends attachment id and calls ok, at once or, in a cluster,
+// once no node routes to it any more.
+func (s *Session) detach(id uint32, ok func()) error {
 	s.mu.Lock()
 	a := s.attachments[id]
 	s.mu.Unlock()
@@ -478,6 +490,9 @@ func (s *Session) detach(id uint32) error {
 	}
 	s.forget(a)
 	s.drop(a)
+	if !a.ex.awaitGone(a, ok) {
+		ok()
+	}
 	return nil
 }
 
