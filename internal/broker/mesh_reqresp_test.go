@@ -1081,3 +1081,41 @@ func TestMeshOneOutcomePerRequestUnderCuts(t *testing.T) {
 	t.Logf("%d of %d requests failed with handler gone", gone.Load(), 2*n)
 	rm.waitMembers("svc", 3)
 }
+
+// A home that restarts numbers its views from 1 again under the same
+// epoch: the other nodes take its views once its link is back.
+func TestMeshHomeRestartVersionsAgain(t *testing.T) {
+	rm := newRRMesh(t, "a", "b")
+	rm.declare("svc", wire.ExchangeConfig{Strategy: RoundRobin})
+	hb := rm.client("b")
+	hb.attach("svc", 1, "", "")
+	hb.serve(nil)
+	rm.waitMembers("svc", 1)
+	for i := uint32(2); i < 10; i++ { // move a's version on
+		hb.attach("svc", i, "", "")
+		hb.detach(i)
+	}
+	rm.cutLink("a", "b")
+	// a restarts: a fresh broker in its place, with the exchange.
+	old := rm.brokers["a"]
+	fresh := New(Config{Node: "a", Log: old.cfg.Log, Home: old.cfg.Home})
+	fresh.SetPeers(meshPeers{rm.mesh, "a"})
+	t.Cleanup(func() { fresh.Close() })
+	rm.brokers["a"] = fresh
+	if _, err := fresh.Declare("svc", Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: RoundRobin}}); err != nil {
+		t.Fatal(err)
+	}
+	rm.heal("a", "b")
+	ha := rm.client("a")
+	ma := ha.attach("svc", 1, "", "")
+	ha.serve(nil)
+	rm.waitMembers("svc", 2)
+	got := map[string]int{}
+	req := rm.client("b")
+	for range 4 {
+		got[from(t, req.call("svc", "", ""))]++
+	}
+	if got[ma] == 0 {
+		t.Errorf("b's requests went %v, none to the restarted home's member %s", got, ma)
+	}
+}

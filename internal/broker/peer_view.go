@@ -683,7 +683,13 @@ func (b *Broker) rrPeerDown(p *peer) {
 			return
 		}
 		if cl.home == p.node {
+			// Whatever the home says next counts, even under a lower
+			// version: it may have restarted.
 			cl.stale = true
+			cl.confirmed = 0
+			for _, a := range cl.locals {
+				a.inView = 0
+			}
 		}
 		if cl.hs != nil && cl.hs.removeNode(p.node) {
 			ex.publish()
@@ -720,7 +726,7 @@ func (b *Broker) peerView(p *peer, f *wire.Frame) {
 	if cl.home != p.node || body.Epoch != cl.homeEpoch {
 		return // not from this exchange's home, as this node knows it
 	}
-	if cl.from == p.node && cl.epoch == body.Epoch && f.Aux < cl.ver {
+	if !cl.stale && cl.from == p.node && cl.epoch == body.Epoch && f.Aux < cl.ver {
 		return // older than the view applied
 	}
 	ex.applyView(p.node, f.Aux, body)
