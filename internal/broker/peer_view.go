@@ -833,7 +833,7 @@ const attachWait = 5 * time.Second
 // node alone, nor once that is so already. The OK goes anyway after
 // attachWait, or when the home is out of reach.
 func (ex *Exchange) awaitView(a *Attachment, ok func()) bool {
-	if ex.cl == nil {
+	if ex.cfg.Pattern != wire.PatternReqResp {
 		return false
 	}
 	ex.mu.Lock()
@@ -864,7 +864,7 @@ func (ex *Exchange) awaitView(a *Attachment, ok func()) bool {
 // request routed afterwards reaches it, as on a node alone. It reports
 // whether it holds ok, with the same bounds as awaitView.
 func (ex *Exchange) awaitGone(a *Attachment, ok func()) bool {
-	if ex.cl == nil || !ex.isMemberRole(a.role) {
+	if ex.cfg.Pattern != wire.PatternReqResp || !ex.isMemberRole(a.role) {
 		return false
 	}
 	ex.mu.Lock()
