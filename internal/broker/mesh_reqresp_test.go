@@ -1119,3 +1119,41 @@ func TestMeshHomeRestartVersionsAgain(t *testing.T) {
 		t.Errorf("b's requests went %v, none to the restarted home's member %s", got, ma)
 	}
 }
+
+// A node whose lease lapses (Config.LeaseValid) stops treating the
+// leader as valid, within a sweep, and takes it back with the lease.
+func TestMeshLeaseLapseRevokesLeader(t *testing.T) {
+	var lease atomic.Bool
+	lease.Store(true)
+	rm := &rrMesh{names: []string{"a", "b"}, home: "a", epoch: 1}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rm.mesh = newMeshConfig(t, func(c *Config) {
+		c.Log = quiet
+		c.Home = func(string) (string, uint64) { return "a", 1 }
+		if c.Node == "b" {
+			c.LeaseValid = lease.Load
+		}
+	}, "a", "b")
+	rm.brokers["b"].nextSession.Add(1000)
+	rm.declare("svc", wire.ExchangeConfig{Strategy: Leader})
+	hb := rm.client("b")
+	mb := hb.attach("svc", 1, "", "")
+	hb.serve(nil)
+	hb.waitLeader(mb)
+	if _, ok := rm.brokers["b"].Leadership("svc", mb); !ok {
+		t.Fatal("b's member does not lead on b")
+	}
+	lease.Store(false)
+	hb.waitLeader("")
+	if _, ok := rm.brokers["b"].Leadership("svc", mb); ok {
+		t.Error("b's member still leads with b's lease lapsed")
+	}
+	if f := rm.client("b").call("svc", "", ""); wire.Code(f.Aux) != wire.CodeNoHandler {
+		t.Errorf("leader request on b without a lease: code %d %q, want no handler", f.Aux, f.Tag)
+	}
+	lease.Store(true)
+	hb.waitLeader(mb)
+	if got := from(t, rm.client("a").call("svc", "", "")); got != mb {
+		t.Errorf("leader request went to %s, want %s", got, mb)
+	}
+}
