@@ -107,6 +107,11 @@ type Event struct {
 	Was string
 	// IsLeader tells whether the attachment it came through is the leader.
 	IsLeader bool
+	// Epoch and Term are the leader's fencing token in a cluster, on a
+	// request-response exchange (zero otherwise): compare tokens by Epoch,
+	// then Term; each new leader's is larger. Hand it to what the leader
+	// writes to, so that a write under an older token can be refused.
+	Epoch, Term uint64
 }
 
 // Attachment is one attachment of this Conn to an exchange: a handler,
@@ -441,6 +446,7 @@ func (a *Attachment) event(f *wire.Frame) {
 		}
 	}
 	ev.Leader, ev.Member, ev.Members, ev.Patterns = body.Leader, body.Member, body.Members, body.Patterns
+	ev.Epoch, ev.Term = body.Epoch, body.Term
 	a.mu.Lock()
 	switch ev.Kind {
 	case EventLeader, EventMemberUp, EventMemberDown:

@@ -263,7 +263,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"type zero", payload(0, 0, 0), "unknown frame type 0x00"},
 		{"type gap", payload(0x09, 0, 0), "unknown frame type 0x09"},
 		{"type gap 2", payload(0x25, 0, 0), "unknown frame type 0x25"},
-		{"type past last", payload(maxType+1, 0, 0), "unknown frame type 0x4c"},
+		{"type past last", payload(maxType+1, 0, 0), "unknown frame type 0x4d"},
 		{"type 0xff", payload(0xff, 0, 0), "unknown frame type 0xff"},
 		{"unknown flag 0x80", payload(TypePing, 0x80|FlagFatal, 0), "PING: unknown flags 0x81"},
 		{"truncated ref", payload(TypePing, 0, fRef), "PING: bad varint in ref"},

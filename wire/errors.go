@@ -41,6 +41,7 @@ const (
 	CodeHandshakeLimit     Code = 28 // too many connections still in their handshake (node-wide or from one address)
 	CodeUnavailable        Code = 29 // the cluster could not do it now (no quorum for its metadata); try again
 	CodeStorage            Code = 30 // the store failed: the message may not be durable
+	CodeNotLeader          Code = 31 // node link only: the member is no longer the leader the request was routed to
 )
 
 var codeNames = [...]string{
@@ -57,7 +58,7 @@ var codeNames = [...]string{
 	CodeQueueFull: "queue full", CodeTooManyPatterns: "too many patterns",
 	CodeExprLimit: "expression limit", CodeHandshakeLimit: "too many handshakes",
 	CodeUnavailable: "unavailable",
-	CodeStorage:     "storage error",
+	CodeStorage:     "storage error", CodeNotLeader: "not leader",
 }
 
 // String returns the short name of c, such as "no handler".

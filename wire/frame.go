@@ -74,20 +74,21 @@ const (
 	// pub-sub interest and publications, 0x48–0x4f request-response
 	// views and forwarded requests. docs/protocol.md §12 gives their
 	// fields.
-	TypeRSub    Type = 0x40 // node → node: Ref, Name exchange, Body JSON patterns gaining their first subscriber there
-	TypeRUnsub  Type = 0x41 // node → node: Name exchange, Body JSON patterns losing their last subscriber there
-	TypeRPub    Type = 0x42 // node → node: Name exchange, Key routing key, Header, Body: a publication to fan out there
-	TypeRSubAck Type = 0x43 // node → node: Ref of the RSUB, once its interest is in place
-	TypeRSubReq Type = 0x44 // node → controller's node: Ref token, Name exchange, Tag controller, Body JSON SubRequestBody
-	TypeRDecide Type = 0x45 // node → node: Ref token of an RSUBREQ or RMEMBER, Aux verdict, Attach error code, Tag reason, Body JSON patterns
-	TypeRCtrl   Type = 0x46 // node → node: Name exchange, Tag the node's oldest controller ("" none), Aux its attach time
-	TypeRMember Type = 0x47 // node → member's node: Ref token, Name exchange, Tag member id, Aux 0 subscribe 1 unsubscribe, Body JSON patterns
-	TypeRView   Type = 0x48 // home node → node: Name exchange, Aux view version, Body JSON members
-	TypeRAttach Type = 0x49 // node → home node: Name exchange, Body JSON member
-	TypeRDetach Type = 0x4a // node → home node: Name exchange, Tag member id
-	TypeRReq    Type = 0x4b // node → node: a REQUEST for one member: Ref, Name member id, Key, Tag, Aux deadline ms, Header, Body
+	TypeRSub     Type = 0x40 // node → node: Ref, Name exchange, Body JSON patterns gaining their first subscriber there
+	TypeRUnsub   Type = 0x41 // node → node: Name exchange, Body JSON patterns losing their last subscriber there
+	TypeRPub     Type = 0x42 // node → node: Name exchange, Key routing key, Header, Body: a publication to fan out there
+	TypeRSubAck  Type = 0x43 // node → node: Ref of the RSUB, once its interest is in place
+	TypeRSubReq  Type = 0x44 // node → controller's node: Ref token, Name exchange, Tag controller, Body JSON SubRequestBody
+	TypeRDecide  Type = 0x45 // node → node: Ref token of an RSUBREQ or RMEMBER, Aux verdict, Attach error code, Tag reason, Body JSON patterns
+	TypeRCtrl    Type = 0x46 // node → node: Name exchange, Tag the node's oldest controller ("" none), Aux its attach time
+	TypeRMember  Type = 0x47 // node → member's node: Ref token, Name exchange, Tag member id, Aux 0 subscribe 1 unsubscribe, Body JSON patterns
+	TypeRView    Type = 0x48 // home node → node: Name exchange, Aux view version, Body JSON members
+	TypeRAttach  Type = 0x49 // node → home node: Name exchange, Body JSON member
+	TypeRDetach  Type = 0x4a // node → home node: Name exchange, Tag member id
+	TypeRReq     Type = 0x4b // node → node: a REQUEST for one member: Ref, Name member id, Key, Tag, Aux deadline ms, Header, Body
+	TypeRViewAck Type = 0x4c // node → home: Name exchange, Aux view version applied; home → node: Aux version every node applied
 
-	maxType = 0x4b
+	maxType = 0x4c
 )
 
 var typeNames = [...]string{
@@ -103,6 +104,7 @@ var typeNames = [...]string{
 	TypeRSub: "RSUB", TypeRUnsub: "RUNSUB", TypeRPub: "RPUB", TypeRSubAck: "RSUBACK",
 	TypeRSubReq: "RSUBREQ", TypeRDecide: "RDECIDE", TypeRCtrl: "RCTRL", TypeRMember: "RMEMBER",
 	TypeRView: "RVIEW", TypeRAttach: "RATTACH", TypeRDetach: "RDETACH", TypeRReq: "RREQ",
+	TypeRViewAck: "RVIEWACK",
 }
 
 // Link reports whether t is a node-link frame type, which only another

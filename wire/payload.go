@@ -182,6 +182,9 @@ type Member struct {
 	ServiceTag string            `json:"service_tag,omitempty"`
 	ConnTag    string            `json:"conn_tag,omitempty"`
 	Options    map[string]string `json:"options,omitempty"`
+	// Node is the node the member is attached to, in a cluster; empty on
+	// a node alone.
+	Node string `json:"node,omitempty"`
 }
 
 // AttachSpec is the JSON body of ATTACH.
@@ -219,6 +222,11 @@ type EventBody struct {
 	Member   *Member  `json:"member,omitempty"`
 	Members  []Member `json:"members,omitempty"`
 	Patterns []string `json:"patterns,omitempty"`
+	// Epoch and Term are the leader's fencing token in a cluster: the
+	// home node's epoch and the exchange's term, compared in that order;
+	// both only grow. Zero on a node alone.
+	Epoch uint64 `json:"epoch,omitempty"`
+	Term  uint64 `json:"term,omitempty"`
 }
 
 // SubRequestBody is the JSON body of SUBREQUEST.

@@ -88,6 +88,22 @@ func run(t *testing.T, newConn func(t *testing.T) *courier.Conn, without []strin
 	}
 }
 
+// RunReqResp runs the suite's request-response parts alone (every
+// strategy, no handler, deadlines, streams, questions, handler panics
+// and departures, leaders), for brokers that share request-response
+// across nodes but not yet pub-sub or task queues.
+func RunReqResp(t *testing.T, newConn func(t *testing.T) *courier.Conn) {
+	s := &suite{newConn: newConn, run: strconv.FormatInt(time.Now().UnixNano(), 36)}
+	t.Run("ReqResp", s.testReqResp)
+	t.Run("NoHandler", s.testNoHandler)
+	t.Run("Deadlines", s.testDeadlines)
+	t.Run("Stream", s.testStream)
+	t.Run("Ask", s.testAsk)
+	t.Run("HandlerPanic", s.testHandlerPanic)
+	t.Run("HandlerGone", s.testHandlerGone)
+	t.Run("Leader", s.testLeader)
+}
+
 // suite is the state of one Run.
 type suite struct {
 	newConn func(t *testing.T) *courier.Conn

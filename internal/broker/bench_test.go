@@ -169,3 +169,44 @@ func BenchmarkTopicMatch(b *testing.B) {
 		}
 	}
 }
+
+// nopPeers is node links that lead nowhere: a broker with them is in a
+// cluster of one, where every exchange is homed locally.
+type nopPeers struct{}
+
+func (nopPeers) Send(string, *wire.Frame) error        { return nil }
+func (nopPeers) SendControl(string, *wire.Frame) error { return nil }
+
+// BenchmarkRouteRequestClustered is BenchmarkRouteRequest on a broker
+// with node links (SetPeers): its exchanges keep views, and the request
+// routes to a local handler, which should cost what it does alone.
+func BenchmarkRouteRequestClustered(b *testing.B) {
+	br := New(Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	defer br.Close()
+	br.SetPeers(nopPeers{})
+	reqSink, hSink := &holdSink{}, &holdSink{}
+	req, h := br.Open(reqSink, "requester"), br.Open(hSink, "handler")
+	cfg, _ := json.Marshal(wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: RoundRobin})
+	req.Handle(&wire.Frame{Type: wire.TypeDeclare, Ref: 1, Name: "ping", Body: cfg})
+	h.Handle(&wire.Frame{Type: wire.TypeAttach, Ref: 1, Attach: 1, Name: "ping", Aux: wire.RoleHandler})
+	if br.Exchange("ping").cl == nil {
+		b.Fatal("the exchange keeps no view")
+	}
+	body := []byte("ping")
+	b.ReportAllocs()
+	for i := uint64(1); b.Loop(); i++ {
+		f := wire.NewFrame(wire.TypeRequest)
+		f.Ref, f.Name, f.Body = i, "ping", body
+		req.Handle(f)
+		in := hSink.last
+		if in == nil || in.Type != wire.TypeRequest {
+			b.Fatalf("handler got %+v", in)
+		}
+		r := wire.NewFrame(wire.TypeResponse)
+		r.Ref, r.Body = in.Ref, body
+		h.Handle(r)
+		if out := reqSink.last; out == nil || out.Type != wire.TypeResponse || out.Ref != i {
+			b.Fatalf("requester got %+v", out)
+		}
+	}
+}

@@ -113,6 +113,16 @@ type Config struct {
 	// task exchange declared by a user, brought back from the store, are
 	// dropped; those of trusted declarers are not checked.
 	Policy auth.Policy
+	// Home names, in a cluster, the home node of a request-response
+	// exchange, which owns its member list and appoints its leader, and
+	// that assignment's epoch, which must grow each time the exchange's
+	// home changes (docs/cluster.md). The metadata group answers it.
+	// Default: this node, epoch 0, for every exchange.
+	Home func(exchange string) (node string, epoch uint64)
+	// LeaseValid reports whether this node's liveness lease holds; while
+	// it does not, the node treats no leader as valid and appoints none.
+	// Default: always true.
+	LeaseValid func() bool
 }
 
 func (c *Config) setDefaults() {
@@ -338,6 +348,8 @@ type Broker struct {
 	peerLinks atomic.Pointer[Peers]
 	// cat is the cluster's catalog of declarations; nil alone.
 	cat atomic.Pointer[Catalog]
+	// rr is the state of request-response across nodes (peer_view.go).
+	rr rrCluster
 
 	closeOnce sync.Once
 	stop      chan struct{}
@@ -400,6 +412,7 @@ func (b *Broker) Sweep(ctx context.Context) error {
 			for _, s := range list {
 				s.expire(now)
 			}
+			b.checkLease()
 		}
 	}
 }
@@ -603,6 +616,7 @@ func (b *Broker) declareRouter(ex *Exchange, spec Spec, by Declarer, rq *recover
 		b.log.Info("exchange declared", "exchange", ex.name, "pattern", ex.cfg.Pattern, "strategy", ex.cfg.Strategy, "durable", ex.def.ID != 0)
 	}
 	b.pubsubDeclared(ex) // peer_pubsub.go
+	b.clusterDeclared(ex)
 	return ex, nil
 }
 

@@ -42,10 +42,14 @@ type Exchange struct {
 	// when one was last logged (unix ns).
 	limited, limitLogged atomic.Int64
 
-	mu      sync.Mutex // guards members, closed, and event order
+	mu      sync.Mutex // guards members, closed, cl, and event order
 	members []*Attachment
 	closed  bool
 	view    atomic.Pointer[view]
+	// cl is a request-response exchange's state in a cluster (views
+	// from its home node, stand-ins of remote handlers; peer_view.go),
+	// made on first use; nil on a node alone.
+	cl *clusterEx
 
 	subMu sync.RWMutex // guards subs, cache, nsubs, subsClosed and the subscribers' patterns
 	subs  *topicTree
@@ -86,6 +90,10 @@ type view struct {
 	leader *Attachment
 	all    *group
 	byTag  map[string]*group
+	// fenced is set in a cluster: leader is the home node's appointee,
+	// nil while none is valid here, and term its fencing term.
+	fenced bool
+	term   uint64
 }
 
 // group is the handlers of one service tag (or all of them).
@@ -93,6 +101,8 @@ type group struct {
 	members []*Attachment
 	ring    *ring
 	next    atomic.Uint64
+	// remote is set when members has stand-ins of other nodes' handlers.
+	remote bool
 	// exprList is members as expressions see them, built once, by the
 	// first evaluation that reads it (see group.exprMembers).
 	exprOnce sync.Once
@@ -282,6 +292,10 @@ func (ex *Exchange) join(a *Attachment) error {
 		// found nothing to remove, so it must not join now.
 		return wire.Errorf(wire.CodeCancelled, "attach: the connection closed")
 	}
+	if ex.clusterMode() {
+		ex.clusterJoin(a)
+		return nil
+	}
 	old := ex.view.Load().leader
 	ex.members = append(ex.members, a)
 	v := ex.rebuild()
@@ -301,6 +315,10 @@ func (ex *Exchange) join(a *Attachment) error {
 func (ex *Exchange) leave(a *Attachment) {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
+	if ex.cl != nil {
+		ex.clusterLeave(a)
+		return
+	}
 	i := -1
 	for j, m := range ex.members {
 		if m == a {
@@ -332,6 +350,8 @@ func (ex *Exchange) rebuild() *view {
 		v.leader = ex.members[0]
 	}
 	for _, m := range ex.members {
+		remote := m.s.peer != nil
+		v.all.remote = v.all.remote || remote
 		if m.serviceTag == "" {
 			continue
 		}
@@ -341,6 +361,10 @@ func (ex *Exchange) rebuild() *view {
 			v.byTag[m.serviceTag] = g
 		}
 		g.members = append(g.members, m)
+		g.remote = g.remote || remote
+	}
+	if cl := ex.cl; cl != nil {
+		v.leader, v.fenced, v.term = cl.leaderAtt, true, cl.term
 	}
 	if ex.cfg.Strategy == Sticky || ex.cfg.Strategy == StickyFun {
 		v.all.ring = newRing(v.all.members)
@@ -373,6 +397,10 @@ func (ex *Exchange) close() {
 	ex.closed = true
 	members := ex.members
 	ex.members = nil
+	if ex.cl != nil {
+		ex.releaseOKs(true) // the held ATTACH and DETACH OKs
+		ex.cl = nil         // every node deletes it: no view to keep
+	}
 	ex.rebuild()
 	ex.mu.Unlock()
 	var subs []*Attachment

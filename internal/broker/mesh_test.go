@@ -51,11 +51,27 @@ func newMeshConfig(t testing.TB, cfg Config, names ...string) *mesh {
 // node before it joins its cluster.
 func newMeshPrepared(t testing.TB, cfg Config, prepare func(name string, b *Broker), names ...string) *mesh {
 	t.Helper()
+	return newMeshFull(t, cfg, nil, prepare, names...)
+}
+
+// newMeshWith is newMesh with each broker's config (its Node set) passed
+// through config first.
+func newMeshWith(t testing.TB, config func(*Config), names ...string) *mesh {
+	t.Helper()
+	return newMeshFull(t, Config{}, config, nil, names...)
+}
+
+// newMeshFull is the mesh of every newMesh variant.
+func newMeshFull(t testing.TB, cfg Config, config func(*Config), prepare func(name string, b *Broker), names ...string) *mesh {
+	t.Helper()
 	m := &mesh{t: t, brokers: map[string]*Broker{}, links: map[[2]string]*meshLink{},
 		cut: map[[2]string]bool{}, held: map[[2]string]bool{}, sent: map[string]int{}}
 	for _, n := range names {
 		c := cfg
 		c.Node = n
+		if config != nil {
+			config(&c)
+		}
 		b := New(c)
 		if prepare != nil {
 			prepare(n, b)
@@ -117,6 +133,10 @@ func (m *mesh) hold(from, to string) {
 		l.gateMu.Unlock()
 	}
 }
+
+// pause and resume are hold and release.
+func (m *mesh) pause(from, to string)  { m.hold(from, to) }
+func (m *mesh) resume(from, to string) { m.release(from, to) }
 
 // release resumes the delivery of the frames from→to.
 func (m *mesh) release(from, to string) {

@@ -135,7 +135,7 @@ func (b *Broker) FromPeer(node string, f *wire.Frame) {
 	case wire.TypeRSub, wire.TypeRUnsub, wire.TypeRPub, wire.TypeRSubAck,
 		wire.TypeRSubReq, wire.TypeRDecide, wire.TypeRCtrl, wire.TypeRMember:
 		b.peerPubSub(p, f)
-	case wire.TypeRView, wire.TypeRAttach, wire.TypeRDetach, wire.TypeRReq:
+	case wire.TypeRView, wire.TypeRAttach, wire.TypeRDetach, wire.TypeRReq, wire.TypeRViewAck:
 		b.peerRequest(p, f)
 	case wire.TypeResponse, wire.TypeAsk, wire.TypeAnswer, wire.TypeCancel:
 		p.s.Handle(f)

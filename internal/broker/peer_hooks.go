@@ -4,9 +4,11 @@ package broker
 // the new peer what it must know (interest, views).
 func (b *Broker) peerUp(p *peer) {
 	b.pubsubPeerUp(p)
+	b.rrPeerUp(p)
 }
 
 // peerDown runs when p goes, before its session closes.
 func (b *Broker) peerDown(p *peer) {
 	b.pubsubPeerDown(p)
+	b.rrPeerDown(p)
 }

@@ -88,6 +88,9 @@ type slot struct {
 	idx   int
 	gen   uint32
 	start int64 // unicast: monoNow at the request's arrival
+	// retry is kept for a request sent to another node's leader, to route
+	// it again if that node answers not-leader (see peerResponse).
+	retry *leaderRetry
 }
 
 const shards = 8 // power of two
@@ -338,6 +341,12 @@ func (s *Session) dispatch(ex *Exchange, f *wire.Frame, start int64) (string, er
 		}
 	case Leader:
 		one = g.members[0] // the earliest member, which is the leader
+		if v.fenced && g == v.all {
+			// In a cluster, the home node's appointee, valid here.
+			if one = v.leader; one == nil {
+				return "", wire.Errorf(wire.CodeNoHandler, "no leader on exchange %q: none is appointed, or this node lost its exchange's home node", ex.name)
+			}
+		}
 	case Sticky:
 		one = g.ring.pick(f.Key)
 	case StickyFun:
@@ -363,6 +372,9 @@ func (a *Attachment) addBusy(d int64) {
 }
 
 func leastBusy(g *group) *Attachment {
+	if g.remote {
+		return twoChoices(g)
+	}
 	start := int(g.next.Add(1) - 1)
 	n := len(g.members)
 	best := g.members[start%n]
@@ -544,6 +556,9 @@ func (s *Session) overLimit(sh *reqShard) bool {
 // sendOne sends f to one handler, reusing f as the delivered frame.
 func (s *Session) sendOne(f *wire.Frame, a *Attachment, start int64) error {
 	h := a.s
+	if h.peer != nil {
+		return s.sendRemote(f, a, start)
+	}
 	epoch := h.handling.epoch.Load()
 	id, ok := h.handling.put(slot{r: s, reqID: f.Ref, w: f.Waiter, a: a, start: start}, f.Ref)
 	if !ok {
@@ -567,7 +582,10 @@ func (s *Session) sendOne(f *wire.Frame, a *Attachment, start int64) error {
 		return nil
 	}
 	h.stats.Delivered.Add(f.Ref, 1)
-	f.Ref, f.Attach, f.Name, f.Aux, f.Waiter = id, a.id, s.id, remainingMS(f, start), nil
+	if s.peer == nil { // another node's request names its requester already
+		f.Name = s.id
+	}
+	f.Ref, f.Attach, f.Aux, f.Waiter = id, a.id, remainingMS(f, start), nil
 	h.sink.Deliver(f)
 	return nil
 }
@@ -600,7 +618,12 @@ func (s *Session) send(f *wire.Frame, list []*Attachment, start int64) error {
 			continue
 		}
 		g := f.Clone()
-		g.Ref, g.Attach, g.Name, g.Aux, g.Waiter = id, a.id, s.id, remainingMS(f, start), nil
+		g.Ref, g.Attach, g.Name, g.Waiter = id, a.id, s.id, nil
+		if a.s.peer != nil {
+			toRReq(g, a, 0, start) // the time left, from g.Aux as the requester sent it
+		} else {
+			g.Aux = remainingMS(f, start)
+		}
 		a.addBusy(1)
 		a.s.stats.Delivered.Add(f.Ref, 1)
 		a.s.sink.Deliver(g)
@@ -709,6 +732,9 @@ func (s *Session) respond(f *wire.Frame) {
 		f.Release()
 		return
 	}
+	if s.peer != nil && s.peerResponse(sl, f, final) {
+		return
+	}
 	s.stats.Responses.Add(1)
 	if final {
 		s.answering.Add(1)
@@ -739,6 +765,10 @@ func (s *Session) respond(f *wire.Frame) {
 		}
 	}
 	f.Ref, f.Attach, f.Name, f.Waiter = sl.reqID, 0, sl.a.member, sl.w
+	if r.peer != nil && sl.a.countBusy {
+		// Tell the requester's node how busy the handler is now.
+		f.Attach = uint32(min(max(sl.a.busy.Load(), 0), 1<<31)) + 1
+	}
 	f.Flags &^= wire.FlagLast
 	if last {
 		f.Flags |= wire.FlagLast

@@ -95,6 +95,18 @@ type Attachment struct {
 	// strategy only (countBusy): other exchanges spare the shared write.
 	busy      atomic.Int64
 	countBusy bool
+	// reported is, on a stand-in of another node's handler (its session
+	// is a peer's), the requests that node last said the handler serves
+	// (see peerResponse).
+	reported atomic.Int64
+	// node is the member's node in a cluster ("" on a node alone); key
+	// its seniority in the exchange's view (see clusterEx), guarded by
+	// ex.mu.
+	node string
+	key  int64
+	// inView is the version of the first view of its home that listed
+	// this local member, 0 before; guarded by ex.mu.
+	inView uint64
 	// stripe is the stripe of the exchange's latency histogram that the
 	// handler's answers are recorded in.
 	stripe uint32
@@ -112,7 +124,7 @@ type Attachment struct {
 }
 
 func (a *Attachment) info() wire.Member {
-	return wire.Member{ID: a.member, Role: wire.RoleName(a.role), ServiceTag: a.serviceTag, ConnTag: a.connTag, Options: a.options}
+	return wire.Member{ID: a.member, Role: wire.RoleName(a.role), ServiceTag: a.serviceTag, ConnTag: a.connTag, Options: a.options, Node: a.node}
 }
 
 func (a *Attachment) event(kind uint64, body []byte) {
@@ -130,6 +142,9 @@ func (a *Attachment) detached(reason string) {
 
 // sendDetached tells the client its attachment is gone.
 func (a *Attachment) sendDetached(reason string) {
+	if a.s.peer != nil {
+		return // a stand-in: its node tells its own members
+	}
 	f := wire.NewFrame(wire.TypeEvent)
 	f.Attach, f.Aux, f.Name, f.Tag = a.id, wire.EventDetached, a.ex.name, reason
 	a.s.sink.Deliver(f)
@@ -166,7 +181,10 @@ func (s *Session) Handle(f *wire.Frame) {
 	case wire.TypeAttach:
 		s.attach(f)
 	case wire.TypeDetach:
-		s.reply(f.Ref, nil, s.detach(f.Attach))
+		ref := f.Ref
+		if err := s.detach(f.Attach, func() { s.reply(ref, nil, nil) }); err != nil {
+			s.reply(ref, nil, err)
+		}
 	case wire.TypeSubscribe, wire.TypeUnsubscribe:
 		s.subscribe(f)
 	case wire.TypeDecision:
@@ -426,13 +444,20 @@ func (s *Session) attach(f *wire.Frame) {
 		s.sendError(f.Ref, err)
 		return
 	}
-	ref, member := f.Ref, a.member
-	reply := func() { s.reply(ref, jsonBody(wire.AttachResult{Member: member}), nil) }
+	ref, res := f.Ref, jsonBody(wire.AttachResult{Member: a.member})
+	reply := func() { s.reply(ref, res, nil) }
+	// The OK waits until every node routes to it (a handler), and knows
+	// of it (a controller).
+	afterView := func() {
+		if !ex.awaitView(a, reply) {
+			reply()
+		}
+	}
 	if a.role == wire.RoleController {
-		ex.controllerJoined(a, reply) // peer_control.go
+		ex.controllerJoined(a, afterView) // peer_control.go
 		return
 	}
-	reply()
+	afterView()
 }
 
 // roomFor refuses a new attachment a past the session's limit, or with
@@ -465,7 +490,9 @@ func (s *Session) forget(a *Attachment) {
 	s.b.mu.Unlock()
 }
 
-func (s *Session) detach(id uint32) error {
+// detach ends attachment id and calls ok, at once or, in a cluster,
+// once no node routes to it any more.
+func (s *Session) detach(id uint32, ok func()) error {
 	s.mu.Lock()
 	a := s.attachments[id]
 	s.mu.Unlock()
@@ -474,6 +501,9 @@ func (s *Session) detach(id uint32) error {
 	}
 	s.forget(a)
 	s.drop(a)
+	if !a.ex.awaitGone(a, ok) {
+		ok()
+	}
 	return nil
 }
 
