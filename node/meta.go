@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -55,6 +56,7 @@ func (n *Node) joinCluster() error {
 		return fmt.Errorf("node: metadata group: %w", err)
 	}
 	n.meta = m
+	n.hooks.meta.Store(m)
 	n.broker.SetCatalog(metaCatalog{m})
 	n.users.SetRemote(metaUsers{m})
 	n.metaStop = make(chan struct{})
@@ -216,6 +218,10 @@ func (o *metaObserver) Apply(c meta.Change) {
 		err = n.users.ApplyUser(c.User)
 	case meta.UserDeleted:
 		err = n.users.ApplyDeleteUser(c.User.Name)
+	case meta.ExchangeRehomed, meta.NodeChanged:
+		// Off the group's apply goroutine: the broker reads the homes
+		// back from the group.
+		go n.broker.RecheckHomes()
 	}
 	if err != nil {
 		n.cfg.Log.Error("metadata group: applying a change on this node failed", "change", c.Kind, "exchange", c.Exchange.Name, "user", c.User.Name, "err", err)
@@ -253,4 +259,35 @@ func (o *metaObserver) Restore(st meta.State) {
 			n.cfg.Log.Error("metadata group: restore: declaring an exchange", "exchange", ex.Name, "err", err)
 		}
 	}
+	go n.broker.RecheckHomes()
+}
+
+// clusterHooks answer the broker's questions about the cluster from the
+// metadata group: an exchange's home node, and this node's lease. Alone
+// (no group yet, or none at all) every exchange is at home here.
+type clusterHooks struct {
+	node string
+	meta atomic.Pointer[meta.Meta]
+}
+
+// home returns the home node of a request-response exchange and its
+// fencing epoch, which only grows (the index of the record that gave the
+// exchange that home).
+func (h *clusterHooks) home(exchange string) (string, uint64) {
+	m := h.meta.Load()
+	if m == nil {
+		return h.node, 0
+	}
+	ex, ok := m.Exchange(exchange)
+	if !ok {
+		return h.node, 0
+	}
+	return ex.Home, ex.HomeEpoch()
+}
+
+// leaseValid reports whether this node's liveness lease holds: while it
+// does not, the node acts as home for nothing.
+func (h *clusterHooks) leaseValid() bool {
+	m := h.meta.Load()
+	return m == nil || m.LeaseValid()
 }

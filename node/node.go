@@ -377,6 +377,7 @@ type Node struct {
 	// meta is the cluster's metadata group, and metaStop and metaDone
 	// end and await its membership loop; nil for a single node.
 	meta     *meta.Meta
+	hooks    *clusterHooks
 	metaStop chan struct{}
 	metaDone chan struct{}
 	started  time.Time
@@ -422,10 +423,13 @@ func Start(cfg Config) (*Node, error) {
 		}
 	}()
 	cfg.Name = name
+	hooks := &clusterHooks{node: cfg.Name}
 	n := &Node{
-		cfg: cfg,
+		hooks: hooks,
+		cfg:   cfg,
 		broker: broker.New(broker.Config{
 			Node: cfg.Name, Boot: boot, Log: cfg.Log, Supervised: true,
+			Home: hooks.home, LeaseValid: hooks.leaseValid,
 			Memory:      cfg.memory(),
 			Policy:      users,
 			MaxInflight: cfg.Limits.MaxInflight, MaxAttachments: cfg.Limits.MaxAttachments, MaxDeadline: cfg.Limits.MaxDeadline,

@@ -252,7 +252,7 @@ func (b *Broker) peerControl(pp *psPeer, f *wire.Frame) {
 	case wire.TypeRCtrl:
 		if ex := b.Exchange(f.Name); ex != nil && ex.cfg.Controlled {
 			ex.learnController(pp, f.Tag, int64(f.Aux))
-		} else {
+		} else if ex != nil || !b.holdEarlyCtrl(pp, f) {
 			pp.c.unknown.Add(1)
 		}
 		b.ackInterest(pp, f.Ref)
@@ -616,4 +616,45 @@ func (b *Broker) remoteMemberOp(pp *psPeer, f *wire.Frame) {
 // cmpAds orders advertisements, oldest first.
 func cmpAds(a, b ctrlAd) int {
 	return cmp.Or(cmp.Compare(a.since, b.since), cmp.Compare(a.member, b.member))
+}
+
+// holdEarlyCtrl keeps pp's controller ad f of an exchange this node does
+// not know yet, for when it is declared here (see holdEarly); it reports
+// whether it did. One ad per node and exchange, counted against the
+// node's bound of held patterns.
+func (b *Broker) holdEarlyCtrl(pp *psPeer, f *wire.Frame) bool {
+	if !ValidName(f.Name) {
+		return false
+	}
+	ps := &b.ps
+	ps.earlyMu.Lock()
+	defer ps.earlyMu.Unlock()
+	if b.Exchange(f.Name) != nil {
+		return false
+	}
+	node := pp.p.node
+	key := [2]string{f.Name, node}
+	_, had := ps.earlyCtrl[key]
+	if f.Tag == "" || psNodeOf(f.Tag) != node {
+		if had {
+			delete(ps.earlyCtrl, key)
+			ps.earlyN[node]--
+		}
+		return true
+	}
+	if !had {
+		if ps.earlyN[node]+1 > b.cfg.MaxPatternsPerPeer {
+			pp.c.refused.Add(1)
+			return false
+		}
+		if ps.earlyCtrl == nil {
+			ps.earlyCtrl = make(map[[2]string]ctrlAd)
+		}
+		if ps.earlyN == nil {
+			ps.earlyN = make(map[string]int)
+		}
+		ps.earlyN[node]++
+	}
+	ps.earlyCtrl[key] = ctrlAd{node: node, member: f.Tag, since: int64(f.Aux)}
+	return true
 }

@@ -62,6 +62,9 @@ type pubsubCluster struct {
 	// by MaxPatternsPerPeer.
 	early  map[string]map[string][]string
 	earlyN map[string]int
+	// earlyCtrl holds the controller ads of other nodes for exchanges
+	// this node does not know yet, by exchange and node.
+	earlyCtrl map[[2]string]ctrlAd
 }
 
 // psPeer is one node's link, for pub-sub.
@@ -715,11 +718,33 @@ func (b *Broker) declareHeld(ex *Exchange, store func() bool) {
 		}
 		ex.subMu.Unlock()
 	}
+	var ads []ctrlAd
+	for key, ad := range ps.earlyCtrl {
+		if key[0] == ex.name {
+			ads = append(ads, ad)
+		}
+	}
+	if ex.cfg.Controlled && len(ads) > 0 {
+		ex.pendMu.Lock()
+		if ex.ctrl.ads == nil {
+			ex.ctrl.ads = make(map[string]ctrlAd)
+		}
+		for _, ad := range ads {
+			if b.psPeer(ad.node) != nil {
+				ex.ctrl.ads[ad.node] = ad
+			}
+		}
+		ex.pendMu.Unlock()
+	}
 	if store() {
 		for node, patterns := range held {
 			ps.earlyN[node] -= len(patterns)
 		}
 		delete(ps.early, ex.name)
+		for _, ad := range ads {
+			delete(ps.earlyCtrl, [2]string{ex.name, ad.node})
+			ps.earlyN[ad.node]--
+		}
 	}
 }
 
@@ -731,6 +756,11 @@ func (b *Broker) dropEarly(node string) {
 	for name, nodes := range ps.early {
 		if _, ok := nodes[node]; ok {
 			ps.setEarly(name, node, nil)
+		}
+	}
+	for key := range ps.earlyCtrl {
+		if key[1] == node {
+			delete(ps.earlyCtrl, key)
 		}
 	}
 	delete(ps.earlyN, node)

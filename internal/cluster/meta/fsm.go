@@ -241,7 +241,7 @@ func applyDeclare(st *State, index uint64, c *command) (result, []Change) {
 	if err := normalize(c.Name, &cfg); err != nil {
 		return result{Err: err}, nil
 	}
-	ex := Exchange{Name: c.Name, Config: cfg, DeclaredBy: c.By, Home: c.Home, Index: index}
+	ex := Exchange{Name: c.Name, Config: cfg, DeclaredBy: c.By, Home: c.Home, Index: index, Homed: index}
 	st.Exchanges[c.Name] = ex
 	return result{Exchange: &ex, Created: true}, []Change{{Index: index, Kind: ExchangeDeclared, Exchange: ex}}
 }
@@ -477,7 +477,7 @@ func rehome(st *State, index uint64, from string) (result, []Change) {
 		}
 		load[to]++
 		ex := st.Exchanges[name]
-		ex.Home = to
+		ex.Home, ex.Homed = to, index
 		st.Exchanges[name] = ex
 		changes = append(changes, Change{Index: index, Kind: ExchangeRehomed, Exchange: ex, From: from})
 	}

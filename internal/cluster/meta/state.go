@@ -24,7 +24,15 @@ type Exchange struct {
 	Home string `json:"home"`
 	// Index is the Raft index of the command that created it.
 	Index uint64 `json:"index"`
+	// Homed is the Raft index of the command that gave it its Home (its
+	// creation, or its last re-homing): it only grows, and fences what
+	// a former home does with the exchange's members.
+	Homed uint64 `json:"homed,omitempty"`
 }
+
+// HomeEpoch is the fencing epoch of the exchange's home: Homed, or Index
+// for a record from before Homed was kept.
+func (e Exchange) HomeEpoch() uint64 { return max(e.Homed, e.Index) }
 
 // Liveness is a node's record in the liveness table (CockroachDB-style
 // epoch leases). A node renews it every [Config.RenewInterval]; when a
