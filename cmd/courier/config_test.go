@@ -136,7 +136,7 @@ func TestCLIServerSizeNone(t *testing.T) {
 func TestServerConfigCluster(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "courier.toml")
 	os.WriteFile(path, []byte(`
-name = "n1"
+node = "n1"
 
 [cluster]
 listen = "127.0.0.1:7500"

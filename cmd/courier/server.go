@@ -221,6 +221,7 @@ manage users with 'courier users'.`,
 	f.StringVar(&cfg.Cluster.TLS.CertFile, "cluster-tls-cert", "", "PEM certificate of this node for mutual TLS between nodes")
 	f.StringVar(&cfg.Cluster.TLS.KeyFile, "cluster-tls-key", "", "PEM private key of --cluster-tls-cert")
 	f.StringVar(&cfg.Cluster.TLS.ClientCAFile, "cluster-tls-ca", "", "PEM file of the cluster CA, which signed every node's certificate")
+	f.IntVar(&cfg.Cluster.BootstrapExpect, "bootstrap-expect", 0, "nodes the cluster first forms with, as Consul's (default: 1 + the --join addresses; -1: never bootstrap, wait to be added)")
 	f.DurationVar(&cfg.Heartbeat, "heartbeat", d.Heartbeat, "heartbeat interval; silent clients are cut after three")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "on SIGTERM, how long requests in flight may take to finish")
 	f.Var(&cfg.MinFreeDisk, "min-free-disk", "free disk space under which publishers of durable queues are held (default 1GiB; -1: no check)")
