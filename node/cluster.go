@@ -142,6 +142,9 @@ func (n *Node) clusterNodes() []admin.ClusterNode {
 			ClusterAddr: m.ClusterAddr, ClientURL: m.ClientURL, HTTPURL: m.HTTPURL, Version: m.Version,
 			Connections: m.Hosts.Connections, Exchanges: m.Hosts.Exchanges, Queues: m.Hosts.Queues,
 		}
+		if n.meta != nil {
+			c.MetaLeader = n.meta.Leader() == m.Name
+		}
 		if m.Self {
 			for _, p := range ms {
 				if !p.Self {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/courier-mq/courier/internal/admin"
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/cluster"
 	"github.com/courier-mq/courier/internal/cluster/meta"
@@ -290,4 +291,26 @@ func (h *clusterHooks) home(exchange string) (string, uint64) {
 func (h *clusterHooks) leaseValid() bool {
 	m := h.meta.Load()
 	return m == nil || m.LeaseValid()
+}
+
+// forgetNode is the management API's DELETE /api/nodes/{name} of a node
+// of a cluster; nil for a single node.
+func (n *Node) forgetNode() func(ctx context.Context, name string) error {
+	if !n.cfg.Cluster.Enabled() {
+		return nil
+	}
+	return func(ctx context.Context, name string) error {
+		m := n.meta
+		if m == nil {
+			return fmt.Errorf("%w: the metadata group is not running", admin.ErrUnavailable)
+		}
+		err := m.Remove(ctx, name)
+		switch {
+		case errors.Is(err, meta.ErrUnknownNode):
+			return fmt.Errorf("%w: %w", admin.ErrUnknownNode, err)
+		case errors.Is(err, meta.ErrNoQuorum), errors.Is(err, meta.ErrBehind):
+			return fmt.Errorf("%w: %w", admin.ErrUnavailable, err)
+		}
+		return err
+	}
 }

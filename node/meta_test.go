@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -144,5 +145,40 @@ func TestClusterConnectURLs(t *testing.T) {
 		if !slices.Contains(got, n.Addr().String()) {
 			t.Errorf("connect_urls %v lack %s's %s", got, n.Name(), n.Addr())
 		}
+	}
+}
+
+// /api/nodes names the metadata leader; DELETE /api/nodes/{name} forgets
+// a node for good (404 for one the cluster does not know).
+func TestClusterForgetNode(t *testing.T) {
+	nodes := startCluster3(t)
+	waitUntil(t, 10*time.Second, "one meta leader in /api/nodes", func() bool {
+		leaders := 0
+		for _, r := range getNodes(t, nodes[0]) {
+			if r.MetaLeader {
+				leaders++
+			}
+		}
+		return leaders == 1
+	})
+	del := func(name string) int {
+		req, _ := http.NewRequest(http.MethodDelete, nodes[0].HTTPURL()+"/api/nodes/"+name, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := del("nosuchnode"); code != http.StatusNotFound {
+		t.Errorf("forget an unknown node: %d, want 404", code)
+	}
+	nodes[2].Close()
+	if code := del("c"); code != http.StatusNoContent {
+		t.Fatalf("forget c: %d, want 204", code)
+	}
+	s, err := nodes[0].Meta().Servers()
+	if err != nil || len(s) != 2 {
+		t.Errorf("metadata group after forgetting c: %v, %v", s, err)
 	}
 }

@@ -650,7 +650,7 @@ func (n *Node) startAdmin() error {
 				return nil
 			}
 			return n.clusterNodes()
-		}, MetricsAuth: n.cfg.MetricsAuth, MaxConns: n.cfg.Limits.MaxHTTPConns,
+		}, ForgetNode: n.forgetNode(), MetricsAuth: n.cfg.MetricsAuth, MaxConns: n.cfg.Limits.MaxHTTPConns,
 		Listeners: func() []admin.Listener {
 			if n.addr == nil {
 				return nil

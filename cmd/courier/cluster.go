@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"net/http"
+	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,7 +19,31 @@ func clusterCmd() *cobra.Command {
 		Short: "Look at the cluster the node belongs to (management API)",
 		Args:  cobra.NoArgs,
 	}
-	cmd.AddCommand(clusterStatusCmd())
+	cmd.AddCommand(clusterStatusCmd(), clusterForgetCmd())
+	return cmd
+}
+
+func clusterForgetCmd() *cobra.Command {
+	var af apiFlags
+	cmd := &cobra.Command{
+		Use:   "forget NODE",
+		Short: "Remove a node from the cluster for good (as rabbitmqctl forget_cluster_node)",
+		Long: `Remove NODE from the cluster for good (DELETE /api/nodes/NODE on the node
+at --api): it leaves the metadata group, which keeps a quorum of the
+nodes left, and the exchanges it was home to move to other nodes. A node
+that is merely down needs no forgetting: it rejoins with its state when
+it starts again. Forget a node whose machine is gone, or before starting
+a node of that name afresh.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, err := af.call(cmd.Context(), http.MethodDelete, "/api/nodes/"+url.PathEscape(args[0]), nil, nil, nil, nil); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "node %s forgotten\n", args[0])
+			return nil
+		},
+	}
+	af.add(cmd)
 	return cmd
 }
 

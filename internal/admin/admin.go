@@ -93,6 +93,10 @@ type Config struct {
 	// Cluster returns the nodes of the cluster as this node sees it,
 	// itself included, for /api/nodes. Default: nil, a single node.
 	Cluster func() []ClusterNode
+	// ForgetNode removes a node from the cluster for good (DELETE
+	// /api/nodes/{name}): it leaves the metadata group and its exchanges
+	// go to other nodes. Default: nil (a single node: 405).
+	ForgetNode func(ctx context.Context, name string) error
 	// ClientURL and HTTPURL are this node's URLs, shown by /api/nodes on
 	// a single node. Default: none.
 	ClientURL, HTTPURL func() string

@@ -1,6 +1,8 @@
 package admin
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"os"
 	"runtime"
@@ -477,11 +479,19 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) node(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		methodNotAllowed(w, "GET")
+	name := r.PathValue("name")
+	if r.Method == http.MethodDelete && s.cfg.ForgetNode != nil {
+		s.forgetNode(w, r, name)
 		return
 	}
-	name := r.PathValue("name")
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		if s.cfg.ForgetNode != nil {
+			methodNotAllowed(w, "GET, DELETE")
+		} else {
+			methodNotAllowed(w, "GET")
+		}
+		return
+	}
 	var names []string
 	for _, n := range s.readNodes() {
 		if n.name() == name {
@@ -491,4 +501,36 @@ func (s *Server) node(w http.ResponseWriter, r *http.Request) {
 		names = append(names, n.name())
 	}
 	writeError(w, notFound("node %q not found; the nodes are %s", name, strings.Join(names, ", ")))
+}
+
+// forgetNode removes node name from the cluster for good, as RabbitMQ's
+// forget_cluster_node: 204, 404 for a node the cluster does not know, 503
+// without a quorum.
+func (s *Server) forgetNode(w http.ResponseWriter, r *http.Request, name string) {
+	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+	defer cancel()
+	if err := s.cfg.ForgetNode(ctx, name); err != nil {
+		writeError(w, forgetError(name, err))
+		return
+	}
+	s.log.Info("node forgotten through the management API", "node", name, "by", requester(r))
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// ErrUnknownNode and ErrUnavailable are what ForgetNode returns (wrapped)
+// for a node the cluster does not know, and when the cluster cannot
+// decide now.
+var (
+	ErrUnknownNode = errors.New("unknown node")
+	ErrUnavailable = errors.New("unavailable")
+)
+
+func forgetError(name string, err error) error {
+	switch {
+	case errors.Is(err, ErrUnknownNode):
+		return notFound("node %q is not a member of the cluster", name)
+	case errors.Is(err, ErrUnavailable):
+		return &apiError{http.StatusServiceUnavailable, "unavailable", err.Error()}
+	}
+	return &apiError{http.StatusInternalServerError, "internal_error", err.Error()}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -124,7 +125,7 @@ func (m *Meta) reconcileLeader() {
 	// writes the tombstone before it changes the configuration, so a
 	// configuration without a removed node comes with its tombstone.
 	var removed map[string]uint64
-	m.fsm.read(func(st *State) { removed = st.Removed })
+	m.fsm.read(func(st *State) { removed = maps.Clone(st.Removed) })
 	in := map[string]raft.Server{}
 	voters := 0
 	for _, s := range conf.Servers {
