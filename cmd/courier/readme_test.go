@@ -2,6 +2,8 @@ package main
 
 import (
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -74,5 +76,87 @@ func TestReadmeQuickStart(t *testing.T) {
 		if got := p.stdout.String(); got != want {
 			t.Errorf("%v printed %q, want %q", p.args, got, want)
 		}
+	}
+}
+
+// TestReadmeCluster runs README's cluster snippet: three `courier server`
+// processes on the ports README shows, moved to free ones, then status,
+// a declare on n3, a handler on n2 and a request from n1.
+func TestReadmeCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three servers")
+	}
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	i := strings.Index(readme, "## A cluster of nodes")
+	if i < 0 {
+		t.Fatal("README has no cluster section")
+	}
+	block := readme[i:]
+	block = block[strings.Index(block, "```sh\n")+6:]
+	block = block[:strings.Index(block, "```")]
+	// Every README port moves to a free one, the same everywhere.
+	ports := map[string]string{}
+	for _, p := range []string{"7400", "7401", "7402", "7480", "7481", "7482", "7500", "7501", "7502"} {
+		ports[p] = cliFreePort(t)
+	}
+	move := func(s string) string {
+		for from, to := range ports {
+			s = strings.ReplaceAll(s, "127.0.0.1:"+from, "127.0.0.1:"+to)
+		}
+		return s
+	}
+	dir := t.TempDir()
+	var lines []string
+	for l := range strings.SplitSeq(strings.TrimSpace(block), "\n") {
+		if c := strings.Index(l, "#"); c > 0 {
+			l = l[:c]
+		}
+		lines = append(lines, strings.Fields(move(l))...)
+		lines = append(lines, "\n")
+	}
+	var cmds [][]string
+	var cur []string
+	for _, w := range lines {
+		if w == "\n" {
+			if len(cur) > 0 {
+				cmds = append(cmds, cur)
+			}
+			cur = nil
+			continue
+		}
+		cur = append(cur, w)
+	}
+	if len(cmds) != 7 || cmds[0][1] != "server" {
+		t.Fatalf("README's cluster snippet has %d commands: %q", len(cmds), cmds)
+	}
+	for _, c := range cmds[:3] {
+		args := c[1:]
+		for j, a := range args {
+			if a == "--data" {
+				args[j+1] = filepath.Join(dir, args[j+1])
+			}
+		}
+		cliStart(t, "", nil, append(args, "--log-level", "warn")...)
+	}
+	api := "http://127.0.0.1:" + ports["7480"]
+	testutil.Eventually(cliWait, func() bool {
+		r := cliRun(t, "cluster", "status", "--api", api)
+		return r.code == 0 && strings.Count(r.stdout, "alive") == 3 && strings.Contains(r.stdout, "yes")
+	})
+	if out := cliOK(t, "cluster", "status", "--api", api); strings.Count(out, "alive") != 3 {
+		t.Fatalf("cluster status:\n%s", out)
+	}
+	if out := cliOK(t, cmds[4][1:]...); out != "exchange greeter: reqresp round-robin\n" {
+		t.Errorf("%v: %q", cmds[4], out)
+	}
+	reply := slices.DeleteFunc(slices.Clone(cmds[5][1:]), func(a string) bool { return a == "&" })
+	h := cliStart(t, "", nil, reply...)
+	h.waitStderr(t, "handling requests on greeter as n2/")
+	if out := cliOK(t, cmds[6][1:]...); out != "pong\n" {
+		t.Errorf("%v: %q, want pong", cmds[6], out)
 	}
 }
