@@ -380,6 +380,13 @@ func (b *Broker) remoteDecided(pp *psPeer, f *wire.Frame) {
 	if p == nil {
 		return // the subscriber went away meanwhile
 	}
+	if f.Aux == verdictError {
+		// The exchange was deleted on the controller's node: it is, or
+		// is about to be, here too.
+		ex.unreserve(p)
+		ex.fail(p, wire.Errorf(wire.Code(f.Attach), "%s", f.Tag))
+		return
+	}
 	if f.Aux == verdictAgain {
 		if p.tries >= maxAskTries {
 			ex.refuse(p, "no controller answered")
@@ -457,7 +464,8 @@ func (ex *Exchange) closeControl() {
 	for _, ra := range asks {
 		ra.pp.asks.Add(-ra.weight)
 		d := wire.NewFrame(wire.TypeRDecide)
-		d.Ref, d.Name, d.Aux, d.Tag = ra.ref, ex.name, wire.VerdictRefuse, "exchange "+ex.name+" was deleted on node "+ex.b.cfg.Node
+		d.Ref, d.Name, d.Aux, d.Attach = ra.ref, ex.name, verdictError, uint32(wire.CodeExchangeDeleted)
+		d.Tag = "exchange " + ex.name + " was deleted"
 		ex.b.psSend(ra.pp, d, nil)
 	}
 }

@@ -942,7 +942,8 @@ func TestMeshExchangeDeclaredLate(t *testing.T) {
 }
 
 // Deleting a controlled exchange on the controllers' node refuses the
-// subscription requests of other nodes that waited there.
+// subscription requests of other nodes that waited there: they fail
+// with code 20, exchange deleted, as a local one does.
 func TestMeshControlledExchangeDeleted(t *testing.T) {
 	m := newMesh(t, "a", "b")
 	m.declareEverywhere("cx", true)
@@ -957,7 +958,7 @@ func TestMeshControlledExchangeDeleted(t *testing.T) {
 	if err := m.brokers["a"].Delete("cx"); err != nil {
 		t.Fatal(err)
 	}
-	if f := sub.reply(ref); f.Type != wire.TypeError || wire.Code(f.Aux) != wire.CodeRejected || !strings.Contains(f.Tag, "deleted") {
+	if f := sub.reply(ref); f.Type != wire.TypeError || wire.Code(f.Aux) != wire.CodeExchangeDeleted || !strings.Contains(f.Tag, "deleted") {
 		t.Fatalf("got %s %d %q", f.Type, f.Aux, f.Tag)
 	}
 }

@@ -150,11 +150,16 @@ func TestThreeNodesLinkUp(t *testing.T) {
 			}
 			waitFor(t, 10*time.Second, f.Name()+" told PeerUp "+o.Name(), func() bool { return recs[i].has("up " + o.Name()) })
 		}
-		for _, m := range f.Members() {
-			if m.ClusterAddr == "" || m.Started.IsZero() {
-				t.Errorf("%s sees %s without address or start: %+v", f.Name(), m.Name, m)
+		// The links may come up before memberlist has gossiped a
+		// node's meta: wait for it.
+		waitFor(t, 10*time.Second, f.Name()+" knows every node's address and start", func() bool {
+			for _, m := range f.Members() {
+				if m.ClusterAddr == "" || m.Started.IsZero() {
+					return false
+				}
 			}
-		}
+			return true
+		})
 	}
 	// RTT comes from the link heartbeats.
 	waitFor(t, 10*time.Second, "an RTT measured", func() bool {
