@@ -845,8 +845,10 @@ func (ex *Exchange) awaitView(a *Attachment, ok func()) bool {
 	if cl.waiting == nil {
 		cl.waiting = make(map[*Attachment]func())
 	}
-	cl.waiting[a] = ok
-	time.AfterFunc(attachWait, func() {
+	// The timer's callback waits for ex.mu, held here, so it finds the
+	// entry; the entry stops the timer, so that an answered wait does
+	// not keep the exchange for attachWait.
+	t := time.AfterFunc(attachWait, func() {
 		ex.mu.Lock()
 		defer ex.mu.Unlock()
 		if cl := ex.cl; cl != nil {
@@ -856,6 +858,7 @@ func (ex *Exchange) awaitView(a *Attachment, ok func()) bool {
 			}
 		}
 	})
+	cl.waiting[a] = func() { t.Stop(); ok() }
 	return true
 }
 
@@ -873,7 +876,7 @@ func (ex *Exchange) awaitGone(a *Attachment, ok func()) bool {
 	if cl == nil || ex.homeLost() {
 		return false
 	}
-	w := &goneWait{ok: ok}
+	w := &goneWait{}
 	if cl.hs != nil {
 		w.ver = cl.hs.ver // the home published the view without a already
 		if cl.confirmed >= w.ver {
@@ -884,7 +887,7 @@ func (ex *Exchange) awaitGone(a *Attachment, ok func()) bool {
 		cl.leaving = make(map[*Attachment]*goneWait)
 	}
 	cl.leaving[a] = w
-	time.AfterFunc(attachWait, func() {
+	t := time.AfterFunc(attachWait, func() {
 		ex.mu.Lock()
 		defer ex.mu.Unlock()
 		if cl := ex.cl; cl != nil && cl.leaving[a] == w {
@@ -892,6 +895,7 @@ func (ex *Exchange) awaitGone(a *Attachment, ok func()) bool {
 			w.ok()
 		}
 	})
+	w.ok = func() { t.Stop(); ok() } // under ex.mu, as the callback reads it
 	return true
 }
 
