@@ -178,7 +178,7 @@ func RunScenario(t testing.TB, sc Scenario, seed uint64, duration time.Duration)
 	s := h.Snapshot()
 	return NewReport(sc.Name, seed, c.Mode(), sc.Nodes, h,
 		CheckRegistry(s, time.Minute),
-		CheckLeaders(s),
+		CheckLeaders(s, LeaderOptions{Grace: sc.Grace}),
 		CheckPubSub(s, PubSubOptions{Grace: sc.Grace}),
 		CheckRequests(s, DefaultMargin),
 		CheckTasks(s),

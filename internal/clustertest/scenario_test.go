@@ -3,6 +3,7 @@
 package clustertest
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -101,7 +102,14 @@ func TestChaos(t *testing.T) {
 	if err := r.WriteJSON(f); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("reports: %s.txt, %s.json; node logs in %s", base, base, sc.LogDir)
+	hist, err := json.Marshal(r.History)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(base+"-history.json", hist, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("reports: %s.txt, %s.json; history in %s-history.json; node logs in %s", base, base, base, sc.LogDir)
 	if !r.OK() {
 		t.Fatalf("%d violations", r.Violations())
 	}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/courier-mq/courier"
@@ -334,9 +335,16 @@ func (w Workload) pubsub(ctx, drained context.Context, c *Cluster, i int) {
 	var ex *courier.PubSub
 	var subConn *courier.Conn
 	subFrom := int64(-1)
+	// The subscription ends when its connection does, which the loop
+	// below may notice only after a publish returns.
+	var subEnded atomic.Int64
 	endSub := func() {
 		if subFrom >= 0 {
-			s := Subscription{Subscriber: sub, From: subFrom, To: h.Now()}
+			to := h.Now()
+			if e := subEnded.Load(); e > 0 {
+				to = min(to, e)
+			}
+			s := Subscription{Subscriber: sub, From: subFrom, To: to}
 			if w.Separate {
 				s.Publishers = []string{pub}
 			}
@@ -377,6 +385,11 @@ func (w Workload) pubsub(ctx, drained context.Context, c *Cluster, i int) {
 				continue
 			}
 			subConn, subFrom = sc, h.Now()
+			subEnded.Store(0)
+			go func() {
+				<-sc.Done()
+				subEnded.CompareAndSwap(0, h.Now())
+			}()
 		}
 		select {
 		case <-subConn.Done():
@@ -445,15 +458,22 @@ func (w Workload) leader(ctx context.Context, c *Cluster, i, m int) {
 			_, err = ex.Handle(ctx, func(r *courier.Request) { r.Reply(nil) }, courier.OnEvent(func(e courier.Event) {
 				mu.Lock()
 				defer mu.Unlock()
-				switch {
-				case e.IsLeader && cur == nil:
-					// The member is named by its client too: ids the
-					// broker gives may repeat across nodes.
-					cur = &LeaderInterval{Exchange: exchange, Member: fmt.Sprintf("%s%s (%s)", prefix, e.Leader, s.name), Node: c.nodes[i].Name, Start: h.Now()}
-				case !e.IsLeader && cur != nil:
-					cur.End = h.Now()
+				// Leader events in a cluster carry the fencing token
+				// (docs/cluster.md "Leaders across nodes"); a new
+				// token for the same member is a new leadership.
+				tok := Token{Epoch: e.Epoch, Term: e.Term}
+				fenced := tok != Token{}
+				now := h.Now()
+				if cur != nil && (!e.IsLeader || fenced && tok != cur.Token) {
+					cur.End = now
 					h.AddLeader(*cur)
 					cur = nil
+				}
+				if e.IsLeader && cur == nil {
+					// The member is named by its client too: ids the
+					// broker gives may repeat across nodes.
+					cur = &LeaderInterval{Exchange: exchange, Member: fmt.Sprintf("%s%s (%s)", prefix, e.Leader, s.name), Node: c.nodes[i].Name,
+						Token: tok, Fenced: fenced, Start: now}
 				}
 			}))
 		}
