@@ -228,6 +228,12 @@ func (w Workload) registry(ctx context.Context, c *Cluster, i int, rng *rand.Ran
 		case Declare:
 			_, err = conn.PubSub(octx, op.Name)
 			op.Outcome = outcome(err, OutcomeOK)
+			if op.Outcome == OutcomeNotFound {
+				// Declared, then deleted by another client before
+				// the declaring node could look (docs/cluster.md): the
+				// declare took effect.
+				op.Outcome = OutcomeOK
+			}
 		case Delete:
 			err = conn.DeleteExchange(octx, op.Name)
 			op.Outcome = outcome(err, OutcomeDeleted)
