@@ -39,7 +39,9 @@ const EnvFailoverKills = "COURIER_FAILOVER_KILLS"
 //     handler, the time they took to fail and how;
 //   - client: a client with every node's URL, connected to the victim,
 //     with a handler attached: the time until its ConnReconnected (its
-//     handler attached again on another node).
+//     exchange declared again, which asks the metadata group, and its
+//     handler attached again on another node), reported apart for kills
+//     that took the metadata leader.
 //
 // The victim is the node of the current leader; it is restarted after
 // each kill and the next kill waits for the cluster to be whole.
@@ -56,7 +58,7 @@ func TestFailoverTimings(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 14))
 	c := New(t, Options{Nodes: 3, Mode: ModeProxy, Cluster: true, Seed: seed})
 	all := func(v []NodeView) bool { return len(v) == 3 && alive(v) == 3 }
-	var leaderT, leaderHomeT, reqT, pendT, clientT []time.Duration
+	var leaderT, leaderHomeT, reqT, pendT, clientT, clientMetaT []time.Duration
 	pendHow := map[string]int{}
 	for k := 0; k < kills; k++ {
 		for _, n := range c.Nodes() {
@@ -69,8 +71,8 @@ func TestFailoverTimings(t *testing.T) {
 			t.Logf("kill %d: %v (not counted)", k, r.err)
 			continue
 		}
-		t.Logf("kill %d of %s (home %s): leader %v, requests %v (pending on it: %v %v), client %v",
-			k, r.victim, r.home, r.leader.Round(time.Millisecond), r.requests.Round(time.Millisecond), r.pending, r.pendingHow,
+		t.Logf("kill %d of %s (home %s, metadata leader %s): leader %v, requests %v (pending on it: %v %v), client %v",
+			k, r.victim, r.home, r.meta, r.leader.Round(time.Millisecond), r.requests.Round(time.Millisecond), r.pending, r.pendingHow,
 			r.client.Round(time.Millisecond))
 		if r.home == r.victim {
 			leaderHomeT = append(leaderHomeT, r.leader)
@@ -78,7 +80,11 @@ func TestFailoverTimings(t *testing.T) {
 			leaderT = append(leaderT, r.leader)
 		}
 		reqT = append(reqT, r.requests)
-		clientT = append(clientT, r.client)
+		if r.meta == r.victim {
+			clientMetaT = append(clientMetaT, r.client)
+		} else {
+			clientT = append(clientT, r.client)
+		}
 		pendT = append(pendT, r.pending...)
 		for _, h := range r.pendingHow {
 			pendHow[h]++
@@ -89,12 +95,13 @@ func TestFailoverTimings(t *testing.T) {
 	t.Logf("new leader announced on the survivors, home killed:   %s", percentiles(leaderHomeT))
 	t.Logf("requests all succeed again:           %s", percentiles(reqT))
 	t.Logf("pending on the killed handler failed: %s; outcomes %v", percentiles(pendT), pendHow)
-	t.Logf("client reconnected and re-attached:   %s", percentiles(clientT))
+	t.Logf("client reconnected and re-attached, metadata leader survived: %s", percentiles(clientT))
+	t.Logf("client reconnected and re-attached, metadata leader killed:   %s", percentiles(clientMetaT))
 }
 
 // failoverRun is what one kill measured.
 type failoverRun struct {
-	victim, home             string
+	victim, home, meta       string
 	leader, requests, client time.Duration
 	pending                  []time.Duration
 	pendingHow               []string
@@ -201,6 +208,9 @@ func runFailover(t *testing.T, c *Cluster, rng *rand.Rand, k int) (r failoverRun
 		return failoverRun{err: fmt.Errorf("members do not agree on a leader: %w", err)}
 	}
 	r.victim = c.Node(victim).Name
+	if i, err := c.MetaLeader(); err == nil {
+		r.meta = c.Node(i).Name
+	}
 	entry := (victim + 1 + rng.IntN(2)) % 3
 	// Handlers on every node, round-robin, each reply after 100 ms.
 	for i := range 3 {
