@@ -107,10 +107,8 @@ type Workload struct {
 	// single-node servers, whose registries are separate, scope the
 	// names by node and incarnation ([Node.Incarnation]).
 	RegistryNames func(n *Node) []string
-	// NoReads leaves gets out of the registry clients: in a cluster
-	// only declares and deletes are linearizable, and a node other than
-	// the one written to may lag (read-your-writes holds on the node
-	// used, which a client placed at one node does not test).
+	// NoReads leaves gets out of the registry clients, for a broker
+	// whose reads are not linearizable.
 	NoReads bool
 	// Requests runs a handler and a requester per node.
 	Requests bool
