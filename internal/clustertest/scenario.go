@@ -142,6 +142,17 @@ func RunScenario(t testing.TB, sc Scenario, seed uint64, duration time.Duration)
 		}
 	}
 	c := New(t, Options{Nodes: sc.Nodes, Cluster: sc.Cluster, Seed: seed, KeepLogs: sc.LogDir})
+	if sc.Cluster {
+		// The promises hold between linked nodes: a subscriber whose
+		// Subscribe returned before its node linked with a publisher's
+		// was not promised that publisher's messages.
+		formed := func(v []NodeView) bool { return len(v) == sc.Nodes && alive(v) == sc.Nodes }
+		for _, n := range c.Nodes() {
+			if _, err := n.WaitView(time.Minute, formed); err != nil {
+				t.Fatalf("clustertest: the cluster did not form: %v", err)
+			}
+		}
+	}
 	h := c.History()
 	h.Notef(fmt.Sprintf("scenario %s, seed %d, %v, mode %s", sc.Name, seed, duration, c.Mode()))
 	stopWatch := make(chan struct{})
