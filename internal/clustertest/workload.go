@@ -341,7 +341,7 @@ func (w Workload) pubsub(ctx, drained context.Context, c *Cluster, i int) {
 	subFrom := int64(-1)
 	// The subscription ends when its connection does, which the loop
 	// below may notice only after a publish returns.
-	var subEnded atomic.Int64
+	subEnded := new(atomic.Int64) // the current subscription's end, 0 while it lasts
 	endSub := func() {
 		if subFrom >= 0 {
 			to := h.Now()
@@ -389,10 +389,11 @@ func (w Workload) pubsub(ctx, drained context.Context, c *Cluster, i int) {
 				continue
 			}
 			subConn, subFrom = sc, h.Now()
-			subEnded.Store(0)
+			ended := new(atomic.Int64) // this subscription's own: an old one's end cannot cut it
+			subEnded = ended
 			go func() {
 				<-sc.Done()
-				subEnded.CompareAndSwap(0, h.Now())
+				ended.Store(h.Now())
 			}()
 		}
 		select {
