@@ -250,9 +250,13 @@ func (c *Conn) receive(f *wire.Frame) {
 			c.toWaiter(f)
 			return
 		}
-		c.toCall(f)
+		if !c.toCall(f) {
+			f.Release()
+		}
 	case wire.TypeOK, wire.TypeTaskEvent:
-		c.toCall(f)
+		if !c.toCall(f) {
+			f.Release()
+		}
 	case wire.TypeError:
 		if f.Ref != 0 && c.toCall(f) {
 			return
@@ -290,13 +294,14 @@ func (c *Conn) orphan(f *wire.Frame) {
 	f.Release()
 }
 
-// toCall routes a frame to the call waiting on its Ref.
+// toCall routes a frame to the call waiting on its Ref and reports
+// whether one took it; when none did (the call gave up), f is still the
+// caller's.
 func (c *Conn) toCall(f *wire.Frame) bool {
 	sh := c.calls.lock(f.Ref)
 	cl := sh.m[f.Ref]
 	if cl == nil {
 		sh.mu.Unlock()
-		f.Release()
 		return false
 	}
 	if f.Type == wire.TypeAsk {

@@ -135,12 +135,17 @@ func (n *Node) ClusterAddr() string {
 // management API.
 func (n *Node) clusterNodes() []admin.ClusterNode {
 	ms := n.fabric.Members()
+	var leader string // the metadata leader this node knows
+	if m := n.hooks.meta.Load(); m != nil {
+		leader = m.Leader()
+	}
 	out := make([]admin.ClusterNode, len(ms))
 	for i, m := range ms {
 		c := admin.ClusterNode{
 			Name: m.Name, Self: m.Self, State: m.State, Since: m.Since, Started: m.Started,
 			ClusterAddr: m.ClusterAddr, ClientURL: m.ClientURL, HTTPURL: m.HTTPURL, Version: m.Version,
 			Connections: m.Hosts.Connections, Exchanges: m.Hosts.Exchanges, Queues: m.Hosts.Queues,
+			MetaLeader: leader != "" && m.Name == leader,
 		}
 		if n.meta != nil {
 			c.MetaLeader = n.meta.Leader() == m.Name

@@ -182,3 +182,28 @@ func TestClusterForgetNode(t *testing.T) {
 		t.Errorf("metadata group after forgetting c: %v, %v", s, err)
 	}
 }
+
+// /api/nodes names the metadata leader, the same on every node, as the
+// group itself does (courier cluster status and the fault tests'
+// KillMetaLeader read it there).
+func TestClusterNodesNameMetaLeader(t *testing.T) {
+	nodes := startCluster3(t)
+	waitUntil(t, 30*time.Second, "every node's /api/nodes names the leader the group knows", func() bool {
+		want := nodes[0].Meta().Leader()
+		if want == "" {
+			return false
+		}
+		for _, n := range nodes {
+			var leaders []string
+			for _, r := range getNodes(t, n) {
+				if r.MetaLeader {
+					leaders = append(leaders, r.Name)
+				}
+			}
+			if len(leaders) != 1 || leaders[0] != want {
+				return false
+			}
+		}
+		return true
+	})
+}

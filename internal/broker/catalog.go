@@ -69,14 +69,14 @@ func (b *Broker) declareCluster(c Catalog, name string, spec Spec, by Declarer, 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), catalogTimeout)
 	defer cancel()
-	ex := b.Exchange(name)
-	if ex == nil {
-		// Another node may have declared it a moment ago.
-		if err := c.Sync(ctx); err != nil {
-			return nil, catalogError(err)
-		}
-		ex = b.Exchange(name)
+	// This node's copy may lag: another node may have declared the
+	// exchange a moment ago, or deleted it. Syncing first makes the
+	// answer from the local copy linearizable: it sees every write that
+	// completed before this call.
+	if err := c.Sync(ctx); err != nil {
+		return nil, catalogError(err)
 	}
+	ex := b.Exchange(name)
 	if ex != nil {
 		if err := ex.matches(spec); err != nil {
 			return ex, err

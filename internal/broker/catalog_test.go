@@ -146,3 +146,82 @@ func TestCatalogRefusesTasks(t *testing.T) {
 		t.Errorf("refused declaration recorded: %v", c.applied)
 	}
 }
+
+// lagCatalog is a memCatalog whose deletes reach one broker only when
+// it syncs (or the catalog records something else), as a Raft follower
+// that has not applied the latest entries yet.
+type lagCatalog struct {
+	*memCatalog
+	lag     *Broker
+	pending []string
+}
+
+func (c *lagCatalog) catchUp() {
+	for _, name := range c.pending {
+		c.lag.ApplyDelete(name)
+	}
+	c.pending = nil
+}
+
+func (c *lagCatalog) Declare(ctx context.Context, name string, cfg wire.ExchangeConfig, user string, trusted bool) error {
+	c.catchUp()
+	return c.memCatalog.Declare(ctx, name, cfg, user, trusted)
+}
+
+func (c *lagCatalog) Delete(_ context.Context, name string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.records[name]; !ok {
+		return wire.Errorf(wire.CodeNotFound, "exchange %q not found", name)
+	}
+	delete(c.records, name)
+	for _, b := range c.brokers {
+		if b != c.lag {
+			b.ApplyDelete(name)
+		}
+	}
+	c.pending = append(c.pending, name)
+	return nil
+}
+
+func (c *lagCatalog) Sync(context.Context) error {
+	c.catchUp()
+	return nil
+}
+
+// A declare on a node that lags behind a delete made elsewhere must not
+// answer from the exchange it still holds: the exchange is gone from the
+// cluster, and a declare that returns must leave it declared
+// (linearizable, docs/cluster.md "What each operation promises"). The
+// fault tests found it: a declare answered OK on a lagging node, then a
+// delete on another node found nothing.
+func TestCatalogDeclareOnLaggingNode(t *testing.T) {
+	m, mc := newCatalogCluster(t, "a", "b")
+	c := &lagCatalog{memCatalog: mc, lag: m.brokers["b"]}
+	for _, b := range m.brokers {
+		b.SetCatalog(c)
+	}
+	ps := Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternPubSub}}
+	if _, err := m.brokers["a"].Declare("prices", ps); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.brokers["a"].Delete("prices"); err != nil {
+		t.Fatal(err)
+	}
+	if m.brokers["b"].Exchange("prices") == nil {
+		t.Fatal("the test needs b to lag behind the delete")
+	}
+	if _, err := m.brokers["b"].Declare("prices", ps); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.records["prices"]; !ok {
+		t.Fatal("a declare on b returned, but the cluster has no exchange prices")
+	}
+	// A passive declare (a get) is a linearizable read too.
+	if err := m.brokers["a"].Delete("prices"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.brokers["b"].Declare("prices", Spec{Passive: true}); err == nil {
+		t.Error("a passive declare on b found prices after it was deleted on a")
+	}
+}

@@ -176,7 +176,7 @@ func (ex *Exchange) cluster() *clusterEx {
 		}
 	}
 	if home == ex.b.cfg.Node {
-		cl.hs = &homeState{}
+		cl.hs = &homeState{term: ex.b.firstTerm()}
 		for _, a := range cl.locals {
 			cl.hs.add(a.viewMember())
 		}
@@ -267,6 +267,13 @@ func (ex *Exchange) report(full bool, list []*Attachment) {
 	f.Name, f.Body = ex.name, jsonBody(body)
 	ex.b.sendControl(cl.home, f)
 }
+
+// firstTerm is where this node's terms start when it becomes a home:
+// above every term of its earlier boots ((Boot-1)<<32), since a home
+// restarted within its lease keeps its epoch but forgets the terms it
+// gave, and a token must never be given twice. Terms of one boot stay
+// below the next boot's start (2^32 appointments).
+func (b *Broker) firstTerm() uint64 { return (max(b.cfg.Boot, 1) - 1) << 32 }
 
 // publish appoints a leader if there is none, and applies and sends the
 // home's next view; ex.mu is held and this node is the home.
@@ -599,7 +606,7 @@ func (ex *Exchange) recheckHome() {
 		ex.report(true, cl.locals)
 		return
 	}
-	hs := &homeState{term: cl.term}
+	hs := &homeState{term: max(cl.term, ex.b.firstTerm())}
 	for _, e := range cl.entries {
 		if e.Node != self && ex.b.peer(e.Node) != nil {
 			hs.add(e)

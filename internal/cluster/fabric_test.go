@@ -524,3 +524,33 @@ func TestAdvertiseHostName(t *testing.T) {
 		t.Errorf("a sees c at %q, want %q", got, c.Advertise())
 	}
 }
+
+// greeter is a recorder that sends a frame to every peer from PeerUp,
+// as the broker does (its interest table, its views).
+type greeter struct {
+	*recorder
+	f *Fabric
+}
+
+func (g greeter) PeerUp(node string) {
+	g.recorder.PeerUp(node)
+	g.f.SendControl(node, &wire.Frame{Type: wire.TypePublish, Name: "hello from " + g.f.Name()})
+	g.f.Send(node, &wire.Frame{Type: wire.TypePublish, Name: "data from " + g.f.Name()})
+}
+
+// TestAcceptorSendsFromPeerUp: frames the acceptor's handler sends from
+// PeerUp go after the ready mark, so the dialer's session starts and
+// receives them. Before, they went ahead of the OK, the dialer hung up
+// ("the link began with PUBLISH, not OK") and redialled for ever: a
+// node restarted while the other had subscribers never linked with it.
+func TestAcceptorSendsFromPeerUp(t *testing.T) {
+	b, _ := startFabric(t, "b", nil, nil) // the acceptor: the smaller name dials
+	rb := newRecorder()
+	b.SetHandler(greeter{rb, b})
+	a, ra := startFabric(t, "a", []string{b.Advertise()}, nil)
+	waitFor(t, 20*time.Second, "a and b up", func() bool { return allUp(a, "a", "b") && allUp(b, "a", "b") })
+	waitFor(t, 10*time.Second, "a gets b's greetings", func() bool { return ra.count("b") == 2 })
+	if rb.has("down a") {
+		t.Errorf("the session flapped: b saw %v", rb.events)
+	}
+}

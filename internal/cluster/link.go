@@ -345,8 +345,12 @@ func (f *Fabric) acceptLink(c *Conn) {
 
 func (f *Fabric) establish(p *peer, lc, ld *link) bool { return f.establishThen(p, lc, ld, nil) }
 
-// establishThen starts a session with p on links lc and ld, tells the
-// handler PeerUp, runs then, and starts the links' loops.
+// establishThen starts a session with p on links lc and ld, runs then,
+// tells the handler PeerUp, and starts the links' loops. then runs
+// first so that what it queues (the acceptor's ready mark) goes ahead
+// of whatever the handler sends from PeerUp: the dialer reads the ready
+// mark as the link's first frame. Nothing is written before the loops
+// start, and the peer is not told anything before its session began.
 func (f *Fabric) establishThen(p *peer, lc, ld *link, then func()) bool {
 	p.deliver.Lock()
 	f.mu.Lock()
@@ -368,11 +372,11 @@ func (f *Fabric) establishThen(p *peer, lc, ld *link, then func()) bool {
 	p.mu.Unlock()
 	lc.gen, ld.gen = gen, gen
 	f.log.Info("cluster: links up", "node", p.name)
-	if h := f.handle(); h != nil {
-		h.PeerUp(p.name)
-	}
 	if then != nil {
 		then()
+	}
+	if h := f.handle(); h != nil {
+		h.PeerUp(p.name)
 	}
 	p.deliver.Unlock()
 	lc.start()

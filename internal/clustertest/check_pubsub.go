@@ -57,7 +57,8 @@ type PubSubOptions struct {
 // that was not published, and that every successful publication made
 // while the subscriber was subscribed arrived, unless it was published
 // inside a fault window (losses there are counted as notes: pub-sub is
-// at most once).
+// at most once). A fault window runs from Settle before the fault to
+// Grace after it.
 func CheckPubSub(s Snapshot, o PubSubOptions) Result {
 	if o.Grace <= 0 {
 		o.Grace = 5 * time.Second
@@ -66,7 +67,12 @@ func CheckPubSub(s Snapshot, o PubSubOptions) Result {
 		o.Settle = time.Second
 	}
 	r := Result{Checker: "pubsub"}
+	// A publication confirmed just before a fault may still be on a
+	// link when the fault takes it: the window begins Settle earlier.
 	windows := s.FaultWindows(o.Grace)
+	for i := range windows {
+		windows[i][0] -= int64(o.Settle)
+	}
 	published := map[string]map[uint64]Publish{}
 	for _, p := range s.Publishes {
 		if published[p.Publisher] == nil {

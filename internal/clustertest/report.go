@@ -20,6 +20,10 @@ type Report struct {
 	Nemeses  []NemesisRecord `json:"nemeses"`
 	Notes    []Note          `json:"notes,omitempty"`
 	Results  []Result        `json:"results"`
+	// History is the whole history the checkers judged, kept for a
+	// closer look at a failed run (scripts/chaos writes it next to the
+	// report as chaos-SCENARIO-SEED-history.json).
+	History Snapshot `json:"-"`
 }
 
 // NewReport makes the report of a run from its history and the results
@@ -27,7 +31,7 @@ type Report struct {
 func NewReport(scenario string, seed uint64, mode Mode, nodes int, h *History, results ...Result) Report {
 	s := h.Snapshot()
 	return Report{Scenario: scenario, Seed: seed, Mode: mode, Nodes: nodes, Started: h.Started(),
-		Duration: time.Duration(s.Duration), Nemeses: s.Nemeses, Notes: s.Notes, Results: results}
+		Duration: time.Duration(s.Duration), Nemeses: s.Nemeses, Notes: s.Notes, Results: results, History: s}
 }
 
 // OK reports whether every checker decided and found no violation.

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/courier-mq/courier"
@@ -106,10 +107,8 @@ type Workload struct {
 	// single-node servers, whose registries are separate, scope the
 	// names by node and incarnation ([Node.Incarnation]).
 	RegistryNames func(n *Node) []string
-	// NoReads leaves gets out of the registry clients: in a cluster
-	// only declares and deletes are linearizable, and a node other than
-	// the one written to may lag (read-your-writes holds on the node
-	// used, which a client placed at one node does not test).
+	// NoReads leaves gets out of the registry clients, for a broker
+	// whose reads are not linearizable.
 	NoReads bool
 	// Requests runs a handler and a requester per node.
 	Requests bool
@@ -227,6 +226,12 @@ func (w Workload) registry(ctx context.Context, c *Cluster, i int, rng *rand.Ran
 		case Declare:
 			_, err = conn.PubSub(octx, op.Name)
 			op.Outcome = outcome(err, OutcomeOK)
+			if op.Outcome == OutcomeNotFound {
+				// Declared, then deleted by another client before
+				// the declaring node could look (docs/cluster.md): the
+				// declare took effect.
+				op.Outcome = OutcomeOK
+			}
 		case Delete:
 			err = conn.DeleteExchange(octx, op.Name)
 			op.Outcome = outcome(err, OutcomeDeleted)
@@ -334,9 +339,16 @@ func (w Workload) pubsub(ctx, drained context.Context, c *Cluster, i int) {
 	var ex *courier.PubSub
 	var subConn *courier.Conn
 	subFrom := int64(-1)
+	// The subscription ends when its connection does, which the loop
+	// below may notice only after a publish returns.
+	subEnded := new(atomic.Int64) // the current subscription's end, 0 while it lasts
 	endSub := func() {
 		if subFrom >= 0 {
-			s := Subscription{Subscriber: sub, From: subFrom, To: h.Now()}
+			to := h.Now()
+			if e := subEnded.Load(); e > 0 {
+				to = min(to, e)
+			}
+			s := Subscription{Subscriber: sub, From: subFrom, To: to}
 			if w.Separate {
 				s.Publishers = []string{pub}
 			}
@@ -377,6 +389,12 @@ func (w Workload) pubsub(ctx, drained context.Context, c *Cluster, i int) {
 				continue
 			}
 			subConn, subFrom = sc, h.Now()
+			ended := new(atomic.Int64) // this subscription's own: an old one's end cannot cut it
+			subEnded = ended
+			go func() {
+				<-sc.Done()
+				ended.Store(h.Now())
+			}()
 		}
 		select {
 		case <-subConn.Done():
@@ -445,15 +463,22 @@ func (w Workload) leader(ctx context.Context, c *Cluster, i, m int) {
 			_, err = ex.Handle(ctx, func(r *courier.Request) { r.Reply(nil) }, courier.OnEvent(func(e courier.Event) {
 				mu.Lock()
 				defer mu.Unlock()
-				switch {
-				case e.IsLeader && cur == nil:
-					// The member is named by its client too: ids the
-					// broker gives may repeat across nodes.
-					cur = &LeaderInterval{Exchange: exchange, Member: fmt.Sprintf("%s%s (%s)", prefix, e.Leader, s.name), Node: c.nodes[i].Name, Start: h.Now()}
-				case !e.IsLeader && cur != nil:
-					cur.End = h.Now()
+				// Leader events in a cluster carry the fencing token
+				// (docs/cluster.md "Leaders across nodes"); a new
+				// token for the same member is a new leadership.
+				tok := Token{Epoch: e.Epoch, Term: e.Term}
+				fenced := tok != Token{}
+				now := h.Now()
+				if cur != nil && (!e.IsLeader || fenced && tok != cur.Token) {
+					cur.End = now
 					h.AddLeader(*cur)
 					cur = nil
+				}
+				if e.IsLeader && cur == nil {
+					// The member is named by its client too: ids the
+					// broker gives may repeat across nodes.
+					cur = &LeaderInterval{Exchange: exchange, Member: fmt.Sprintf("%s%s (%s)", prefix, e.Leader, s.name), Node: c.nodes[i].Name,
+						Token: tok, Fenced: fenced, Start: now}
 				}
 			}))
 		}
