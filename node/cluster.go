@@ -147,9 +147,6 @@ func (n *Node) clusterNodes() []admin.ClusterNode {
 			Connections: m.Hosts.Connections, Exchanges: m.Hosts.Exchanges, Queues: m.Hosts.Queues,
 			MetaLeader: leader != "" && m.Name == leader,
 		}
-		if n.meta != nil {
-			c.MetaLeader = n.meta.Leader() == m.Name
-		}
 		if m.Self {
 			for _, p := range ms {
 				if !p.Self {
