@@ -86,25 +86,48 @@ func isCopyPath(path string) bool {
 	return false
 }
 
-// Copies sums, by sending node, the sent-frame or sent-message fields
-// ([isCopyPath]) over the publications minus their idle moves, divided
-// by the publications: the copies of one publication that crossed the
-// links. A field reported by several nodes is counted once. The node is
-// the first part of the path.
+// Copies sums, by sending node, the copies of one publication that
+// crossed the links ([LinkReport.CopiesByLink]).
 func (rep *LinkReport) Copies() map[string]float64 {
-	byPath := map[string]float64{}
+	out := map[string]float64{}
+	for path, v := range rep.CopiesByLink() {
+		node, _, _ := strings.Cut(path, ".")
+		out[node] += v
+	}
+	return out
+}
+
+// CopiesByLink returns, for each sent-frame or sent-message field
+// ([isCopyPath]), its move over the publications less the link's
+// heartbeats, divided by the publications: the copies of one
+// publication sent on that link. A field reported by several nodes is
+// counted once.
+//
+// Heartbeats: Courier's node links are pairs, control and data, each
+// sending a PING every heartbeat and a PONG for each it receives; with
+// nothing else on the control link while subscriptions stand still, the
+// control link's frames_out over the same window are the data link's
+// heartbeats, to the frame. A field with such a sibling (".data." for
+// ".control.") is corrected by the sibling's move; any other by its own
+// move over the idle window, which may differ by a heartbeat or two.
+func (rep *LinkReport) CopiesByLink() map[string]float64 {
+	delta := map[string]float64{}
+	for _, c := range rep.Counters {
+		delta[c.Path] = c.Delta
+	}
+	out := map[string]float64{}
 	for _, c := range rep.Counters {
 		if !isCopyPath(c.Path) {
 			continue
 		}
-		if v, ok := byPath[c.Path]; !ok || c.Delta-c.Idle > v {
-			byPath[c.Path] = c.Delta - c.Idle
+		v := c.Delta - c.Idle
+		if sibling := strings.Replace(c.Path, ".data.", ".control.", 1); sibling != c.Path {
+			v = c.Delta - delta[sibling] // absent: it did not move at all
 		}
-	}
-	out := map[string]float64{}
-	for path, v := range byPath {
-		node, _, _ := strings.Cut(path, ".")
-		out[node] += v / float64(max(rep.Publications, 1))
+		v /= float64(max(rep.Publications, 1))
+		if old, ok := out[c.Path]; !ok || v > old {
+			out[c.Path] = v
+		}
 	}
 	return out
 }
@@ -343,7 +366,17 @@ func (rep *LinkReport) Lines() []string {
 		for i, n := range nodes {
 			parts[i] = n + " " + signed(copies[n])
 		}
-		out = append(out, "Copies of one publication sent on the links (sent frames or messages, minus idle, per publication), by node: "+strings.Join(parts, ", "))
+		out = append(out, "Copies of one publication sent on the links (sent data frames less heartbeats, per publication), by node: "+strings.Join(parts, ", "))
+		byLink := rep.CopiesByLink()
+		links := make([]string, 0, len(byLink))
+		for p := range byLink {
+			links = append(links, p)
+		}
+		slices.Sort(links)
+		for i, p := range links {
+			links[i] = p + " " + signed(byLink[p])
+		}
+		out = append(out, "  by link: "+strings.Join(links, ", "))
 	}
 	return out
 }
