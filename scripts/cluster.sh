@@ -34,7 +34,9 @@
 # prints the management URLs (--nodes-http).
 #
 # Knobs: NATS_BIN, NATS_BASE, NATS_ROUTE_BASE, NATS_MONITOR_BASE,
-# NATS_CLUSTER_NAME, COURIER_BIN, COURIER_ARGS (extra flags for every
+# NATS_CLUSTER_NAME, COURIER_BIN, COURIER_BASE (7400: node K's client
+# port is COURIER_BASE + 10K), COURIER_HTTP_BASE (7480: + K),
+# COURIER_CLUSTER_BASE (7500: + K), COURIER_ARGS (extra flags for every
 # node, such as "--log-level warn"), CLUSTER_DIR.
 set -euo pipefail
 
@@ -46,6 +48,9 @@ NATS_ROUTE_BASE=${NATS_ROUTE_BASE:-6230}
 NATS_MONITOR_BASE=${NATS_MONITOR_BASE:-8230}
 NATS_CLUSTER_NAME=${NATS_CLUSTER_NAME:-courier-bench}
 COURIER_BIN=${COURIER_BIN:-}
+COURIER_BASE=${COURIER_BASE:-7400}
+COURIER_HTTP_BASE=${COURIER_HTTP_BASE:-7480}
+COURIER_CLUSTER_BASE=${COURIER_CLUSTER_BASE:-7500}
 COURIER_ARGS=${COURIER_ARGS:---log-level warn}
 
 usage() {
@@ -74,9 +79,9 @@ nodes() {
 nats_client() { echo $((NATS_BASE + $1)); }
 nats_route() { echo $((NATS_ROUTE_BASE + $1)); }
 nats_monitor() { echo $((NATS_MONITOR_BASE + $1)); }
-courier_listen() { echo "74${1}0"; }
-courier_http() { echo "748${1}"; }
-courier_cluster() { echo "750${1}"; }
+courier_listen() { echo $((COURIER_BASE + 10 * $1)); }
+courier_http() { echo $((COURIER_HTTP_BASE + $1)); }
+courier_cluster() { echo $((COURIER_CLUSTER_BASE + $1)); }
 
 check_free() { # what, ports...
 	local what=$1 p
