@@ -67,8 +67,8 @@ func TestMeasureLinks(t *testing.T) {
 	}
 	text := strings.Join(rep.Lines(), "\n")
 	if !strings.Contains(text, "n1.cluster_links[n2].send_msgs  +4  (idle +0)") ||
-		!strings.Contains(text, "over 4 publications") || !strings.Contains(text, "4 link fields, 2 moved otherwise than when idle, 2 as when idle") ||
-		strings.Contains(text, "heartbeats") || !strings.Contains(text, "by node: n1 +2") {
+		!strings.Contains(text, "over 4 publications") || !strings.Contains(text, "4 link fields, 2 moved beyond heartbeats") ||
+		strings.Contains(text, "].heartbeats") || !strings.Contains(text, "by node: n1 +2") {
 		t.Errorf("lines:\n%s", text)
 	}
 }
@@ -164,8 +164,9 @@ func TestLinkCopies(t *testing.T) {
 		t.Errorf("copies %v, want n1: 2 (one per peer and publication, control links left out)", copies)
 	}
 	text := strings.Join(rep.Lines(), "\n")
-	if !strings.Contains(text, "by node: n1 +2") || !strings.Contains(text, "n1.links[n2].data.frames_out  +13  (idle +2)") ||
-		!strings.Contains(text, "by link: n1.links[n2].data.frames_out +1, n1.links[n3].data.frames_out +1") || strings.Contains(text, "control.frames_out +") {
+	if !strings.Contains(text, "by node: n1 +2") || !strings.Contains(text, "n1.links[n2].data.frames_out  +13  (heartbeats +3, idle +2)") ||
+		!strings.Contains(text, "by link (those not 0): n1.links[n2].data.frames_out +1, n1.links[n3].data.frames_out +1") ||
+		strings.Contains(text, "control.frames_out  +") || strings.Contains(text, "control.frames_out +") {
 		t.Errorf("lines:\n%s", text)
 	}
 	for path, want := range map[string]bool{"n1.links[n2].data.frames_out": true, "n1.links[n2].control.frames_out": false,
