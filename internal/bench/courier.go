@@ -69,8 +69,8 @@ const pairTimeout = 60 * time.Second
 
 // startPair starts two embedded nodes, bench-a and bench-b, as a
 // cluster on loopback (each with its data under dir), and waits until
-// each lists the other alive. The requesters use bench-a, the handlers
-// bench-b.
+// each lists the other alive with its links up and knows the metadata
+// group's leader. The requesters use bench-a, the handlers bench-b.
 func (d *courierDriver) startPair(ctx context.Context, dir string) error {
 	a, err := node.Start(node.Config{Name: "bench-a", DataDir: filepath.Join(dir, "a"), Log: d.cfg.Log, HTTP: d.cfg.embeddedHTTP,
 		Cluster: node.ClusterConfig{Listen: "127.0.0.1:0", BootstrapExpect: 2}})
