@@ -11,6 +11,10 @@
 #   2. 5-node clusters: one publisher on node A, $SUBSCRIBERS subscribers
 #      spread round-robin over the five, with each Courier node's link
 #      counters over 20 publications (--cases fanout-spread);
+#   2b. embedded: two node.Start nodes joined as a cluster in one
+#      process, requester on one and handler on the other
+#      (courier-bench reqresp --embedded-cross), and one embedded node
+#      (--embedded), taking turns $ROUNDS times;
 #   3. the idle cost: CPU and RSS of every server of an idle 3-node
 #      cluster after $EXCHANGES exchanges (NATS: as many subscriptions)
 #      (courier-bench idle).
@@ -26,7 +30,7 @@
 # baseline server's client port; its HTTP port is SINGLE_HTTP, 7480),
 # COURIER_ARGS (every Courier server's extra flags; default
 # "--log-level warn --heartbeat 5s", see below), STEPS (default
-# "reqresp fanout idle").
+# "reqresp embedded fanout idle").
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,7 +45,7 @@ EXCHANGES=${EXCHANGES:-10000}
 IDLE_WINDOW=${IDLE_WINDOW:-30s}
 SINGLE_PORT=${SINGLE_PORT:-7400}
 SINGLE_HTTP=${SINGLE_HTTP:-7480}
-STEPS=${STEPS:-reqresp fanout idle}
+STEPS=${STEPS:-reqresp embedded fanout idle}
 # Every Courier server (the cluster's nodes and the single one) gets
 # these flags. --heartbeat 5s: 10,000 subscriber connections from one
 # process on a loaded 2-core machine go silent for more than the
@@ -138,6 +142,12 @@ courier_nodes() {
 				--nats-nodes "$("$cluster" urls nats)" $(courier_nodes) --single "$SINGLE"
 			stop_clusters
 			;;
+		embedded)
+			for r in $(seq 1 "$ROUNDS"); do
+				run "embedded-cross-$r" reqresp --embedded-cross --count 20000 --parallel 100
+				run "embedded-one-$r" reqresp --embedded --count 20000 --parallel 100
+			done
+			;;
 		fanout)
 			start_clusters 5
 			run fanout-5 cluster --cases fanout-spread --rounds "$FANOUT_ROUNDS" --subscribers "$SUBSCRIBERS" --messages "$MESSAGES" \
@@ -154,7 +164,7 @@ courier_nodes() {
 			stop_clusters
 			;;
 		*)
-			echo "bench-cluster.sh: unknown step $step (reqresp, fanout, idle)" >&2
+			echo "bench-cluster.sh: unknown step $step (reqresp, embedded, fanout, idle)" >&2
 			exit 2
 			;;
 		esac

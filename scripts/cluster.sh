@@ -20,6 +20,8 @@
 #   courier server --node nK --listen 127.0.0.1:74K0 --http 127.0.0.1:748K
 #     --cluster 127.0.0.1:750K --join <the other nodes' cluster addresses>
 #     --data $CLUSTER_DIR/courier/nK
+#   start waits until every node lists every node alive and its links up
+#   (GET /api/nodes).
 #   With N=1 it starts one node without --cluster and --join: the
 #   single-node baseline, started the same way. A courier built before
 #   the cluster landed has no --cluster and --join: start says so (and
@@ -32,7 +34,9 @@
 # prints the management URLs (--nodes-http).
 #
 # Knobs: NATS_BIN, NATS_BASE, NATS_ROUTE_BASE, NATS_MONITOR_BASE,
-# NATS_CLUSTER_NAME, COURIER_BIN, COURIER_ARGS (extra flags for every
+# NATS_CLUSTER_NAME, COURIER_BIN, COURIER_BASE (7400: node K's client
+# port is COURIER_BASE + 10K), COURIER_HTTP_BASE (7480: + K),
+# COURIER_CLUSTER_BASE (7500: + K), COURIER_ARGS (extra flags for every
 # node, such as "--log-level warn"), CLUSTER_DIR.
 set -euo pipefail
 
@@ -44,6 +48,9 @@ NATS_ROUTE_BASE=${NATS_ROUTE_BASE:-6230}
 NATS_MONITOR_BASE=${NATS_MONITOR_BASE:-8230}
 NATS_CLUSTER_NAME=${NATS_CLUSTER_NAME:-courier-bench}
 COURIER_BIN=${COURIER_BIN:-}
+COURIER_BASE=${COURIER_BASE:-7400}
+COURIER_HTTP_BASE=${COURIER_HTTP_BASE:-7480}
+COURIER_CLUSTER_BASE=${COURIER_CLUSTER_BASE:-7500}
 COURIER_ARGS=${COURIER_ARGS:---log-level warn}
 
 usage() {
@@ -72,9 +79,9 @@ nodes() {
 nats_client() { echo $((NATS_BASE + $1)); }
 nats_route() { echo $((NATS_ROUTE_BASE + $1)); }
 nats_monitor() { echo $((NATS_MONITOR_BASE + $1)); }
-courier_listen() { echo "74${1}0"; }
-courier_http() { echo "748${1}"; }
-courier_cluster() { echo "750${1}"; }
+courier_listen() { echo $((COURIER_BASE + 10 * $1)); }
+courier_http() { echo $((COURIER_HTTP_BASE + $1)); }
+courier_cluster() { echo $((COURIER_CLUSTER_BASE + $1)); }
 
 check_free() { # what, ports...
 	local what=$1 p
@@ -205,15 +212,51 @@ start_courier() { # n
 		if [ "$ready" = "$n" ]; then
 			echo "courier ($bin): $n node(s) listening"
 			cat "$CLUSTER_DIR"/courier/n*/cmd
+			if [ "$n" -gt 1 ]; then wait_courier_joined "$n" || return 1; fi
 			status_courier
 			echo "urls: $(urls_courier)"
 			echo "http: $(urls_courier http)"
-			if [ "$n" -gt 1 ]; then echo "(listening is not yet joined: see courier cluster status, or GET /api/nodes)"; fi
 			return
 		fi
 		sleep 0.1
 	done
 	echo "cluster.sh: the Courier nodes did not listen within 30s; logs in $CLUSTER_DIR/courier/n*/log" >&2
+	return 1
+}
+
+# courier_joined prints how many nodes node K's GET /api/nodes lists as
+# alive and how many of its links are up, as "ALIVE UP" ("0 0" if it
+# does not answer). Its own row lists a link to every other node, each
+# other row its link to that node: all joined, that is N alive and
+# 2(N-1) links up.
+courier_joined() {
+	local doc
+	doc=$(curl -fsS --max-time 2 "http://127.0.0.1:$(courier_http "$1")/api/nodes" 2>/dev/null || true)
+	echo "$(grep -o '"state": *"alive"' <<<"$doc" | wc -l) $(grep -o '"up": *true' <<<"$doc" | wc -l)"
+}
+
+# wait_courier_joined waits until every node sees every node alive and
+# its links up (at most 60 s); without curl it says it cannot tell.
+wait_courier_joined() { # n
+	local n=$1 k
+	if ! command -v curl >/dev/null 2>&1; then
+		echo "(no curl: listening is not yet joined; see courier cluster status, or GET /api/nodes)"
+		return 0
+	fi
+	for _ in $(seq 1 600); do
+		local joined=0
+		for k in $(seq 1 "$n"); do
+			read -r a u <<<"$(courier_joined "$k")"
+			if [ "$a" -ge "$n" ] && [ "$u" -ge $((2 * (n - 1))) ]; then joined=$((joined + 1)); fi
+		done
+		if [ "$joined" = "$n" ]; then
+			echo "courier: $n nodes joined: each lists $n alive and its $((n - 1)) links up (GET /api/nodes)"
+			return 0
+		fi
+		sleep 0.1
+	done
+	echo "cluster.sh: the Courier nodes did not all join within 60s; GET /api/nodes on each (alive, links up):" >&2
+	for k in $(seq 1 "$n"); do echo "  n$k: $(courier_joined "$k")" >&2; done
 	return 1
 }
 

@@ -46,6 +46,7 @@ type benchFlags struct {
 
 	parallel   []int         // reqresp
 	handlerURL string        // reqresp
+	embCross   bool          // reqresp
 	subURLs    []string      // pubsub
 	nodesHTTP  []string      // pubsub
 	mode       string        // pubsub
@@ -190,6 +191,7 @@ func addScenarioFlags(fs *pflag.FlagSet, f *benchFlags, sc bench.Scenario) {
 	case "reqresp":
 		fs.IntSliceVar(&f.parallel, "parallel", []int{2, 4, 10, 100}, "requesting goroutines of each parallel run")
 		fs.StringVar(&f.handlerURL, "handler-url", "", "connect the handlers to this server, such as another node of a cluster (the requesters stay on --url or --target)")
+		fs.BoolVar(&f.embCross, "embedded-cross", false, "embedded: run two nodes joined as a cluster in this process (node.ClusterConfig on 127.0.0.1:0), the requesters on one and the handlers on the other")
 	case "pubsub":
 		fs.StringVar(&f.mode, "mode", "fanout", "fanout (one publisher, many subscribers) or fanin (many publishers, one subscriber)")
 		fs.DurationVar(&f.drain, "drain", 3*time.Second, "how long to wait for deliveries that stopped coming before counting them lost")
@@ -271,7 +273,7 @@ func (f *benchFlags) config(cmd *cobra.Command, g *benchGlobal, sc bench.Scenari
 		Target: t, Size: f.size, Duration: f.duration, Publishers: f.publishers, Subscribers: f.subscribers,
 		Workers: f.workers, Rate: f.rate, Warmup: warmup, Interval: g.interval, ServerPID: g.serverPID,
 		Parallel: f.parallel, Drain: f.drain, Users: f.users, Mgmt: f.mgmt, Queue: f.queue,
-		HandlerURL: f.handlerURL, SubscriberURLs: f.subURLs, NodesHTTP: f.nodesHTTP,
+		HandlerURL: f.handlerURL, EmbeddedCross: f.embCross, SubscriberURLs: f.subURLs, NodesHTTP: f.nodesHTTP,
 	}
 	cfg.Queue.MaxRSS = f.maxRSSMB * 1e6
 	switch sc.Name {

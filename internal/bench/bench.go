@@ -245,6 +245,12 @@ type Config struct {
 	// NATS, the responders subscribe on this server and the requests
 	// are sent to Target's.
 	HandlerURL string
+	// EmbeddedCross, with an embedded target, runs two embedded nodes
+	// joined as a cluster in this process (node.ClusterConfig on
+	// 127.0.0.1:0): the requesters connect to the first, the
+	// request-response handlers to the second, so that each request
+	// crosses a node link there and back without a client socket.
+	EmbeddedCross bool
 	// SubscriberURLs, if set, are where the pub-sub subscribers
 	// connect, spread round-robin: subscriber i on
 	// SubscriberURLs[i%len(SubscriberURLs)]. The publishers stay on
@@ -401,6 +407,9 @@ func (c Config) Validate() error {
 // validateNodes checks HandlerURL, SubscriberURLs and NodesHTTP: only
 // with a Courier server or NATS target, and of the target's kind.
 func (c Config) validateNodes() error {
+	if c.EmbeddedCross && c.Target.Kind != KindEmbedded {
+		return fmt.Errorf("bench: two embedded nodes (--embedded-cross) run in this process, not against %s", c.Target)
+	}
 	urls := c.SubscriberURLs
 	if c.HandlerURL != "" {
 		urls = append([]string{c.HandlerURL}, urls...)
@@ -435,7 +444,9 @@ func (c Config) validateNodes() error {
 // spread reports whether the run's clients are spread over several
 // servers (a cluster), which then need time to learn each other's
 // handlers and subscribers.
-func (c Config) spread() bool { return c.HandlerURL != "" || len(c.SubscriberURLs) > 0 }
+func (c Config) spread() bool {
+	return c.HandlerURL != "" || len(c.SubscriberURLs) > 0 || c.EmbeddedCross
+}
 
 // subscriberURL is where subscriber i connects.
 func (c Config) subscriberURL(i int) string {

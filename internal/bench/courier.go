@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -20,6 +21,7 @@ import (
 type courierDriver struct {
 	cfg     *Config
 	node    *node.Node // nil for a server
+	nodeB   *node.Node // the handlers' node with EmbeddedCross, else nil
 	tempDir string     // the embedded node's, removed at close
 
 	mu      sync.Mutex // guards conns, reqConn, rr, pong, ps, asyncErr
@@ -46,6 +48,13 @@ func newCourierDriver(ctx context.Context, cfg *Config) (*courierDriver, error) 
 		}
 		d.tempDir = dir
 	}
+	if cfg.EmbeddedCross {
+		if err := d.startPair(ctx, dir); err != nil {
+			d.close()
+			return nil, err
+		}
+		return d, nil
+	}
 	n, err := node.Start(node.Config{Name: "bench", DataDir: dir, Log: cfg.Log, HTTP: cfg.embeddedHTTP})
 	if err != nil {
 		d.close()
@@ -55,17 +64,69 @@ func newCourierDriver(ctx context.Context, cfg *Config) (*courierDriver, error) 
 	return d, nil
 }
 
+// pairTimeout bounds how long two embedded nodes take to form a cluster.
+const pairTimeout = 60 * time.Second
+
+// startPair starts two embedded nodes, bench-a and bench-b, as a
+// cluster on loopback (each with its data under dir), and waits until
+// each lists the other alive with its links up and knows the metadata
+// group's leader. The requesters use bench-a, the handlers bench-b.
+func (d *courierDriver) startPair(ctx context.Context, dir string) error {
+	a, err := node.Start(node.Config{Name: "bench-a", DataDir: filepath.Join(dir, "a"), Log: d.cfg.Log, HTTP: d.cfg.embeddedHTTP,
+		Cluster: node.ClusterConfig{Listen: "127.0.0.1:0", BootstrapExpect: 2}})
+	if err != nil {
+		return fmt.Errorf("bench: embedded node bench-a: %w", err)
+	}
+	d.node = a
+	b, err := node.Start(node.Config{Name: "bench-b", DataDir: filepath.Join(dir, "b"), Log: d.cfg.Log,
+		Cluster: node.ClusterConfig{Listen: "127.0.0.1:0", Join: []string{a.ClusterAddr()}, BootstrapExpect: 2}})
+	if err != nil {
+		return fmt.Errorf("bench: embedded node bench-b: %w", err)
+	}
+	d.nodeB = b
+	ctx, cancel := context.WithTimeout(ctx, pairTimeout)
+	defer cancel()
+	for !pairFormed(a) || !pairFormed(b) {
+		sleepCtx(ctx, 20*time.Millisecond)
+		if ctx.Err() != nil {
+			return fmt.Errorf("bench: embedded nodes bench-a and bench-b did not form a cluster within %s", pairTimeout)
+		}
+	}
+	return nil
+}
+
+// pairFormed reports whether n sees its peer alive with its links up,
+// and knows the metadata group's leader.
+func pairFormed(n *node.Node) bool {
+	f, m := n.Fabric(), n.Meta()
+	if f == nil || m == nil || m.Leader() == "" {
+		return false
+	}
+	up := 0
+	for _, p := range f.Members() {
+		if !p.Self && p.State == "alive" && p.Link.Up {
+			up++
+		}
+	}
+	return up == 1
+}
+
 // connect opens a Conn to the target: in-process for an embedded node,
 // else over TCP.
 func (d *courierDriver) connect(ctx context.Context, name string) (*courier.Conn, error) {
 	return d.connectTo(ctx, d.cfg.Target.URL, name)
 }
 
+// handlerNode is the url connectTo takes for the second embedded node.
+const handlerNode = "embedded:bench-b"
+
 // connectTo opens a Conn to the server at url (another node of the
 // target's cluster); in-process for an embedded node, whatever url.
 func (d *courierDriver) connectTo(ctx context.Context, url, name string) (*courier.Conn, error) {
 	var c *courier.Conn
-	if d.node != nil {
+	if d.nodeB != nil && url == handlerNode {
+		c = d.nodeB.Connect()
+	} else if d.node != nil {
 		c = d.node.Connect()
 	} else {
 		var err error
@@ -90,7 +151,11 @@ func (d *courierDriver) connectTo(ctx context.Context, url, name string) (*couri
 func (d *courierDriver) serve(ctx context.Context, n int, pong []byte) error {
 	name := names("reqresp")
 	for i := range n {
-		hc, err := d.connectTo(ctx, d.cfg.handlerURL(), fmt.Sprintf("bench-handler-%d", i))
+		url := d.cfg.handlerURL()
+		if d.nodeB != nil {
+			url = handlerNode
+		}
+		hc, err := d.connectTo(ctx, url, fmt.Sprintf("bench-handler-%d", i))
 		if err != nil {
 			return err
 		}
@@ -382,6 +447,9 @@ func (d *courierDriver) close() error {
 	}
 	for _, c := range conns {
 		c.Close()
+	}
+	if d.nodeB != nil {
+		d.nodeB.Close()
 	}
 	if d.node != nil {
 		d.node.Close()

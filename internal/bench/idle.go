@@ -63,6 +63,12 @@ type IdleResult struct {
 	What      string `json:"what"` // "exchanges" or "subscriptions"
 	// DeclareSeconds is how long declaring them all took.
 	DeclareSeconds float64 `json:"declare_seconds"`
+	// Declare is the latency of each declaration (Courier only: each
+	// is one call that returns once the node it was made on has applied
+	// it, in a cluster through the metadata group), with setupWorkers
+	// of them in flight at a time. NATS subscriptions are not
+	// acknowledged one by one.
+	Declare *Latency `json:"declare_latency,omitempty"`
 	// Window and Settle are in seconds.
 	Window float64     `json:"window_s"`
 	Settle float64     `json:"settle_s"`
@@ -243,12 +249,24 @@ func declareCourier(ctx context.Context, cfg IdleConfig, res *IdleResult) error 
 		conns[i] = c
 		res.conns = append(res.conns, c)
 	}
-	return forEach(ctx, cfg.Exchanges, func(i int) error {
+	took := make([]time.Duration, cfg.Exchanges)
+	err := forEach(ctx, cfg.Exchanges, func(i int) error {
+		start := time.Now()
 		if _, err := conns[i%len(conns)].PubSub(ctx, idleName(i)); err != nil {
 			return fmt.Errorf("bench: declare %s: %w", idleName(i), err)
 		}
+		took[i] = time.Since(start)
 		return nil
 	})
+	if err == nil {
+		h := newHist()
+		for _, d := range took {
+			record(h, d)
+		}
+		l := latencyOf(h)
+		res.Declare = &l
+	}
+	return err
 }
 
 // deleteCourier deletes what declareCourier declared, each exchange
@@ -308,6 +326,10 @@ func (res *IdleResult) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "\nDeclared %d %s in ~%.1f seconds; settled %.1f s; CPU over %.1f s windows (/proc/PID/stat utime+stime, 10 ms ticks)\n",
 		res.Exchanges, res.What, res.DeclareSeconds, res.Settle, res.Window)
+	if d := res.Declare; d != nil && res.DeclareSeconds > 0 {
+		fmt.Fprintf(&b, "Declare rate %.0f/s (%d declarers in flight); each declare p50 %.2f ms, p99 %.2f ms, max %.2f ms\n",
+			float64(res.Exchanges)/res.DeclareSeconds, min(setupWorkers, res.Exchanges), d.P50/1e3, d.P99/1e3, d.Max/1e3)
+	}
 	mb := func(v int64) string { return fmt.Sprintf("%.1f", float64(v)/1e6) }
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	baseline := len(res.Nodes) > 0 && res.Nodes[0].Before != nil

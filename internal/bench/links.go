@@ -86,25 +86,48 @@ func isCopyPath(path string) bool {
 	return false
 }
 
-// Copies sums, by sending node, the sent-frame or sent-message fields
-// ([isCopyPath]) over the publications minus their idle moves, divided
-// by the publications: the copies of one publication that crossed the
-// links. A field reported by several nodes is counted once. The node is
-// the first part of the path.
+// Copies sums, by sending node, the copies of one publication that
+// crossed the links ([LinkReport.CopiesByLink]).
 func (rep *LinkReport) Copies() map[string]float64 {
-	byPath := map[string]float64{}
+	out := map[string]float64{}
+	for path, v := range rep.CopiesByLink() {
+		node, _, _ := strings.Cut(path, ".")
+		out[node] += v
+	}
+	return out
+}
+
+// CopiesByLink returns, for each sent-frame or sent-message field
+// ([isCopyPath]), its move over the publications less the link's
+// heartbeats, divided by the publications: the copies of one
+// publication sent on that link. A field reported by several nodes is
+// counted once.
+//
+// Heartbeats: Courier's node links are pairs, control and data, each
+// sending a PING every heartbeat and a PONG for each it receives; with
+// nothing else on the control link while subscriptions stand still, the
+// control link's frames_out over the same window are the data link's
+// heartbeats, to the frame. A field with such a sibling (".data." for
+// ".control.") is corrected by the sibling's move; any other by its own
+// move over the idle window, which may differ by a heartbeat or two.
+func (rep *LinkReport) CopiesByLink() map[string]float64 {
+	delta := map[string]float64{}
+	for _, c := range rep.Counters {
+		delta[c.Path] = c.Delta
+	}
+	out := map[string]float64{}
 	for _, c := range rep.Counters {
 		if !isCopyPath(c.Path) {
 			continue
 		}
-		if v, ok := byPath[c.Path]; !ok || c.Delta-c.Idle > v {
-			byPath[c.Path] = c.Delta - c.Idle
+		v := c.Delta - c.Idle
+		if sibling := strings.Replace(c.Path, ".data.", ".control.", 1); sibling != c.Path {
+			v = c.Delta - delta[sibling] // absent: it did not move at all
 		}
-	}
-	out := map[string]float64{}
-	for path, v := range byPath {
-		node, _, _ := strings.Cut(path, ".")
-		out[node] += v / float64(max(rep.Publications, 1))
+		v /= float64(max(rep.Publications, 1))
+		if old, ok := out[c.Path]; !ok || v > old {
+			out[c.Path] = v
+		}
 	}
 	return out
 }
@@ -313,23 +336,41 @@ func (rep *LinkReport) add(node, self string, s0, s1, s2 map[string]float64) {
 	}
 }
 
-// Lines describe the report: the fields that moved otherwise than
-// when idle, then the copies per publication:
+// Lines describe the report: the fields that moved beyond heartbeats
+// (a data link's field otherwise than its control sibling, any other
+// otherwise than when idle), then the copies per publication:
 //
-//	Link counters over 20 publications (GET /api/nodes, 0.5 s windows; 40 link fields, 3 moved otherwise than when idle, 8 as when idle):
-//	  http://127.0.0.1:7481  n1.links[n2].data.frames_out  +22  (idle +2)
+//	Link counters over 20 publications (GET /api/nodes, 0.5 s windows; 40 link fields, 2 moved beyond heartbeats):
+//	  http://127.0.0.1:7481  n1.links[n2].data.frames_out  +22  (heartbeats +2, idle +2)
 func (rep *LinkReport) Lines() []string {
-	var moved []LinkCounter
+	delta := map[string]float64{}
 	for _, c := range rep.Counters {
-		if c.Delta != c.Idle {
-			moved = append(moved, c)
+		delta[c.Path] = c.Delta
+	}
+	// A data link's field moved beyond its heartbeats when it moved
+	// otherwise than its control sibling; any other field, otherwise
+	// than when idle.
+	beyond := func(c LinkCounter) (float64, string) {
+		if sibling := strings.Replace(c.Path, ".data.", ".control.", 1); sibling != c.Path {
+			return c.Delta - delta[sibling], fmt.Sprintf("heartbeats %s, idle %s", signed(delta[sibling]), signed(c.Idle))
+		}
+		if strings.Contains(c.Path, ".control.") {
+			data := strings.Replace(c.Path, ".control.", ".data.", 1)
+			if _, ok := delta[data]; ok {
+				return 0, "" // the heartbeats of its data sibling
+			}
+		}
+		return c.Delta - c.Idle, "idle " + signed(c.Idle)
+	}
+	var moved []string
+	for _, c := range rep.Counters {
+		if v, note := beyond(c); v != 0 {
+			moved = append(moved, fmt.Sprintf("  %s  %s  %s  (%s)", c.Node, c.Path, signed(c.Delta), note))
 		}
 	}
-	out := []string{fmt.Sprintf("Link counters over %d publications (GET /api/nodes, %.1f s windows; %d link fields, %d moved otherwise than when idle, %d as when idle):",
-		rep.Publications, rep.Window, rep.Found, len(moved), len(rep.Counters)-len(moved))}
-	for _, c := range moved {
-		out = append(out, fmt.Sprintf("  %s  %s  %s  (idle %s)", c.Node, c.Path, signed(c.Delta), signed(c.Idle)))
-	}
+	out := []string{fmt.Sprintf("Link counters over %d publications (GET /api/nodes, %.1f s windows; %d link fields, %d moved beyond heartbeats):",
+		rep.Publications, rep.Window, rep.Found, len(moved))}
+	out = append(out, moved...)
 	for _, n := range rep.Notes {
 		out = append(out, "  "+n)
 	}
@@ -343,7 +384,22 @@ func (rep *LinkReport) Lines() []string {
 		for i, n := range nodes {
 			parts[i] = n + " " + signed(copies[n])
 		}
-		out = append(out, "Copies of one publication sent on the links (sent frames or messages, minus idle, per publication), by node: "+strings.Join(parts, ", "))
+		out = append(out, "Copies of one publication sent on the links (sent data frames less heartbeats, per publication), by node: "+strings.Join(parts, ", "))
+		byLink := rep.CopiesByLink()
+		links := make([]string, 0, len(byLink))
+		for p, v := range byLink {
+			if v != 0 {
+				links = append(links, p)
+			}
+		}
+		slices.Sort(links)
+		for i, p := range links {
+			links[i] = p + " " + signed(byLink[p])
+		}
+		if len(links) == 0 {
+			links = []string{"none"}
+		}
+		out = append(out, "  by link (those not 0): "+strings.Join(links, ", "))
 	}
 	return out
 }

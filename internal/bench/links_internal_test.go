@@ -67,8 +67,8 @@ func TestMeasureLinks(t *testing.T) {
 	}
 	text := strings.Join(rep.Lines(), "\n")
 	if !strings.Contains(text, "n1.cluster_links[n2].send_msgs  +4  (idle +0)") ||
-		!strings.Contains(text, "over 4 publications") || !strings.Contains(text, "4 link fields, 2 moved otherwise than when idle, 2 as when idle") ||
-		strings.Contains(text, "heartbeats") || !strings.Contains(text, "by node: n1 +2") {
+		!strings.Contains(text, "over 4 publications") || !strings.Contains(text, "4 link fields, 2 moved beyond heartbeats") ||
+		strings.Contains(text, "].heartbeats") || !strings.Contains(text, "by node: n1 +2") {
 		t.Errorf("lines:\n%s", text)
 	}
 }
@@ -134,9 +134,10 @@ func TestLinkCopies(t *testing.T) {
 			{"name":"n2","http_url":"http://127.0.0.1:7482","links":[{"peer":"n2","control":{"frames_out":%d},"data":{"frames_out":%d}}]}]`,
 			control, control*40, data, data*200, control, data, control, data)
 	}
-	// Over 10 publications: data +12 (10 copies, 2 heartbeats), control
-	// +2; idle: data +2, control +2.
-	reads := []string{doc(100, 50), doc(112, 52), doc(114, 54)}
+	// Over 10 publications: data +13 (10 copies, 3 heartbeats), control
+	// +3 (the same heartbeats); idle: data +2, control +2. The control
+	// link's move, not the idle window's, is the data link's heartbeats.
+	reads := []string{doc(100, 50), doc(113, 53), doc(115, 55)}
 	rep := &LinkReport{Publications: 10}
 	var snaps []map[string]float64
 	var self string
@@ -163,7 +164,9 @@ func TestLinkCopies(t *testing.T) {
 		t.Errorf("copies %v, want n1: 2 (one per peer and publication, control links left out)", copies)
 	}
 	text := strings.Join(rep.Lines(), "\n")
-	if !strings.Contains(text, "by node: n1 +2") || !strings.Contains(text, "n1.links[n2].data.frames_out  +12  (idle +2)") || strings.Contains(text, "control.frames_out") {
+	if !strings.Contains(text, "by node: n1 +2") || !strings.Contains(text, "n1.links[n2].data.frames_out  +13  (heartbeats +3, idle +2)") ||
+		!strings.Contains(text, "by link (those not 0): n1.links[n2].data.frames_out +1, n1.links[n3].data.frames_out +1") ||
+		strings.Contains(text, "control.frames_out  +") || strings.Contains(text, "control.frames_out +") {
 		t.Errorf("lines:\n%s", text)
 	}
 	for path, want := range map[string]bool{"n1.links[n2].data.frames_out": true, "n1.links[n2].control.frames_out": false,

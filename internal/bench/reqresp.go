@@ -77,6 +77,9 @@ func RunReqResp(ctx context.Context, cfg Config) (*ReqRespResult, error) {
 	}
 	res := &ReqRespResult{Report: newReport("reqresp", &cfg), Warmup: max(cfg.Warmup, 0), Workers: cfg.Workers,
 		HandlerURL: redact(cfg.HandlerURL)}
+	if cfg.EmbeddedCross {
+		res.HandlerURL = "a second embedded node (bench-b, joined to the requesters' bench-a as a cluster)"
+	}
 	err := runReqResp(ctx, &cfg, res)
 	if err != nil {
 		res.Error = err.Error()

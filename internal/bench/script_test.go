@@ -2,7 +2,9 @@ package bench_test
 
 import (
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -124,4 +126,87 @@ func TestClusterScriptNATS(t *testing.T) {
 	if _, err := os.Stat(state); !os.IsNotExist(err) {
 		t.Errorf("the state directory is still there: %v", err)
 	}
+}
+
+// courierPorts returns bases for cluster.sh's Courier ports such that
+// node 1 to n's client (base+10K), HTTP and cluster ports (base+K) were
+// free a moment ago.
+func courierPorts(t *testing.T, n int) (client, http, clus int) {
+	t.Helper()
+	free := func(p int) bool {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			return false
+		}
+		l.Close()
+		return true
+	}
+	for range 100 {
+		base := portBase(t, 1)
+		ok := base+10*n <= 65535
+		for k := 1; ok && k <= n; k++ {
+			ok = free(base + 10*k)
+		}
+		if ok {
+			return base, portBase(t, n), portBase(t, n)
+		}
+	}
+	t.Fatal("no free ports")
+	return 0, 0, 0
+}
+
+// start courier 2 returns once both nodes list each other alive with
+// their links up, so that a benchmark started next finds a cluster.
+func TestClusterScriptCourier(t *testing.T) {
+	for _, bin := range []string{"bash", "curl", "go"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s is not installed", bin)
+		}
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "courier")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/courier").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	client, httpBase, clus := courierPorts(t, 2)
+	env := []string{"CLUSTER_DIR=" + filepath.Join(dir, "state"), "COURIER_BIN=" + bin,
+		fmt.Sprintf("COURIER_BASE=%d", client), fmt.Sprintf("COURIER_HTTP_BASE=%d", httpBase), fmt.Sprintf("COURIER_CLUSTER_BASE=%d", clus)}
+	t.Cleanup(func() { clusterScript(t, env, "stop", "courier") })
+	out, err := clusterScript(t, env, "start", "courier", "2")
+	if err != nil {
+		t.Fatalf("start courier 2: %v\n%s", err, out)
+	}
+	t.Logf("start:\n%s", out)
+	if !strings.Contains(out, "2 nodes joined") {
+		t.Errorf("start did not wait for the nodes to join")
+	}
+	for k := 1; k <= 2; k++ {
+		resp, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/api/nodes", httpBase+k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Count(resp, `"state":"alive"`) != 2 || strings.Count(resp, `"up":true`) < 2 {
+			t.Errorf("node %d right after start: %s", k, resp)
+		}
+	}
+	urls, err := clusterScript(t, env, "urls", "courier")
+	want := fmt.Sprintf("courier://127.0.0.1:%d,courier://127.0.0.1:%d", client+10, client+20)
+	if err != nil || strings.TrimSpace(urls) != want {
+		t.Errorf("urls: %q, %v; want %s", urls, err, want)
+	}
+	out, err = clusterScript(t, env, "stop", "courier")
+	if err != nil || strings.Count(out, "stopped") != 2 {
+		t.Errorf("stop: %v\n%s", err, out)
+	}
+}
+
+// httpGet returns the body of a GET.
+func httpGet(url string) (string, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return string(b), err
 }
