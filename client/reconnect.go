@@ -188,8 +188,9 @@ func (t *transport) hold(f *wire.Frame, from *link) error {
 	}
 	if !isData(f) {
 		t.mu.Unlock()
+		typ := f.Type // f goes back to the pool: read it first
 		f.Release()
-		return fmt.Errorf("client: %s: %w", f.Type, courier.ErrConnectionLost)
+		return fmt.Errorf("client: %s: %w", typ, courier.ErrConnectionLost)
 	}
 	n := frameSize(f)
 	if t.opts.ReconnectBufSize < 0 || t.heldBytes+n > t.opts.ReconnectBufSize {
