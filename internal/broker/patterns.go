@@ -157,7 +157,9 @@ func (ex *Exchange) closeSubs() []*Attachment {
 	subs = slices.DeleteFunc(subs, (*Attachment).isPeerSub)
 	ex.closeInterest()
 	ex.b.countPatterns(nil, 0, -ex.subs.nodes, -ex.subs.mapped)
-	ex.subs = newTopicTree()
+	// Emptied in place: ex.subs itself never changes once set, since
+	// code outside subMu reads it to tell a pub-sub exchange.
+	*ex.subs = *newTopicTree()
 	ex.subsClosed = true
 	ex.cache = make(map[string][]*Attachment)
 	ex.nsubs = 0
