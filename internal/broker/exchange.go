@@ -202,28 +202,7 @@ func (ex *Exchange) compileStrategy() error {
 
 // matches checks a declaration against this existing exchange.
 func (ex *Exchange) matches(spec Spec) error {
-	c := spec.ExchangeConfig
-	clash := func(what, have, want string) error {
-		return wire.Errorf(wire.CodeClash, "exchange %q exists with %s %q, not %q", ex.name, what, have, want)
-	}
-	switch {
-	case c.Pattern != "" && c.Pattern != ex.cfg.Pattern:
-		return clash("pattern", ex.cfg.Pattern, c.Pattern)
-	case c.Strategy != "" && c.Strategy != ex.cfg.Strategy:
-		return clash("strategy", ex.cfg.Strategy, c.Strategy)
-	case c.KeyExpr != "" && c.KeyExpr != ex.cfg.KeyExpr:
-		return clash("key_expr", ex.cfg.KeyExpr, c.KeyExpr)
-	case c.RouteExpr != "" && c.RouteExpr != ex.cfg.RouteExpr:
-		return clash("route_expr", ex.cfg.RouteExpr, c.RouteExpr)
-	case c.Controlled && !ex.cfg.Controlled:
-		return clash("controlled", "false", "true")
-	case c.Transient && !ex.cfg.Transient:
-		return clash("transient", "false", "true")
-	}
-	if ex.tq != nil {
-		return ex.taskMatches(c)
-	}
-	return nil
+	return ex.cfg.Clash(ex.name, spec.ExchangeConfig)
 }
 
 // Name returns the exchange's name.

@@ -183,33 +183,6 @@ func (tq *taskQueue) full(size int) bool {
 	}
 }
 
-// taskMatches checks the task options of a declaration against ex.
-func (ex *Exchange) taskMatches(c wire.ExchangeConfig) error {
-	have := ex.cfg
-	clash := func(what string, h, w any) error {
-		return wire.Errorf(wire.CodeClash, "exchange %q exists with %s %v, not %v", ex.name, what, h, w)
-	}
-	switch {
-	case c.MaxAttempts != 0 && c.MaxAttempts != have.MaxAttempts:
-		return clash("max_attempts", have.MaxAttempts, c.MaxAttempts)
-	case c.TTLMS != 0 && c.TTLMS != have.TTLMS:
-		return clash("ttl_ms", have.TTLMS, c.TTLMS)
-	case c.BackoffMS != 0 && c.BackoffMS != have.BackoffMS:
-		return clash("backoff_ms", have.BackoffMS, c.BackoffMS)
-	case c.BackoffMaxMS != 0 && c.BackoffMaxMS != have.BackoffMaxMS:
-		return clash("backoff_max_ms", have.BackoffMaxMS, c.BackoffMaxMS)
-	case c.DeadLetter != "" && c.DeadLetter != have.DeadLetter:
-		return clash("dead_letter", have.DeadLetter, c.DeadLetter)
-	case c.MaxLength != 0 && c.MaxLength != have.MaxLength:
-		return clash("max_length", have.MaxLength, c.MaxLength)
-	case c.MaxBytes != 0 && c.MaxBytes != have.MaxBytes:
-		return clash("max_bytes", have.MaxBytes, c.MaxBytes)
-	case c.Overflow != "" && c.Overflow != have.Overflow:
-		return clash("overflow", have.Overflow, c.Overflow)
-	}
-	return nil
-}
-
 // newTaskQueue makes the queue of a task exchange or a durable
 // subscription, journaled when durable and the broker has a store. rb,
 // if not nil, rebuilds it from the store's records.

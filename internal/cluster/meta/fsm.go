@@ -273,52 +273,10 @@ func normalize(name string, cfg *wire.ExchangeConfig) error {
 	return nil
 }
 
-// matches is broker's Exchange.matches on the stored configuration: a
-// declaration that names another pattern or other options clashes.
+// matches judges a declaration against the stored configuration, as
+// every node's broker does ([wire.ExchangeConfig.Clash]).
 func matches(ex Exchange, c wire.ExchangeConfig) error {
-	have := ex.Config
-	clash := func(what string, h, w any) error {
-		if hs, ok := h.(string); ok {
-			return wire.Errorf(wire.CodeClash, "exchange %q exists with %s %q, not %q", ex.Name, what, hs, w)
-		}
-		return wire.Errorf(wire.CodeClash, "exchange %q exists with %s %v, not %v", ex.Name, what, h, w)
-	}
-	switch {
-	case c.Pattern != "" && c.Pattern != have.Pattern:
-		return clash("pattern", have.Pattern, c.Pattern)
-	case c.Strategy != "" && c.Strategy != have.Strategy:
-		return clash("strategy", have.Strategy, c.Strategy)
-	case c.KeyExpr != "" && c.KeyExpr != have.KeyExpr:
-		return clash("key_expr", have.KeyExpr, c.KeyExpr)
-	case c.RouteExpr != "" && c.RouteExpr != have.RouteExpr:
-		return clash("route_expr", have.RouteExpr, c.RouteExpr)
-	case c.Controlled && !have.Controlled:
-		return clash("controlled", "false", "true")
-	case c.Transient && !have.Transient:
-		return clash("transient", "false", "true")
-	}
-	if have.Pattern != wire.PatternTasks {
-		return nil
-	}
-	switch {
-	case c.MaxAttempts != 0 && c.MaxAttempts != have.MaxAttempts:
-		return clash("max_attempts", have.MaxAttempts, c.MaxAttempts)
-	case c.TTLMS != 0 && c.TTLMS != have.TTLMS:
-		return clash("ttl_ms", have.TTLMS, c.TTLMS)
-	case c.BackoffMS != 0 && c.BackoffMS != have.BackoffMS:
-		return clash("backoff_ms", have.BackoffMS, c.BackoffMS)
-	case c.BackoffMaxMS != 0 && c.BackoffMaxMS != have.BackoffMaxMS:
-		return clash("backoff_max_ms", have.BackoffMaxMS, c.BackoffMaxMS)
-	case c.DeadLetter != "" && c.DeadLetter != have.DeadLetter:
-		return clash("dead_letter", have.DeadLetter, c.DeadLetter)
-	case c.MaxLength != 0 && c.MaxLength != have.MaxLength:
-		return clash("max_length", have.MaxLength, c.MaxLength)
-	case c.MaxBytes != 0 && c.MaxBytes != have.MaxBytes:
-		return clash("max_bytes", have.MaxBytes, c.MaxBytes)
-	case c.Overflow != "" && c.Overflow != have.Overflow:
-		return clash("overflow", have.Overflow, c.Overflow)
-	}
-	return nil
+	return ex.Config.Clash(ex.Name, c)
 }
 
 func admins(users map[string]auth.User) int {
