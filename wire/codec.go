@@ -257,19 +257,39 @@ func (d *decoder) bytes(what string) []byte {
 }
 
 // Reader reads frames from a stream. It is not safe for concurrent use.
+//
+// Its buffer follows the traffic, as nats-server's read buffers do: it
+// starts at [minReadBuf], doubles (up to [maxReadBuf]) after a read
+// that filled it, and halves after [shrinkAfter] reads in a row that
+// used less than a quarter of it, so that an idle connection holds a
+// few hundred bytes and a busy one reads 64 KiB at a time. Bodies are
+// copied into arena chunks sized like the buffer, so the small bodies an
+// idle connection's frames leave behind (names, patterns) keep small
+// chunks alive, not 64 KiB ones.
 type Reader struct {
 	r      io.Reader
 	buf    []byte
 	start  int
 	end    int
 	max    int
+	want   int // the size the buffer takes when next it is empty
+	small  int // reads in a row that used under a quarter of the buffer
 	arena  []byte
 	intern interner
 }
 
+// The read buffer's bounds (see [Reader]); a frame larger than
+// maxReadBuf gets a buffer of its size while it is read.
+const (
+	minReadBuf  = 512
+	maxReadBuf  = 64 << 10
+	maxKeptBuf  = 256 << 10 // a buffer grown for large frames keeps up to this
+	shrinkAfter = 8
+)
+
 // NewReader returns a Reader on r that refuses frames larger than max bytes.
 func NewReader(r io.Reader, max int) *Reader {
-	return &Reader{r: r, buf: make([]byte, 64<<10), max: max, intern: interner{m: make(map[string]string)}}
+	return &Reader{r: r, buf: make([]byte, minReadBuf), want: minReadBuf, max: max, intern: interner{m: make(map[string]string)}}
 }
 
 // SetMax changes the largest accepted frame, as after a handshake.
@@ -327,7 +347,7 @@ func (r *Reader) carve(b []byte) []byte {
 		return append([]byte(nil), b...)
 	}
 	if len(r.arena) < len(b) {
-		r.arena = make([]byte, 64<<10)
+		r.arena = make([]byte, max(4*len(b), min(len(r.buf), maxReadBuf)))
 	}
 	c := r.arena[:len(b):len(b)]
 	copy(c, b)
@@ -340,18 +360,28 @@ func (r *Reader) fill(n int) error {
 	if r.end-r.start >= n {
 		return nil
 	}
-	if n > len(r.buf) {
-		nb := make([]byte, max(n, 2*len(r.buf)))
+	switch {
+	case r.start == r.end && len(r.buf) != r.want && n <= r.want:
+		// Empty: resize for free, to what the traffic asked for.
+		r.buf, r.start, r.end = make([]byte, r.want), 0, 0
+	case n > len(r.buf) || r.start+n > len(r.buf) && r.want > len(r.buf):
+		// Too small for the frame, or to be grown anyway: move what is
+		// buffered to a larger buffer, and keep that size for the next
+		// large frame, up to the size given back below.
+		nb := make([]byte, max(n, r.want))
 		r.end = copy(nb, r.buf[r.start:r.end])
 		r.start = 0
 		r.buf = nb
-	} else if r.start+n > len(r.buf) {
+		r.want = max(r.want, min(len(nb), maxKeptBuf))
+	case r.start+n > len(r.buf):
 		r.end = copy(r.buf, r.buf[r.start:r.end])
 		r.start = 0
 	}
 	for empty := 0; r.end-r.start < n; {
+		room := len(r.buf) - r.end
 		m, err := r.r.Read(r.buf[r.end:])
 		r.end += m
+		r.adapt(m, room)
 		if m == 0 && err == nil {
 			if empty++; empty == 100 {
 				return io.ErrNoProgress
@@ -369,13 +399,33 @@ func (r *Reader) fill(n int) error {
 		}
 	}
 	// Give back a large buffer once it has drained.
-	if len(r.buf) > 256<<10 && r.end-r.start < 64<<10 && n <= 64<<10 {
-		nb := make([]byte, 64<<10)
+	if len(r.buf) > maxKeptBuf && r.end-r.start < maxReadBuf && n <= maxReadBuf {
+		r.want = min(r.want, maxKeptBuf)
+		nb := make([]byte, r.want)
 		r.end = copy(nb, r.buf[r.start:r.end])
 		r.start = 0
 		r.buf = nb
 	}
 	return nil
+}
+
+// adapt sets the size the buffer takes when next it is empty, from a
+// read of m bytes into room: double after a read that filled the room,
+// halve after shrinkAfter reads in a row that used under a quarter of
+// the buffer.
+func (r *Reader) adapt(m, room int) {
+	switch {
+	case m == room && m > 0:
+		r.small = 0
+		r.want = max(r.want, min(2*len(r.buf), maxReadBuf))
+	case m < len(r.buf)/4:
+		if r.small++; r.small >= shrinkAfter && r.want > minReadBuf {
+			r.want = max(r.want/2, minReadBuf)
+			r.small = 0
+		}
+	default:
+		r.small = 0
+	}
 }
 
 // Check reports whether f would decode on the other side: a known type
