@@ -92,6 +92,7 @@ func (h *Heartbeat) check() {
 		return
 	}
 	if hb > 0 && now.Sub(h.lastWrite()) >= hb {
+		h.Out.Trim() // quiet for an interval: let a burst's buffers go
 		h.nonce++
 		h.Out.Put(&Frame{Type: TypePing, Ref: h.nonce}, Control, 0)
 	}

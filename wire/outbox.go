@@ -131,6 +131,29 @@ func (o *Outbox) Expire(t time.Time) {
 	}
 }
 
+// quietBuf is the largest buffer [Outbox.Trim] leaves to a quiet
+// connection.
+const quietBuf = 4 << 10
+
+// Trim gives back the outbox's buffers when nothing waits in them and
+// no write is in progress: a connection gone quiet after a burst (a
+// subscriber after a fan-out) keeps no buffers of hundreds of KiB.
+// [Heartbeat] calls it once nothing was written for an interval.
+func (o *Outbox) Trim() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.writing || len(o.buf) > 0 {
+		return
+	}
+	if cap(o.buf) > quietBuf {
+		o.buf = nil
+	}
+	if cap(o.spare) > quietBuf {
+		o.spare = nil
+	}
+	o.idle = 0
+}
+
 // SetMax changes the largest frame accepted, after a handshake.
 func (o *Outbox) SetMax(maxFrame int) {
 	o.mu.Lock()

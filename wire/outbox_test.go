@@ -328,3 +328,44 @@ func TestFlushBatchWhileClosing(t *testing.T) {
 		}
 	}
 }
+
+// TestTrimGivesBackBurstBuffers checks that a quiet outbox lets go of
+// the buffers a burst grew, and keeps working after.
+func TestTrimGivesBackBurstBuffers(t *testing.T) {
+	w := &countingWriter{}
+	o := NewOutbox(w, DefaultMaxFrame, 1<<20)
+	body := bytes.Repeat([]byte{'x'}, 1000)
+	for range 2 { // two bursts, so that both buffers are grown
+		for i := range 200 {
+			if err := o.Put(&Frame{Type: TypeMessage, Ref: uint64(i), Body: body}, Data, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := o.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o.mu.Lock()
+	held := cap(o.buf) + cap(o.spare)
+	o.mu.Unlock()
+	if held < 100<<10 {
+		t.Fatalf("after the bursts the outbox holds %d bytes of buffers; the test wants them grown", held)
+	}
+	o.Trim()
+	o.mu.Lock()
+	held = cap(o.buf) + cap(o.spare)
+	o.mu.Unlock()
+	if held > 2*quietBuf {
+		t.Errorf("after Trim the outbox holds %d bytes of buffers, want at most %d", held, 2*quietBuf)
+	}
+	before := w.count()
+	if err := o.Put(&Frame{Type: TypeMessage, Ref: 1, Body: body}, Data, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if w.count() <= before {
+		t.Error("nothing written after Trim")
+	}
+}
