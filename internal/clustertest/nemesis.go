@@ -366,13 +366,14 @@ func Run(ctx context.Context, c *Cluster, s Schedule) (int, error) {
 	return s.Count, nil
 }
 
-// sleepCtx sleeps for d or until ctx ends; false if ctx ended.
+// sleepCtx sleeps for d or until ctx ends; false if ctx ended. An
+// ended ctx wins over a timer that fired too: select would pick either.
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return true
+		return ctx.Err() == nil
 	case <-ctx.Done():
 		return false
 	}
