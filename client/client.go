@@ -179,7 +179,9 @@ func ParseURL(raw string) (addr string, u *url.URL, err error) {
 }
 
 // IsTLS reports whether a URL parsed by [ParseURL] asks for TLS.
-func IsTLS(u *url.URL) bool { return u.Scheme == SchemeTLS || u.Scheme == "tls" || u.Scheme == SchemeWSS }
+func IsTLS(u *url.URL) bool {
+	return u.Scheme == SchemeTLS || u.Scheme == "tls" || u.Scheme == SchemeWSS
+}
 
 // URLs is a list of servers parsed by [ParseURLs]: one scheme and one
 // userinfo for them all.
