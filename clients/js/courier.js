@@ -17,6 +17,7 @@ const HANDSHAKE_MAX_FRAME = 64 << 10;
 const FRAME_SLACK = 64 << 10;
 const ROLE = Object.freeze({ handler: 1, subscriber: 2, controller: 3, worker: 4 });
 const EVENT_KINDS = Object.freeze({ 1: 'leader', 2: 'member-up', 3: 'member-down', 4: 'subscriptions', 5: 'detached' });
+const TASK_EVENTS = Object.freeze({ 1: 'progress', 2: 'retry', 3: 'completed', 4: 'failed' });
 const textDecoder = new TextDecoder();
 
 /** CourierError is an error the server (or the connection) reported, with its code (docs/protocol.md §11). */
@@ -69,6 +70,7 @@ export class Connection {
     this._ops = new Map(); // ref → {resolve, reject}
     this._requests = new Map(); // request id → request state
     this._attachments = new Map(); // attach id → Attachment
+    this._watches = new Map(); // SUBMIT's or WATCH's ref → fn(event)
     this._credit = 0;
     this._creditWaiters = [];
     this._closed = false;
@@ -159,7 +161,9 @@ export class Connection {
         this._lastError = new CourierError(Number(f.aux), f.tag || 'the server closed the connection');
         return;
       case Type.RESPONSE: return this._response(f);
-      case Type.REQUEST: case Type.CANCEL: case Type.MESSAGE: case Type.EVENT: case Type.ANSWER: {
+      case Type.TASKEVENT: return this._taskEvent(f);
+      case Type.REQUEST: case Type.CANCEL: case Type.MESSAGE: case Type.EVENT: case Type.ANSWER:
+      case Type.TASK: case Type.SUBREQUEST: {
         const a = this._attachments.get(Number(f.attach));
         if (a) a._frame(f);
         return;
@@ -379,6 +383,85 @@ export class Connection {
     await this._op(f);
   }
 
+  /**
+   * control attaches as a controller of a controlled (inverted) pub-sub
+   * exchange (§8). fn(sub) decides on each subscription: sub.member is
+   * the subscriber ({id, role, conn_tag, options}), sub.patterns what it
+   * asks for; fn returns (or resolves to) true to accept, false or a
+   * string (the reason) to refuse, or {patterns} to narrow. A throw
+   * refuses with its message. Resolves to the Attachment, whose
+   * subscribeFor and unsubscribeFor act on a subscriber's behalf.
+   */
+  control(exchange, fn, opts = {}) {
+    return this._attachAs(exchange, 'controller', opts, { subrequest: fn });
+  }
+
+  /**
+   * submit submits a task to a task exchange (§10). Options: key,
+   * priority (0–9), headers, due (a Date or Unix ms), ttlMs, confirm
+   * (resolve to the task id once it is durable), onEvent(ev) (watch the
+   * task: ev.kind is progress, retry, completed or failed; ev.last marks
+   * the end; implies confirm). Without confirm nor onEvent it resolves
+   * once sent, to 0.
+   */
+  async submit(exchange, body, opts = {}) {
+    const f = { type: Type.SUBMIT, name: exchange, key: opts.key, aux: opts.priority ?? 0, headers: opts.headers, body: toBytes(body) };
+    const tags = [];
+    if (opts.due !== undefined) tags.push(`due=${opts.due instanceof Date ? opts.due.getTime() : Math.floor(opts.due)}`);
+    if (opts.ttlMs !== undefined) tags.push(`ttl=${Math.floor(opts.ttlMs)}`);
+    if (tags.length) f.tag = tags.join(';');
+    const wait = this._takeCredit();
+    if (wait) await wait;
+    if (!opts.confirm && !opts.onEvent) {
+      this._send(f);
+      return 0;
+    }
+    f.flags = Flag.REPLY;
+    if (opts.onEvent) {
+      f.flags |= Flag.WATCH;
+      return this._watchOp(f, opts.onEvent);
+    }
+    return Number((await this._op(f)).aux);
+  }
+
+  /** watch follows the events of a task anyone submitted: fn(ev) as for submit's onEvent. */
+  async watch(exchange, id, fn) {
+    await this._watchOp({ type: Type.WATCH, name: exchange, aux: id }, fn);
+  }
+
+  async _watchOp(f, fn) {
+    f.ref = this._nextRef();
+    this._watches.set(f.ref, fn);
+    const done = new Promise((resolve, reject) => this._ops.set(f.ref, { resolve, reject }));
+    try {
+      this._send(f);
+      return Number((await done).aux);
+    } catch (err) {
+      this._watches.delete(f.ref);
+      throw err;
+    }
+  }
+
+  _taskEvent(f) {
+    const fn = this._watches.get(f.ref);
+    if (!fn) return;
+    const last = (f.flags & Flag.LAST) !== 0;
+    if (last) this._watches.delete(f.ref);
+    fn({ kind: TASK_EVENTS[Number(f.aux)] ?? String(f.aux), last, ...(parseJSON(f.body) ?? {}) });
+  }
+
+  /**
+   * work attaches as a worker of a task exchange (§10). fn(task)
+   * handles each task; when it returns (or resolves) the task is
+   * ACKed, when it throws it is NACKed for a retry, unless fn settled it
+   * itself (task.ack(), task.nack({requeue}), task.progress(percent,
+   * text)). Options: prefetch (tasks held at once, default 100),
+   * connTag, options, onEvent. Resolves to the Attachment.
+   */
+  work(exchange, fn, opts = {}) {
+    return this._attachAs(exchange, 'worker', opts, { task: fn });
+  }
+
   /** onclose registers fn(err) to run once the connection has ended. */
   onClose(fn) { this._closeHandlers.push(fn); }
 
@@ -402,6 +485,7 @@ export class Connection {
     for (const w of this._creditWaiters) w.reject(err);
     this._creditWaiters = [];
     for (const a of this._attachments.values()) a._gone(err);
+    this._watches.clear();
     for (const fn of this._closeHandlers) fn(err);
   }
 }
@@ -446,6 +530,13 @@ export class Attachment {
       case Type.MESSAGE:
         if (this._h.message) this._h.message(new Message(f));
         return;
+      case Type.TASK:
+        if (this._h.task) this._task(f);
+        else if (this._h.message) this._h.message(new Task(this, f)); // a durable subscriber
+        return;
+      case Type.SUBREQUEST:
+        if (this._h.subrequest) this._subrequest(f);
+        return;
       case Type.EVENT: {
         const ev = { kind: EVENT_KINDS[Number(f.aux)] ?? String(f.aux), exchange: f.name, reason: f.tag, ...(parseJSON(f.body) ?? {}) };
         if (ev.kind === 'subscriptions') this.patterns = ev.patterns ?? [];
@@ -474,6 +565,46 @@ export class Attachment {
           req._final({ type: Type.RESPONSE, ref: f.ref, flags: Flag.ERROR, aux: code, tag: String(err?.message ?? err) });
         },
       );
+  }
+
+  _task(f) {
+    const task = new Task(this, f);
+    Promise.resolve()
+      .then(() => this._h.task(task))
+      .then(() => task.ack(), (err) => task.nack({ requeue: true, reason: String(err?.message ?? err) }));
+  }
+
+  _subrequest(f) {
+    const req = { token: f.ref, ...(parseJSON(f.body) ?? {}) };
+    const decide = (verdict, reason, patterns) => {
+      try {
+        this.conn._send({ type: Type.DECISION, ref: f.ref, attach: this.id, aux: verdict, tag: reason, body: patterns ? JSON.stringify({ patterns }) : undefined });
+      } catch { /* closed */ }
+    };
+    Promise.resolve()
+      .then(() => this._h.subrequest(req))
+      .then(
+        (d) => {
+          if (d === true || d === undefined) return decide(0);
+          if (d === false) return decide(1, 'refused');
+          if (typeof d === 'string') return decide(1, d);
+          if (d && Array.isArray(d.patterns)) return decide(0, undefined, d.patterns);
+          return decide(1, 'refused');
+        },
+        (err) => decide(1, String(err?.message ?? err)),
+      );
+  }
+
+  /** subscribeFor, on a controller, adds patterns to the subscriber member (§8); resolves to its patterns now. */
+  async subscribeFor(member, patterns) {
+    const f = await this.conn._op({ type: Type.SUBSCRIBE, attach: this.id, name: member, body: JSON.stringify({ patterns: [].concat(patterns) }) });
+    return parseJSON(f.body)?.patterns ?? [];
+  }
+
+  /** unsubscribeFor, on a controller, removes patterns from the subscriber member; resolves to its patterns now. */
+  async unsubscribeFor(member, patterns) {
+    const f = await this.conn._op({ type: Type.UNSUBSCRIBE, attach: this.id, name: member, body: JSON.stringify({ patterns: [].concat(patterns) }) });
+    return parseJSON(f.body)?.patterns ?? [];
   }
 
   /** subscribe adds patterns to a subscriber; resolves to its patterns now. */
@@ -539,6 +670,37 @@ export class Request {
     this.cancelled = true;
     this._finished = true;
     if (this.oncancel) this.oncancel();
+  }
+}
+
+/** Task is a task delivered to a worker (or a durable subscriber), to be settled once. */
+export class Task {
+  constructor(a, f) {
+    this._a = a;
+    this.id = f.ref;
+    this.attempts = Number(f.aux);
+    this.key = f.key;
+    this.headers = f.headers;
+    this.body = f.body;
+    this.settled = false;
+  }
+  /** text decodes the body as UTF-8. */
+  text() { return textDecoder.decode(this.body); }
+  /** json parses the body as JSON. */
+  json() { return JSON.parse(this.text()); }
+  /** ack settles the task as done. */
+  ack() { this._settle({ type: Type.ACK }); }
+  /** nack settles the task as failed: retried after a backoff with {requeue: true} (the default), else dead-lettered. */
+  nack({ requeue = true, reason } = {}) { this._settle({ type: Type.NACK, aux: requeue ? 1 : 0, tag: reason }); }
+  /** progress tells the task's watchers how far it got (percent 0–100 and a short text). */
+  progress(percent, text) {
+    if (this.settled) return;
+    this._a.conn._send({ type: Type.PROGRESS, attach: this._a.id, ref: this.id, aux: Math.max(0, Math.min(100, Math.round(percent))), tag: text });
+  }
+  _settle(f) {
+    if (this.settled) return;
+    this.settled = true;
+    try { this._a.conn._send({ ...f, attach: this._a.id, ref: this.id }); } catch { /* closed: the task is delivered again */ }
   }
 }
 
