@@ -17,6 +17,8 @@ const HANDSHAKE_MAX_FRAME = 64 << 10;
 const FRAME_SLACK = 64 << 10;
 const ROLE = Object.freeze({ handler: 1, subscriber: 2, controller: 3, worker: 4 });
 const EVENT_KINDS = Object.freeze({ 1: 'leader', 2: 'member-up', 3: 'member-down', 4: 'subscriptions', 5: 'detached' });
+// Codes after which reconnecting is no use.
+const RECONNECT_NEVER = new Set([Code.UNAUTHORIZED, Code.VERSION, Code.PROTOCOL, Code.FRAME_TOO_LARGE]);
 const TASK_EVENTS = Object.freeze({ 1: 'progress', 2: 'retry', 3: 'completed', 4: 'failed' });
 const textDecoder = new TextDecoder();
 
@@ -71,6 +73,13 @@ export class Connection {
     this._requests = new Map(); // request id → request state
     this._attachments = new Map(); // attach id → Attachment
     this._watches = new Map(); // SUBMIT's or WATCH's ref → fn(event)
+    this._exchanges = new Map(); // declared: name → {config, passive}, declared again on reconnection
+    this._reconnect = opts.reconnect !== false;
+    this._down = false; // lost, reconnecting
+    this._userClosed = false;
+    this.ondisconnect = null;
+    this.onreconnect = null;
+    this.onerror = null;
     this._credit = 0;
     this._creditWaiters = [];
     this._closed = false;
@@ -78,43 +87,113 @@ export class Connection {
     this.welcome = null;
   }
 
+  // _open opens a WebSocket and runs the handshake; it resolves to the
+  // WELCOME. Events of an older WebSocket are ignored.
   _open() {
     return new Promise((resolve, reject) => {
-      let settled = false;
-      const fail = (err) => { if (!settled) { settled = true; reject(err); } this._end(err); };
-      const timer = setTimeout(() => fail(new CourierError(Code.TIMEOUT, `no WELCOME within ${this._opts.timeoutMs ?? 10000} ms`)), this._opts.timeoutMs ?? 10000);
+      let settled = false, welcomed = false;
       let ws;
+      const fail = (err) => {
+        clearTimeout(timer);
+        if (!settled) { settled = true; reject(err); }
+        try { ws?.close(); } catch { /* not open */ }
+      };
+      const ms = this._opts.timeoutMs ?? 10000;
+      const timer = setTimeout(() => fail(new CourierError(Code.TIMEOUT, `no WELCOME within ${ms} ms`)), ms);
       try {
         ws = new this._WS(this.url, ['courier.v1']);
       } catch (err) {
-        clearTimeout(timer);
-        reject(err);
+        fail(err);
         return;
       }
       this._ws = ws;
+      this._lastError = null;
+      this.welcome = null;
       ws.binaryType = 'arraybuffer';
       this._maxFrame = HANDSHAKE_MAX_FRAME + FRAME_SLACK;
-      this._onWelcome = (w) => { clearTimeout(timer); settled = true; resolve(w); };
-      this._onHandshakeError = (err) => { clearTimeout(timer); fail(err); };
+      this._onWelcome = (w) => { clearTimeout(timer); settled = welcomed = true; resolve(w); };
+      this._onHandshakeError = fail;
       ws.onopen = () => {
+        if (ws !== this._ws) return;
         const hello = { versions: [VERSION], name: this._opts.name || undefined };
         if (this._opts.heartbeatMs) hello.heartbeat_ms = this._opts.heartbeatMs;
         if (this._opts.user !== undefined) { hello.user = this._opts.user; hello.password = this._opts.password ?? ''; }
-        this._send({ type: Type.HELLO, body: JSON.stringify(hello) });
+        ws.send(encodeFrame({ type: Type.HELLO, body: JSON.stringify(hello) }));
       };
-      ws.onmessage = (ev) => this._onMessage(ev.data);
+      ws.onmessage = (ev) => { if (ws === this._ws) this._onMessage(ev.data); };
       ws.onerror = () => { if (!settled) fail(new CourierError(Code.PROTOCOL, `WebSocket to ${this.url} failed`)); };
       ws.onclose = (ev) => {
-        clearTimeout(timer);
+        if (ws !== this._ws) return;
         const err = this._lastError ?? new CourierError(Code.OK, `connection closed (WebSocket ${ev.code}${ev.reason ? ': ' + ev.reason : ''})`);
-        if (!settled) { settled = true; reject(err); }
-        this._end(err);
+        if (!welcomed) { fail(err); return; }
+        this._lost(err);
       };
     });
   }
 
+  // _lost handles the end of a connection that had logged in: the end
+  // of the Connection, or a reconnection.
+  _lost(err) {
+    if (this._closed || this._down) return;
+    clearInterval(this._hbTimer);
+    if (this._userClosed || !this._reconnect || RECONNECT_NEVER.has(err.code)) {
+      this._end(err);
+      return;
+    }
+    this._down = true;
+    this._fail(err);
+    if (this.ondisconnect) this.ondisconnect(err);
+    this._retry(0);
+  }
+
+  // _retry dials again after a jittered, growing wait, and puts back
+  // the exchanges and attachments (docs/protocol.md §4.8).
+  _retry(n) {
+    const max = this._opts.reconnectWaitMaxMs ?? 5000;
+    const base = Math.min(max, (this._opts.reconnectWaitMs ?? 100) * 2 ** Math.min(n, 16));
+    const wait = base / 2 + Math.random() * base / 2;
+    this._retryTimer = setTimeout(async () => {
+      if (this._userClosed) return;
+      try {
+        await this._open();
+      } catch (err) {
+        if (this._userClosed) return;
+        if (err.code === Code.UNAUTHORIZED) { this._down = false; this._end(err); return; }
+        const limit = this._opts.maxReconnects ?? Infinity;
+        if (n + 1 >= limit) { this._down = false; this._end(err); return; }
+        this._retry(n + 1);
+        return;
+      }
+      this._down = false;
+      await this._restore();
+      if (this.onreconnect) this.onreconnect();
+    }, wait);
+  }
+
+  // _restore declares the exchanges again and attaches every attachment
+  // again with its id and what it has now (patterns, prefetch).
+  async _restore() {
+    for (const [name, d] of this._exchanges) {
+      try {
+        await this._op({ type: Type.DECLARE, name, aux: d.passive ? 1 : 0, body: d.config ? JSON.stringify(d.config) : undefined });
+      } catch (err) {
+        this._emitError(err);
+      }
+    }
+    for (const a of [...this._attachments.values()]) {
+      try {
+        await this._attachOp(a);
+      } catch (err) {
+        this._attachments.delete(a.id);
+        if (a.onevent) a.onevent({ kind: 'detached', exchange: a.exchange, reason: `not attached again after a reconnection: ${err.message}` });
+        this._emitError(err);
+      }
+    }
+  }
+
   _send(f) {
-    if (this._closed) throw new CourierError(Code.OK, 'connection closed');
+    if (this._closed) throw this._lastError ?? new CourierError(Code.OK, 'connection closed');
+    if (this._down) throw new CourierError(Code.UNAVAILABLE, 'disconnected: reconnecting');
     this._ws.send(encodeFrame(f));
     this._lastSent = Date.now();
   }
@@ -192,9 +271,10 @@ export class Connection {
     this._hbTimer = setInterval(() => {
       const now = Date.now();
       if (now - this._lastHeard >= timeout) {
-        this._lastError = new CourierError(Code.HEARTBEAT, `nothing from the server for ${timeout} ms`);
-        this._ws.close(4000, 'heartbeat timeout');
-        this._end(this._lastError);
+        const err = new CourierError(Code.HEARTBEAT, `nothing from the server for ${timeout} ms`);
+        const ws = this._ws;
+        this._lost(err);
+        ws.close(4000, 'heartbeat timeout');
         return;
       }
       if (now - this._lastSent >= interval) this._send({ type: Type.PING, ref: ++nonce });
@@ -247,11 +327,15 @@ export class Connection {
   /** declare creates an exchange, or opens it if it exists (§5.1). config: {pattern, strategy, ...}; resolves to its ExchangeInfo. */
   async declare(name, config, { passive = false } = {}) {
     const f = await this._op({ type: Type.DECLARE, name, aux: passive ? 1 : 0, body: config ? JSON.stringify(config) : undefined });
+    this._exchanges.set(name, { config, passive });
     return parseJSON(f.body);
   }
 
   /** deleteExchange deletes an exchange. */
-  async deleteExchange(name) { await this._op({ type: Type.DELETE, name }); }
+  async deleteExchange(name) {
+    await this._op({ type: Type.DELETE, name });
+    this._exchanges.delete(name);
+  }
 
   /** list resolves to the exchanges the user may see. */
   async list() { return parseJSON((await this._op({ type: Type.LIST })).body) ?? []; }
@@ -354,23 +438,34 @@ export class Connection {
     const id = ++this._attach;
     const a = new Attachment(this, id, exchange, role, handlers);
     if (opts.onEvent) a.onevent = opts.onEvent;
+    a._tag = opts.tag;
+    a.patterns = [...(opts.patterns ?? [])];
+    a._spec = {};
+    if (opts.patterns && opts.patterns.length) a._spec.patterns = opts.patterns;
+    if (opts.connTag) a._spec.conn_tag = opts.connTag;
+    if (opts.options) a._spec.options = opts.options;
+    if (opts.durable) a._spec.durable = opts.durable;
+    if (opts.prefetch !== undefined) a._spec.prefetch = opts.prefetch;
     this._attachments.set(id, a);
-    const spec = {};
-    if (opts.patterns && opts.patterns.length) spec.patterns = opts.patterns;
-    if (opts.connTag) spec.conn_tag = opts.connTag;
-    if (opts.options) spec.options = opts.options;
-    if (opts.durable) spec.durable = opts.durable;
-    if (opts.prefetch !== undefined) spec.prefetch = opts.prefetch;
     try {
-      const f = await this._op({ type: Type.ATTACH, attach: id, name: exchange, aux: ROLE[role], tag: opts.tag, body: JSON.stringify(spec) });
-      const res = parseJSON(f.body) ?? {};
-      a.member = res.member;
-      a.patterns = res.patterns ?? [];
+      await this._attachOp(a);
       return a;
     } catch (err) {
       this._attachments.delete(id);
       throw err;
     }
+  }
+
+  // _attachOp sends a's ATTACH, with its patterns now.
+  async _attachOp(a) {
+    const spec = { ...a._spec };
+    if (a.role === 'subscriber' && !spec.durable) {
+      if (a.patterns.length) spec.patterns = a.patterns; else delete spec.patterns;
+    }
+    const f = await this._op({ type: Type.ATTACH, attach: a.id, name: a.exchange, aux: ROLE[a.role], tag: a._tag, body: JSON.stringify(spec) });
+    const res = parseJSON(f.body) ?? {};
+    a.member = res.member;
+    a.patterns = res.patterns ?? [];
   }
 
   /** publish publishes a message; with {confirm: true} it resolves once the server has routed it (§7). Options: headers, confirm. */
@@ -468,16 +563,26 @@ export class Connection {
   /** close closes the connection (a CLOSE with code 0, then the WebSocket). */
   close(reason = '') {
     if (this._closed) return;
+    this._userClosed = true;
+    clearTimeout(this._retryTimer);
     try { this._send({ type: Type.CLOSE, tag: reason }); } catch { /* closing */ }
-    this._lastError = this._lastError ?? new CourierError(Code.OK, 'closed by the client');
+    const err = new CourierError(Code.OK, 'closed by the client');
     this._ws.close(1000);
-    this._end(this._lastError);
+    this._end(err);
   }
 
   _end(err) {
     if (this._closed) return;
     this._closed = true;
+    this._lastError = err;
     clearInterval(this._hbTimer);
+    this._fail(err);
+    for (const a of this._attachments.values()) a._gone(err);
+    for (const fn of this._closeHandlers) fn(err);
+  }
+
+  // _fail fails what was in flight on the connection that ended.
+  _fail(err) {
     for (const op of this._ops.values()) op.reject(err);
     this._ops.clear();
     for (const st of this._requests.values()) st.sink.final(null, err, true);
@@ -486,7 +591,7 @@ export class Connection {
     this._creditWaiters = [];
     for (const a of this._attachments.values()) a._gone(err);
     this._watches.clear();
-    for (const fn of this._closeHandlers) fn(err);
+    this._credit = 0;
   }
 }
 

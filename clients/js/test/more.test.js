@@ -2,7 +2,7 @@
 // JavaScript client, against a real server (COURIER_WS_URL).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { connect, Code } from '../courier.js';
+import { connect, Code, CourierError } from '../courier.js';
 
 const url = process.env.COURIER_WS_URL;
 
@@ -116,5 +116,41 @@ test('inverted pub-sub: the controller accepts, narrows and refuses', async () =
   } finally {
     ctl.close();
     s.close();
+  }
+});
+
+test('reconnect: a handler cut by the server comes back attached', async () => {
+  const h = await connect(url, { name: 'comeback', reconnectWaitMs: 20 });
+  const r = await connect(url);
+  try {
+    await h.declare('js.comeback', { pattern: 'reqresp' });
+    const sub = await h.subscribe('js.comeback.news', [], () => {}).catch(() => null);
+    assert.equal(sub, null, 'no such exchange yet');
+    await h.declare('js.comeback.news', { pattern: 'pubsub' });
+    const got = [];
+    const news = await h.subscribe('js.comeback.news', ['a.*'], (m) => got.push(m.key));
+    await news.subscribe('b.#');
+    await h.handle('js.comeback', (req) => 'still ' + req.text());
+    assert.equal((await r.request('js.comeback', 'here')).text(), 'still here');
+    let lost = null, back = 0;
+    h.ondisconnect = (err) => { lost = err; };
+    h.onreconnect = () => { back++; };
+    const old = h.id;
+    // The operator closes the connection (DELETE /api/connections/{id}).
+    const api = new URL(url);
+    api.protocol = 'http:';
+    api.pathname = `/api/connections/${old}`;
+    const res = await fetch(api, { method: 'DELETE' });
+    assert.ok(res.ok, `DELETE ${api}: ${res.status}`);
+    await waitFor(() => back === 1, 'the reconnection');
+    assert.ok(lost instanceof CourierError);
+    assert.notEqual(h.id, old);
+    assert.equal((await r.request('js.comeback', 'back')).text(), 'still back');
+    assert.deepEqual([...news.patterns].sort(), ['a.*', 'b.#']);
+    await r.publish('js.comeback.news', 'b.x.y', '1', { confirm: true });
+    await waitFor(() => got.length === 1, 'a message after the reconnection');
+  } finally {
+    h.close();
+    r.close();
   }
 });
