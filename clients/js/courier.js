@@ -637,7 +637,7 @@ export class Attachment {
         return;
       case Type.TASK:
         if (this._h.task) this._task(f);
-        else if (this._h.message) this._h.message(new Task(this, f)); // a durable subscriber
+        else if (this._h.message) this._durable(f);
         return;
       case Type.SUBREQUEST:
         if (this._h.subrequest) this._subrequest(f);
@@ -676,6 +676,15 @@ export class Attachment {
     const task = new Task(this, f);
     Promise.resolve()
       .then(() => this._h.task(task))
+      .then(() => task.ack(), (err) => task.nack({ requeue: true, reason: String(err?.message ?? err) }));
+  }
+
+  // _durable hands a durable subscriber its message, and ACKs it once
+  // the callback returns (NACK, redelivered, if it throws).
+  _durable(f) {
+    const task = new Task(this, f);
+    Promise.resolve()
+      .then(() => this._h.message(task))
       .then(() => task.ack(), (err) => task.nack({ requeue: true, reason: String(err?.message ?? err) }));
   }
 

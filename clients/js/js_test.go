@@ -142,8 +142,9 @@ func nodeCommand(t *testing.T) (string, []string) {
 
 // TestJS runs the JavaScript client's tests (clients/js/test) in
 // Node.js against a real server: its WebSocket URL in COURIER_WS_URL, a
-// Go handler of exchange go.echo on it, and the Go codec's frames in
-// COURIER_GOLDEN.
+// Go handler of exchange go.echo on it, a node with user admin
+// (password s3cret-pass) in COURIER_WS_AUTH_URL, and the Go codec's
+// frames in COURIER_GOLDEN.
 func TestJS(t *testing.T) {
 	bin, flags := nodeCommand(t)
 	n, err := node.Start(node.Config{
@@ -172,6 +173,17 @@ func TestJS(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A node with users, for the credentials.
+	secure, err := node.Start(node.Config{
+		DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0",
+		AdminUser: "admin", AdminPassword: "s3cret-pass",
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { secure.Close() })
+
 	g, _ := json.Marshal(goldenFrames(t))
 	gf := filepath.Join(t.TempDir(), "golden.json")
 	if err := os.WriteFile(gf, g, 0o600); err != nil {
@@ -181,7 +193,8 @@ func TestJS(t *testing.T) {
 	defer cancel()
 	args := append(flags, "--test", "--test-reporter=spec", "test/")
 	cmd := exec.CommandContext(tctx, bin, args...)
-	cmd.Env = append(os.Environ(), "COURIER_WS_URL=ws://"+n.HTTPAddr().String()+"/ws", "COURIER_GOLDEN="+gf, "NODE_NO_WARNINGS=1")
+	cmd.Env = append(os.Environ(), "COURIER_WS_URL=ws://"+n.HTTPAddr().String()+"/ws", "COURIER_GOLDEN="+gf,
+		"COURIER_WS_AUTH_URL=ws://"+secure.HTTPAddr().String()+"/ws", "NODE_NO_WARNINGS=1")
 	out, err := cmd.CombinedOutput()
 	t.Logf("node %s:\n%s", strings.Join(args, " "), out)
 	if err != nil {

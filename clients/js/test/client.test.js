@@ -161,3 +161,39 @@ test('close: operations after close fail, pending ones are rejected', async () =
   await assert.rejects(other.request('js.closing', 'y'), CourierError);
   c.close();
 });
+
+test('credentials: in the options or the URL; a bad password is code 17', async () => {
+  const authURL = process.env.COURIER_WS_AUTH_URL;
+  await assert.rejects(connect(authURL, { reconnect: false }), (err) => err.code === Code.UNAUTHORIZED && /user name and password/.test(err.message));
+  await assert.rejects(connect(authURL, { user: 'admin', password: 'wrong' }), (err) => err.code === Code.UNAUTHORIZED && /bad user name or password/.test(err.message));
+  const a = await connect(authURL, { user: 'admin', password: 's3cret-pass' });
+  a.close();
+  const u = new URL(authURL);
+  u.username = 'admin';
+  u.password = 's3cret-pass';
+  const b = await connect(u.toString());
+  assert.ok(b.id);
+  b.close();
+});
+
+test('pub-sub: a durable subscription keeps messages while away, acked on return', async () => {
+  const p = await connect(url);
+  try {
+    await p.declare('js.audit', { pattern: 'pubsub' });
+    const s1 = await connect(url);
+    const first = [];
+    await s1.subscribe('js.audit', ['#'], (m) => first.push(m.text()), { durable: 'log' });
+    await p.publish('js.audit', 'a', '1', { confirm: true });
+    await waitFor(() => first.length === 1, 'the first message');
+    s1.close();
+    await p.publish('js.audit', 'a', '2', { confirm: true });
+    const s2 = await connect(url);
+    const second = [];
+    await s2.subscribe('js.audit', [], (m) => second.push(m.text()), { durable: 'log' });
+    await waitFor(() => second.length === 1, 'the message kept while away');
+    assert.deepEqual(second, ['2']);
+    s2.close();
+  } finally {
+    p.close();
+  }
+});
