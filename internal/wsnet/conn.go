@@ -52,6 +52,7 @@ const maxWrite = 1 << 30
 // at once.
 type Conn struct {
 	ws  *websocket.Conn
+	src messages // ws, for reading
 	raw net.Conn // under the WebSocket: deadlines and addresses
 
 	// The read side: the message being read, its frame's length prefix
@@ -73,7 +74,13 @@ type Conn struct {
 // plus 5 bytes.
 func NewConn(ws *websocket.Conn, raw net.Conn, readLimit int64) *Conn {
 	ws.SetReadLimit(readLimit)
-	return &Conn{ws: ws, raw: raw}
+	return &Conn{ws: ws, src: ws, raw: raw}
+}
+
+// messages is where a Conn reads its messages from: the WebSocket, or
+// a test's list.
+type messages interface {
+	Reader(ctx context.Context) (websocket.MessageType, io.Reader, error)
 }
 
 // FragileWrites reports that a write cut by its deadline breaks the
@@ -118,7 +125,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 
 // next opens the next message and reads its frame's length prefix.
 func (c *Conn) next() error {
-	typ, r, err := c.ws.Reader(context.Background())
+	typ, r, err := c.src.Reader(context.Background())
 	if err != nil {
 		return readErr(err)
 	}
