@@ -329,3 +329,23 @@ func TestWebSocketEngine(t *testing.T) {
 		}
 	})
 }
+
+// TestWebSocketLeavesHTTPSlots: an upgraded connection no longer counts
+// against the management listener's connection limit, so WebSocket
+// clients cannot lock operators out of the API (they count against the
+// client listener's limits instead).
+func TestWebSocketLeavesHTTPSlots(t *testing.T) {
+	n := startWSNode(t, func(c *node.Config) { c.Limits.MaxHTTPConns = 1 })
+	for range 3 {
+		mustDialWS(t, n).welcome()
+	}
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 20 * time.Second}
+	resp, err := hc.Get(n.HTTPURL() + "/api/overview")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("overview: %s", resp.Status)
+	}
+}
