@@ -335,7 +335,10 @@ func TestWebSocketEngine(t *testing.T) {
 // clients cannot lock operators out of the API (they count against the
 // client listener's limits instead).
 func TestWebSocketLeavesHTTPSlots(t *testing.T) {
-	n := startWSNode(t, func(c *node.Config) { c.Limits.MaxHTTPConns = 1 })
+	n := startWSNode(t, func(c *node.Config) {
+		c.Limits.MaxHTTPConns = 1
+		c.Heartbeat = time.Hour // the silent raw clients stay connected
+	})
 	for range 3 {
 		mustDialWS(t, n).welcome()
 	}
