@@ -256,7 +256,8 @@ export class Connection {
     const w = JSON.parse(textDecoder.decode(f.body));
     this.welcome = w;
     this.id = w.conn;
-    this._credit = w.credit;
+    this._credit = 0;
+    this._addCredit(w.credit);
     this._maxFrame = w.max_frame + FRAME_SLACK;
     this._heartbeat(w.heartbeat_ms, w.timeout_ms);
     this._onWelcome(w);
@@ -314,6 +315,7 @@ export class Connection {
   // _takeCredit resolves once the frame may be sent (§4.3).
   _takeCredit() {
     if (this._closed) return Promise.reject(this._lastError ?? new CourierError(Code.OK, 'connection closed'));
+    if (this._down) return Promise.reject(new CourierError(Code.UNAVAILABLE, 'disconnected: reconnecting'));
     if (this._credit > 0 && this._creditWaiters.length === 0) { this._credit--; return null; }
     return new Promise((resolve, reject) => this._creditWaiters.push({ resolve, reject }));
   }
