@@ -16,8 +16,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -304,6 +306,11 @@ func (c Config) Validate() error {
 	}
 	if (c.AdminUser == "") != (c.AdminPassword == "") {
 		return fmt.Errorf("node: the first administrator needs both a user name and a password")
+	}
+	for _, o := range c.WSOrigins {
+		if _, err := path.Match(strings.ToLower(o), ""); err != nil || o == "" {
+			return fmt.Errorf("node: ws_origins: bad origin pattern %q: want a host pattern such as chat.example.com, *.example.com or https://chat.example.com", o)
+		}
 	}
 	if err := c.TLS.Validate(); err != nil {
 		return err

@@ -95,7 +95,7 @@ func serverCmd() *cobra.Command {
 // newServerCmd returns the server command, its flags bound to sc.
 func newServerCmd(sc *serverConfig) *cobra.Command {
 	cfg := &sc.Config
-	var configPath, adminPasswordFile, join, wsOrigins string
+	var configPath, adminPasswordFile, join string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run a broker: clients on 127.0.0.1:7400, dashboard on http://127.0.0.1:7480, data in ./courier-data",
@@ -133,9 +133,6 @@ manage users with 'courier users'.`,
 			}
 			if cmd.Flags().Changed("join") {
 				cfg.Cluster.Join = splitList(join)
-			}
-			if cmd.Flags().Changed("ws-origins") {
-				cfg.WSOrigins = splitList(wsOrigins)
 			}
 			if cfg.Cluster.SecretFile == "" && len(cfg.Cluster.Secret) == 0 {
 				cfg.Cluster.Secret = node.SecretFromEnv()
@@ -252,7 +249,7 @@ manage users with 'courier users'.`,
 	f.StringVar(&cfg.HTTPTLS.KeyFile, "http-tls-key", "", "PEM private key file of --http-tls-cert")
 	f.StringVar(&cfg.AdminUser, "admin-user", os.Getenv("COURIER_ADMIN_USER"), "create this administrator on first start, when the data dir has no users (env COURIER_ADMIN_USER; password from COURIER_ADMIN_PASSWORD or --admin-password-file)")
 	f.StringVar(&adminPasswordFile, "admin-password-file", "", "file whose first line is the first administrator's password")
-	f.StringVar(&wsOrigins, "ws-origins", "", `browser origins allowed on ws://HTTP/ws besides the listener's own, comma-separated host patterns ("chat.example.com,*.example.com" or "https://chat.example.com")`)
+	f.Var(listFlag{&cfg.WSOrigins}, "ws-origins", `browser origins allowed on ws://HTTP/ws besides the listener's own, comma-separated host patterns ("chat.example.com,*.example.com" or "https://chat.example.com")`)
 	f.BoolVar(&cfg.MetricsAuth, "metrics-auth", false, "ask for credentials on /metrics too once there are users")
 	f.StringVar(&sc.Log.Level, "log-level", d.Log.Level, "debug, info, warn or error")
 	f.StringVar(&sc.Log.Format, "log-format", d.Log.Format, "text or json")
@@ -319,3 +316,21 @@ func reload(n *node.Node, log *slog.Logger) {
 	}
 	log.Info("reloaded on SIGHUP: users, permissions and certificates")
 }
+
+// listFlag is a flag holding a comma-separated list, such as
+// --ws-origins: given again, it replaces the list.
+type listFlag struct{ p *[]string }
+
+func (l listFlag) String() string {
+	if l.p == nil {
+		return ""
+	}
+	return strings.Join(*l.p, ",")
+}
+
+func (l listFlag) Set(s string) error {
+	*l.p = splitList(s)
+	return nil
+}
+
+func (l listFlag) Type() string { return "list" }

@@ -271,6 +271,10 @@ func TestWebSocketOrigin(t *testing.T) {
 			t.Errorf("origin %q: %v, want 403", tc.origin, err)
 		}
 	}
+	// A bad pattern is refused at start, not at each request.
+	if _, err := node.Start(node.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0", WSOrigins: []string{"[bad"}}); err == nil || !strings.Contains(err.Error(), "ws_origins") {
+		t.Errorf("a bad origin pattern: %v", err)
+	}
 	// The default: same origin only.
 	d := startWSNode(t, nil)
 	if _, resp, err := dialWS(t, d, "https://chat.example.com"); err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
