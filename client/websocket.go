@@ -39,6 +39,7 @@ func dialWebSocket(ctx context.Context, list URLs, addr string, cfg *tls.Config)
 				if tc, ok := nc.(*net.TCPConn); ok {
 					tc.SetNoDelay(true)
 				}
+				nc = wsnet.NewCoalescer(nc)
 				keep(nc)
 			}
 			return nc, err
@@ -50,10 +51,12 @@ func dialWebSocket(ctx context.Context, list URLs, addr string, cfg *tls.Config)
 			}
 			host, _, _ := net.SplitHostPort(a)
 			tc, err := handshakeTLS(ctx, nc, host, cfg)
-			if err == nil {
-				keep(tc)
+			if err != nil {
+				return nil, err
 			}
-			return tc, err
+			co := wsnet.NewCoalescer(tc)
+			keep(co)
+			return co, nil
 		},
 		ForceAttemptHTTP2: false,
 	}

@@ -91,9 +91,12 @@ func (h *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	h.raw = nc
 	release(nc)
-	return nc, brw, nil
+	// The WebSocket writes through a Coalescer, so that the frames of
+	// one batch of the write loop reach the socket in one write.
+	co := wsnet.NewCoalescer(nc)
+	h.raw = co
+	return co, bufio.NewReadWriter(brw.Reader, bufio.NewWriterSize(co, 4<<10)), nil
 }
 
 // release finds the Releaser under nc (through TLS and other wrappers

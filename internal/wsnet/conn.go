@@ -14,7 +14,8 @@
 //
 // Writing, a Conn cuts what it is given at frame boundaries and writes
 // each frame as one message, without copying it; a frame that a write
-// hands over in pieces (a write cut at 256 KiB) is gathered first.
+// hands over in pieces (a write cut at 256 KiB) is gathered first. On a
+// [Coalescer] the messages of one write reach the socket in one write.
 //
 // Deadlines are those of the TCP (or TLS) connection under the
 // WebSocket: a read that times out leaves the connection able to
@@ -183,9 +184,23 @@ func readErr(err error) error {
 
 // Write writes the frames of p, each as one binary message. p may end
 // inside a frame: the rest of it comes with the next Write.
-func (c *Conn) Write(p []byte) (int, error) {
+func (c *Conn) Write(p []byte) (n int, err error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if co, ok := c.raw.(*Coalescer); ok {
+		// One socket write for the frames of p, not one per message.
+		co.hold()
+		defer func() {
+			if rerr := co.release(); rerr != nil && err == nil {
+				n, err = 0, writeErr(rerr)
+			}
+		}()
+	}
+	return c.write(p)
+}
+
+// write writes the frames of p, as Write.
+func (c *Conn) write(p []byte) (int, error) {
 	total := len(p)
 	for len(p) > 0 {
 		if len(c.carry) == 0 && len(p) >= 4 {
@@ -229,7 +244,12 @@ func (c *Conn) missing() int {
 
 // send writes one frame as a message.
 func (c *Conn) send(frame []byte) error {
-	err := c.ws.Write(context.Background(), websocket.MessageBinary, frame)
+	return writeErr(c.ws.Write(context.Background(), websocket.MessageBinary, frame))
+}
+
+// writeErr translates a write's deadline into os.ErrDeadlineExceeded,
+// which the outbox tells from other errors.
+func writeErr(err error) error {
 	if err == nil {
 		return nil
 	}

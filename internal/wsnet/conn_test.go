@@ -117,11 +117,11 @@ func FuzzRead(f *testing.F) {
 }
 
 // pair returns a server-side Conn and the client's WebSocket.
-func pair(t *testing.T) (*Conn, *websocket.Conn) {
+func pair(t *testing.T, coalesce bool) (*Conn, *websocket.Conn) {
 	t.Helper()
 	got := make(chan *Conn, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hw := &keepRaw{ResponseWriter: w}
+		hw := &keepRaw{ResponseWriter: w, coalesce: coalesce}
 		ws, err := websocket.Accept(hw, r, nil)
 		if err != nil {
 			t.Error(err)
@@ -145,20 +145,31 @@ func pair(t *testing.T) (*Conn, *websocket.Conn) {
 
 type keepRaw struct {
 	http.ResponseWriter
-	raw net.Conn
+	raw      net.Conn
+	coalesce bool
 }
 
 func (k *keepRaw) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	nc, brw, err := http.NewResponseController(k.ResponseWriter).Hijack()
-	k.raw = nc
-	return nc, brw, err
+	if err != nil || !k.coalesce {
+		k.raw = nc
+		return nc, brw, err
+	}
+	co := NewCoalescer(nc)
+	k.raw = co
+	return co, bufio.NewReadWriter(brw.Reader, bufio.NewWriterSize(co, 4096)), nil
 }
 
 // TestWriteOneFramePerMessage: frames written in pieces of any size,
 // cut inside their prefix or body, several in one write, arrive one per
 // message, whole and in order.
 func TestWriteOneFramePerMessage(t *testing.T) {
-	c, cws := pair(t)
+	t.Run("direct", func(t *testing.T) { testWriteOneFramePerMessage(t, false) })
+	t.Run("coalesced", func(t *testing.T) { testWriteOneFramePerMessage(t, true) })
+}
+
+func testWriteOneFramePerMessage(t *testing.T, coalesce bool) {
+	c, cws := pair(t, coalesce)
 	rng := rand.New(rand.NewPCG(1, 2))
 	var stream []byte
 	var want [][]byte
@@ -197,7 +208,7 @@ func TestWriteOneFramePerMessage(t *testing.T) {
 // TestReadTimeoutLeavesWrites: a read deadline ends the read with a
 // timeout and the Conn can still write (the HELLO timeout's ERROR).
 func TestReadTimeoutLeavesWrites(t *testing.T) {
-	c, cws := pair(t)
+	c, cws := pair(t, true)
 	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	_, err := c.Read(make([]byte, 10))
 	var ne net.Error
