@@ -2,14 +2,17 @@ package client_test
 
 import (
 	"context"
+	"crypto/tls"
 	"io"
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/client"
 	"github.com/courier-mq/courier/internal/behaviour"
+	"github.com/courier-mq/courier/internal/testutil"
 	"github.com/courier-mq/courier/node"
 )
 
@@ -68,5 +71,46 @@ func TestParseWebSocketURL(t *testing.T) {
 	}
 	if _, err := client.ParseURLs("ws://a:1/ws?x=1"); err == nil {
 		t.Errorf("a query: no error")
+	}
+}
+
+// TestWSS: wss:// on a management listener with TLS, the Go client
+// checking the server's certificate, and the connection shown as
+// websocket.
+func TestWSS(t *testing.T) {
+	ca := testutil.NewCA(t)
+	srv := ca.Server()
+	n, err := node.Start(node.Config{
+		DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0",
+		HTTPTLS: node.TLSFiles{CertFile: srv.CertFile, KeyFile: srv.KeyFile},
+		Log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	url := "wss://" + n.HTTPAddr().String() + "/ws"
+	ctx := context.Background()
+	if _, err := client.Dial(ctx, url, client.Options{NoReconnect: true}); err == nil {
+		t.Fatal("a server certificate from an unknown CA was accepted")
+	}
+	c, err := client.Dial(ctx, url, client.Options{TLS: &tls.Config{RootCAs: ca.Pool}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ps, err := c.PubSub(ctx, "tls.news")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 1)
+	if _, err := ps.Subscribe(ctx, "#", func(d *courier.Delivery) { got <- string(d.Body) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.PublishSync(ctx, courier.Message{Key: "k", Body: []byte("over wss")}); err != nil {
+		t.Fatal(err)
+	}
+	if b := testutil.Recv(t, got, 20*time.Second); b != "over wss" {
+		t.Fatalf("got %q", b)
 	}
 }
