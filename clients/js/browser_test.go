@@ -37,7 +37,7 @@ func chromium(t *testing.T) string {
 	return ""
 }
 
-// TestChromium runs clients/js/test/browser in headless Chromium: the
+// TestChromium runs clients/js/browsertest in headless Chromium: the
 // page, served from another origin than the server's (which ws_origins
 // allows), loads courier.js as an ES module with no build step and
 // talks to a real server over WebSocket, a Go handler over TCP among
@@ -85,7 +85,7 @@ func TestChromium(t *testing.T) {
 	defer cancelCtx()
 	bctx, cancel := context.WithTimeout(bctx, 2*time.Minute)
 	defer cancel()
-	page := pages.URL + "/test/browser/index.html?ws=" + url.QueryEscape("ws://"+n.HTTPAddr().String()+"/ws")
+	page := pages.URL + "/browsertest/index.html?ws=" + url.QueryEscape("ws://"+n.HTTPAddr().String()+"/ws")
 	if err := chromedp.Do(bctx, chromedp.Navigate(page)); err != nil {
 		t.Fatalf("open %s: %v", page, err)
 	}

@@ -1,7 +1,7 @@
 // The JavaScript client's browser tests: the page's query gives the
 // server's WebSocket URL (?ws=...); the result lands in window.__result
 // ("PASS", or "FAIL: ..."), which the Go test (TestChromium) polls.
-import { connect, Code, CourierError } from '../../courier.js';
+import { connect, Code, CourierError } from '../courier.js';
 
 const url = new URLSearchParams(location.search).get('ws');
 const log = (s) => { document.getElementById('log').textContent += s + '\n'; };
