@@ -121,11 +121,22 @@ func (o *Options) setDefaults() {
 }
 
 // URL schemes: courier:// is plain TCP; courier+tls:// and its short
-// form tls:// are TLS.
+// form tls:// are TLS; ws:// and wss:// are the protocol over WebSocket
+// (on the management listener, path /ws by default).
 const (
 	Scheme    = "courier"
 	SchemeTLS = "courier+tls"
+	SchemeWS  = "ws"
+	SchemeWSS = "wss"
 )
+
+// DefaultWSPath is the WebSocket endpoint's path when a ws:// or wss://
+// URL gives none.
+const DefaultWSPath = "/ws"
+
+// IsWebSocket reports whether a URL parsed by [ParseURL] asks for
+// WebSocket.
+func IsWebSocket(u *url.URL) bool { return u.Scheme == SchemeWS || u.Scheme == SchemeWSS }
 
 // ParseURL checks a courier://, courier+tls:// or tls:// URL and returns
 // its host:port.
@@ -139,8 +150,8 @@ func ParseURL(raw string) (addr string, u *url.URL, err error) {
 		return "", nil, fmt.Errorf("client: bad URL: %v", errors.Unwrap(err))
 	}
 	shown := u.Redacted()
-	if u.Scheme != Scheme && u.Scheme != SchemeTLS && u.Scheme != "tls" {
-		return "", nil, fmt.Errorf("client: bad URL %q: scheme %q, want courier://host:port or courier+tls://host:port", shown, u.Scheme)
+	if u.Scheme != Scheme && u.Scheme != SchemeTLS && u.Scheme != "tls" && !IsWebSocket(u) {
+		return "", nil, fmt.Errorf("client: bad URL %q: scheme %q, want courier://host:port, courier+tls://host:port or ws://host:port/ws", shown, u.Scheme)
 	}
 	if u.Hostname() == "" {
 		return "", nil, fmt.Errorf("client: bad URL %q: no host", shown)
@@ -148,6 +159,18 @@ func ParseURL(raw string) (addr string, u *url.URL, err error) {
 	port := u.Port()
 	if port == "" {
 		port = DefaultPort
+		if IsWebSocket(u) {
+			port = "7480" // the management listener's
+		}
+	}
+	if IsWebSocket(u) {
+		if u.Path == "" || u.Path == "/" {
+			u.Path = DefaultWSPath
+		}
+		if u.RawQuery != "" || u.Fragment != "" {
+			return "", nil, fmt.Errorf("client: bad URL %q: unexpected query", shown)
+		}
+		return net.JoinHostPort(u.Hostname(), port), u, nil
 	}
 	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
 		return "", nil, fmt.Errorf("client: bad URL %q: unexpected path or query", shown)
@@ -156,7 +179,9 @@ func ParseURL(raw string) (addr string, u *url.URL, err error) {
 }
 
 // IsTLS reports whether a URL parsed by [ParseURL] asks for TLS.
-func IsTLS(u *url.URL) bool { return u.Scheme == SchemeTLS || u.Scheme == "tls" }
+func IsTLS(u *url.URL) bool {
+	return u.Scheme == SchemeTLS || u.Scheme == "tls" || u.Scheme == SchemeWSS
+}
 
 // URLs is a list of servers parsed by [ParseURLs]: one scheme and one
 // userinfo for them all.
@@ -167,6 +192,9 @@ type URLs struct {
 	User *url.Userinfo
 	// Addrs are the servers' host:port, in the order given.
 	Addrs []string
+	// WSPath is the WebSocket endpoint's path for ws:// and wss://
+	// URLs (the first URL's); "" for the TCP schemes.
+	WSPath string
 
 	scheme string
 	shown  map[string]string // addr → the URL as given, password redacted
@@ -208,7 +236,13 @@ func ParseURLs(raw string) (URLs, error) {
 		if i == 0 {
 			list.scheme, list.TLS, list.User = u.Scheme, IsTLS(u), u.User
 			list.shown = make(map[string]string)
+			if IsWebSocket(u) {
+				list.WSPath = u.Path
+			}
 		} else {
+			if IsWebSocket(u) != (list.WSPath != "") {
+				return list, fmt.Errorf("client: bad URL list: %q and %q mix WebSocket and TCP", list.shown[list.Addrs[0]], u.Redacted())
+			}
 			if IsTLS(u) != list.TLS {
 				return list, fmt.Errorf("client: bad URL list: %q and %q mix TLS and plain TCP", list.shown[list.Addrs[0]], u.Redacted())
 			}
@@ -303,6 +337,13 @@ func (t *transport) dialFirst(ctx context.Context, addr string, more bool) (*lin
 // dial connects to addr and runs the handshake.
 func (t *transport) dial(ctx context.Context, addr string) (*link, error) {
 	shown := t.list.show(addr)
+	if t.list.WSPath != "" {
+		nc, err := dialWebSocket(ctx, t.list, addr, t.opts.TLS)
+		if err != nil {
+			return nil, fmt.Errorf("client: dial %s: %w", shown, err)
+		}
+		return t.handshake(ctx, addr, shown, nc)
+	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -317,6 +358,12 @@ func (t *transport) dial(ctx context.Context, addr string) (*link, error) {
 			return nil, fmt.Errorf("client: %s: %w", shown, err)
 		}
 	}
+	return t.handshake(ctx, addr, shown, nc)
+}
+
+// handshake runs the protocol's handshake on nc, a new connection to
+// addr, and returns its link.
+func (t *transport) handshake(ctx context.Context, addr, shown string, nc net.Conn) (*link, error) {
 	l := &link{
 		t:       t,
 		addr:    addr,

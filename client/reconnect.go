@@ -573,7 +573,9 @@ const (
 // learn records the servers a WELCOME named, at most maxDiscovered of
 // them, each a host:port of at most maxDiscoveredLn bytes.
 func (t *transport) learn(urls []string) {
-	if t.opts.IgnoreDiscoveredURLs {
+	if t.opts.IgnoreDiscoveredURLs || t.list.WSPath != "" {
+		// Over WebSocket the servers' client addresses are of no use:
+		// they name TCP listeners.
 		return
 	}
 	var found []string

@@ -16,8 +16,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,6 +78,15 @@ type Config struct {
 	// HTTPTLS serves the management listener over HTTPS only.
 	// Default: none (plain HTTP).
 	HTTPTLS TLSFiles `toml:"http_tls"`
+	// WSOrigins are the browser origins, besides the management
+	// listener's own, whose pages may open the WebSocket access layer
+	// (ws://HTTP/ws, the client protocol over WebSocket; served when both
+	// Listen and HTTP are set): host patterns such as "chat.example.com"
+	// or "*.example.com", or "https://chat.example.com" to match the
+	// scheme too (path.Match). Requests without an Origin header (not
+	// from a browser) are always let in. Default: none (same origin
+	// only).
+	WSOrigins []string `toml:"ws_origins"`
 	// AdminUser and AdminPassword create the first user, an administrator
 	// with every permission, when the data directory has no users yet;
 	// once users exist they are ignored. The users live in
@@ -295,6 +306,11 @@ func (c Config) Validate() error {
 	}
 	if (c.AdminUser == "") != (c.AdminPassword == "") {
 		return fmt.Errorf("node: the first administrator needs both a user name and a password")
+	}
+	for _, o := range c.WSOrigins {
+		if _, err := path.Match(strings.ToLower(o), ""); err != nil || o == "" {
+			return fmt.Errorf("node: ws_origins: bad origin pattern %q: want a host pattern such as chat.example.com, *.example.com or https://chat.example.com", o)
+		}
 	}
 	if err := c.TLS.Validate(); err != nil {
 		return err
@@ -644,7 +660,7 @@ func (n *Node) startAdmin() error {
 		Listen: n.cfg.HTTP, Broker: n.broker, Node: n.cfg.Name, Log: n.cfg.Log,
 		Describe: describe, CloseConn: server.Close, Supervised: true, Components: n.components,
 		Queues: queueSource{n.broker},
-		Users:  n.users, TLS: httpTLS, ClientURL: n.URL, HTTPURL: n.HTTPURL,
+		Users:  n.users, TLS: httpTLS, ClientURL: n.URL, HTTPURL: n.HTTPURL, WebSocket: n.webSocket(),
 		Cluster: func() []admin.ClusterNode {
 			if n.fabric == nil {
 				return nil
@@ -691,6 +707,15 @@ func (n *Node) startAdmin() error {
 	return nil
 }
 
+// webSocket returns the handler of the WebSocket access layer, served
+// by the management listener; nil without a client listener.
+func (n *Node) webSocket() http.Handler {
+	if n.srv == nil {
+		return nil
+	}
+	return n.srv.WebSocketHandler(n.cfg.WSOrigins)
+}
+
 // components lists the supervised components for the management API.
 func (n *Node) components() []admin.Component {
 	st := n.sup.Status()
@@ -715,7 +740,7 @@ func describe(sink broker.Sink) (admin.ConnInfo, bool) {
 		return admin.ConnInfo{Type: "embedded", User: t.user, ConnectedAt: t.opened}, true
 	}
 	if ci, ok := server.Describe(sink); ok {
-		return admin.ConnInfo{Type: "network", Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt,
+		return admin.ConnInfo{Type: "network", Protocol: ci.Protocol, Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt,
 			SendPending: ci.SendPending, SendBlocked: ci.SendBlocked}, true
 	}
 	return admin.ConnInfo{}, false

@@ -99,7 +99,17 @@ type Outbox struct {
 // bytes, holding data frames back while more than limit bytes wait.
 func NewOutbox(w io.Writer, maxFrame, limit int) *Outbox {
 	_, fragile := w.(*tls.Conn)
+	if f, ok := w.(FragileWriter); ok && f.FragileWrites() {
+		fragile = true
+	}
 	return &Outbox{w: w, room: make(chan struct{}), ready: make(chan struct{}, 1), max: maxFrame, limit: limit, fragile: fragile}
+}
+
+// FragileWriter is a writer that a timed-out write breaks for good, as
+// a TLS connection or a WebSocket: an [Outbox] on one never lets a
+// producer write inline under a short deadline.
+type FragileWriter interface {
+	FragileWrites() bool
 }
 
 // SetWriteTimeout bounds the write loop's writes ([Outbox.Flush]): they

@@ -369,3 +369,30 @@ func TestTrimGivesBackBurstBuffers(t *testing.T) {
 		t.Error("nothing written after Trim")
 	}
 }
+
+// fragileWriter is a countingWriter that a timed-out write would break.
+type fragileWriter struct{ countingWriter }
+
+func (*fragileWriter) FragileWrites() bool { return true }
+
+// TestOutboxFragileNeverInline: on a FragileWriter (a WebSocket) a
+// producer never writes inline: the write loop does, without a short
+// deadline that would break the stream.
+func TestOutboxFragileNeverInline(t *testing.T) {
+	w := &fragileWriter{}
+	o := NewOutbox(w, DefaultMaxFrame, 1<<20)
+	if err := o.Put(&Frame{Type: TypeResponse, Ref: 1}, Urgent, 0); err != nil {
+		t.Fatal(err)
+	}
+	if w.count() != 0 {
+		t.Fatalf("an urgent frame on a fragile writer made %d writes inline", w.count())
+	}
+	select {
+	case <-o.Ready():
+	default:
+		t.Fatal("the write loop was not kicked")
+	}
+	if _, err := o.Flush(); err != nil || w.count() != 1 {
+		t.Fatalf("flush: %v, %d writes", err, w.count())
+	}
+}

@@ -167,3 +167,32 @@ client_ca_file = "ca.pem"
 		t.Errorf("splitList: %q", got)
 	}
 }
+
+// TestServerConfigWSOrigins: ws_origins in the file, --ws-origins over
+// it, comma-separated.
+func TestServerConfigWSOrigins(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "courier.toml")
+	os.WriteFile(path, []byte(`ws_origins = ["chat.example.com", "https://*.example.org"]`), 0o644)
+	sc := defaultServerConfig()
+	cmd := newServerCmd(&sc)
+	if err := cmd.ParseFlags([]string{"--config", path}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadServerConfig(path, cmd.Flags(), &sc); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(sc.WSOrigins, " ") != "chat.example.com https://*.example.org" {
+		t.Errorf("from the file: %q", sc.WSOrigins)
+	}
+	sc = defaultServerConfig()
+	cmd = newServerCmd(&sc)
+	if err := cmd.ParseFlags([]string{"--config", path, "--ws-origins", "a.example, b.example"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadServerConfig(path, cmd.Flags(), &sc); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(sc.WSOrigins, " ") != "a.example b.example" {
+		t.Errorf("the flag over the file: %q", sc.WSOrigins)
+	}
+}

@@ -249,6 +249,7 @@ manage users with 'courier users'.`,
 	f.StringVar(&cfg.HTTPTLS.KeyFile, "http-tls-key", "", "PEM private key file of --http-tls-cert")
 	f.StringVar(&cfg.AdminUser, "admin-user", os.Getenv("COURIER_ADMIN_USER"), "create this administrator on first start, when the data dir has no users (env COURIER_ADMIN_USER; password from COURIER_ADMIN_PASSWORD or --admin-password-file)")
 	f.StringVar(&adminPasswordFile, "admin-password-file", "", "file whose first line is the first administrator's password")
+	f.Var(listFlag{&cfg.WSOrigins}, "ws-origins", `browser origins allowed on ws://HTTP/ws besides the listener's own, comma-separated host patterns ("chat.example.com,*.example.com" or "https://chat.example.com")`)
 	f.BoolVar(&cfg.MetricsAuth, "metrics-auth", false, "ask for credentials on /metrics too once there are users")
 	f.StringVar(&sc.Log.Level, "log-level", d.Log.Level, "debug, info, warn or error")
 	f.StringVar(&sc.Log.Format, "log-format", d.Log.Format, "text or json")
@@ -315,3 +316,21 @@ func reload(n *node.Node, log *slog.Logger) {
 	}
 	log.Info("reloaded on SIGHUP: users, permissions and certificates")
 }
+
+// listFlag is a flag holding a comma-separated list, such as
+// --ws-origins: given again, it replaces the list.
+type listFlag struct{ p *[]string }
+
+func (l listFlag) String() string {
+	if l.p == nil {
+		return ""
+	}
+	return strings.Join(*l.p, ",")
+}
+
+func (l listFlag) Set(s string) error {
+	*l.p = splitList(s)
+	return nil
+}
+
+func (l listFlag) Type() string { return "list" }

@@ -106,6 +106,11 @@ type Config struct {
 	// Supervised, when set, makes New start no goroutine: the caller
 	// runs [Server.RunSampler] itself, under a supervisor. Default: false.
 	Supervised bool
+	// WebSocket, when set, serves WebSocketPath (/ws): the client
+	// protocol over WebSocket. It is outside the management API's access
+	// control (a client authenticates in its HELLO) and its connections
+	// leave the count of MaxConns once upgraded. Default: nil (404).
+	WebSocket http.Handler
 	// Log receives structured logs. Default: slog.Default().
 	Log *slog.Logger
 
@@ -273,8 +278,18 @@ func (s *Server) routes() {
 	s.prof.register(m)
 	m.Handle("/", webHandler())
 	s.mux = m
-	s.handler = s.guard(m)
+	guarded := s.guard(m)
+	s.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == WebSocketPath && s.cfg.WebSocket != nil {
+			s.cfg.WebSocket.ServeHTTP(w, r)
+			return
+		}
+		guarded.ServeHTTP(w, r)
+	})
 }
+
+// WebSocketPath is where [Config.WebSocket] is served.
+const WebSocketPath = "/ws"
 
 // Handler returns the HTTP handler of every endpoint, behind the access
 // control of [Config.Users].

@@ -12,6 +12,9 @@ type ConnInfo struct {
 	// Type is "network" for a client of the server and "embedded" for an
 	// in-process connection.
 	Type string
+	// Protocol is a network client's transport, "tcp" or "websocket";
+	// "" when embedded.
+	Protocol string
 	// Peer is the client's address, "host:port"; "" when embedded.
 	Peer string
 	// User is the authenticated user; on a node without users, the name
@@ -50,6 +53,7 @@ var connSchema = newSchema("id",
 		num: func(r *connRow) float64 { return float64(r.item.Number()) }},
 	strField("name", func(r *connRow) string { return r.item.Name() }),
 	strField("type", func(r *connRow) string { return r.conn().Type }),
+	strField("protocol", func(r *connRow) string { return r.conn().Protocol }),
 	strField("peer", func(r *connRow) string { return r.conn().Peer }),
 	strField("user", func(r *connRow) string { return r.conn().User }),
 	intField("connected_at", func(r *connRow) int64 {

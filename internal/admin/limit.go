@@ -60,9 +60,16 @@ type limitConn struct {
 
 func (c *limitConn) Close() error {
 	err := c.Conn.Close()
+	c.Release()
+	return err
+}
+
+// Release gives the connection's place back while it stays open: it
+// was upgraded to a WebSocket, which the client listener's limits
+// count instead.
+func (c *limitConn) Release() {
 	c.once.Do(func() {
 		c.l.active.Add(-1)
 		<-c.l.sem
 	})
-	return err
 }

@@ -45,6 +45,9 @@ type sniffConn struct {
 	decided bool
 }
 
+// NetConn returns the connection under c.
+func (c *sniffConn) NetConn() net.Conn { return c.Conn }
+
 func (c *sniffConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if c.decided || n == 0 {

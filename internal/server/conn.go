@@ -35,6 +35,8 @@ type conn struct {
 	sess *broker.Session
 	// opened is when the connection was accepted (see [Describe]).
 	opened time.Time
+	// proto is the transport: [ProtoTCP] or [ProtoWebSocket].
+	proto string
 
 	heartbeat atomic.Int64 // agreed interval in ns, set by the handshake
 	seen      atomic.Bool  // a frame arrived since the last heartbeat tick
@@ -70,7 +72,7 @@ type conn struct {
 func newConn(s *Server, nc net.Conn) *conn {
 	noDelay(nc)
 	c := &conn{
-		s: s, nc: nc, peer: nc.RemoteAddr().String(), opened: time.Now(),
+		s: s, nc: nc, peer: nc.RemoteAddr().String(), opened: time.Now(), proto: ProtoTCP,
 		out:     wire.NewOutbox(nc, wire.HandshakeMaxFrame, s.cfg.OutboxLimit),
 		r:       wire.NewReader(nc, wire.HandshakeMaxFrame),
 		closing: make(chan struct{}),
@@ -191,7 +193,7 @@ func (c *conn) handshake() error {
 			refuse(rh.Conn, wire.Errorf(wire.CodeProtocol, "this port speaks TLS: connect with a courier+tls:// URL"))
 			return fmt.Errorf("plain-text client on the TLS port: %w", err)
 		}
-		if errors.Is(err, wire.ErrFrameTooLarge) && looksHTTP(c.r.Head()) {
+		if errors.Is(err, wire.ErrFrameTooLarge) && c.proto == ProtoTCP && looksHTTP(c.r.Head()) {
 			answerHTTP(c.nc, c.s.wrongPortReason())
 			return fmt.Errorf("an HTTP client on the client port: %w", err)
 		}

@@ -261,32 +261,51 @@ func (s *Server) Serve(ln net.Listener) error {
 }
 
 func (s *Server) accept(nc net.Conn) {
+	c := s.admit(nc, ProtoTCP)
+	if c == nil {
+		return
+	}
+	go s.run(c)
+}
+
+// admit counts a new connection, or refuses it (a fatal ERROR, then
+// close) when too many are in their handshake, and returns nil. Over
+// TCP it wraps nc in TLS when the listener speaks TLS.
+func (s *Server) admit(nc net.Conn, proto string) *conn {
 	key := addrKey(nc.RemoteAddr())
 	s.mu.Lock()
 	if s.shutdown {
 		s.mu.Unlock()
 		nc.Close()
-		return
+		return nil
 	}
 	if e := s.admitHandshake(key); e != nil {
 		s.mu.Unlock()
 		s.logRefused(nc, e)
-		s.refuseNew(nc, e)
-		return
+		if proto == ProtoTCP {
+			s.refuseNew(nc, e)
+		} else {
+			refuse(nc, e)
+		}
+		return nil
 	}
-	if s.cfg.TLS != nil {
+	if s.cfg.TLS != nil && proto == ProtoTCP {
 		nc = tls.Server(nc, s.cfg.TLS)
 	}
 	c := newConn(s, nc)
+	c.proto = proto
 	s.conns[c] = struct{}{}
 	s.startHandshake(c, key)
 	s.wg.Add(1)
 	s.mu.Unlock()
-	go func() {
-		defer s.wg.Done()
-		c.serve()
-		s.forget(c)
-	}()
+	return c
+}
+
+// run serves an admitted connection to its end.
+func (s *Server) run(c *conn) {
+	defer s.wg.Done()
+	c.serve()
+	s.forget(c)
 }
 
 // refuse writes one fatal ERROR frame and closes nc.

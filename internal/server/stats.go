@@ -10,6 +10,8 @@ import (
 // ConnInfo is what the server knows of one network connection, for the
 // management API.
 type ConnInfo struct {
+	// Protocol is the transport: "tcp" (TLS or not) or "websocket".
+	Protocol string
 	// Peer is the client's address, "host:port".
 	Peer string
 	// Local is the server address the connection came in on.
@@ -37,7 +39,7 @@ func Describe(sink broker.Sink) (info ConnInfo, ok bool) {
 	if !ok {
 		return ConnInfo{}, false
 	}
-	return ConnInfo{Peer: c.peer, Local: c.nc.LocalAddr().String(), User: c.user, ConnectedAt: c.opened,
+	return ConnInfo{Protocol: c.proto, Peer: c.peer, Local: c.nc.LocalAddr().String(), User: c.user, ConnectedAt: c.opened,
 		SendPending: c.out.Pending(), SendBlocked: c.out.Blocked()}, true
 }
 

@@ -1,0 +1,119 @@
+package server
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/courier-mq/courier/internal/wsnet"
+)
+
+// The transports a connection may come by, as [ConnInfo.Protocol] names
+// them.
+const (
+	ProtoTCP       = "tcp"
+	ProtoWebSocket = "websocket"
+)
+
+// WebSocketPath is where the management listener serves the WebSocket
+// access layer.
+const WebSocketPath = "/ws"
+
+// WebSocketHandler returns the HTTP handler of the WebSocket access
+// layer (docs/protocol.md, "WebSocket"): it upgrades a request to a
+// WebSocket and serves the Courier protocol on it, one frame per binary
+// message, with the same connection engine, handshake, authentication,
+// limits and error codes as the TCP listener. The handler returns when
+// the connection ends.
+//
+// origins are the browser origins allowed besides the listener's own
+// (same-origin) one: host patterns such as "chat.example.com" or
+// "*.example.com", or with a scheme, "https://chat.example.com",
+// matched with path.Match. A request with another Origin is refused
+// with 403 before the upgrade. A request without Origin (not a
+// browser) is let in: a browser always sends one.
+func (s *Server) WebSocketHandler(origins []string) http.Handler {
+	opts := &websocket.AcceptOptions{
+		Subprotocols:   []string{wsnet.Subprotocol},
+		OriginPatterns: origins,
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		down := s.shutdown
+		s.mu.Unlock()
+		if down {
+			http.Error(w, "the server is shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		hw := &hijackWriter{ResponseWriter: w}
+		ws, err := websocket.Accept(hw, r, opts)
+		if err != nil {
+			// Accept has answered the request (403 for a refused
+			// origin, 426 for a request that is no upgrade).
+			s.logHandshakeFailed(r.RemoteAddr, errors.Join(errors.New("WebSocket upgrade refused"), err))
+			return
+		}
+		if hw.raw == nil {
+			ws.CloseNow()
+			return
+		}
+		// net/http may have left its deadlines on the connection.
+		hw.raw.SetDeadline(time.Time{})
+		nc := wsnet.NewConn(ws, hw.raw, int64(s.cfg.MaxFrame)+5)
+		if c := s.admit(nc, ProtoWebSocket); c != nil {
+			s.run(c) // on the handler's goroutine: one fewer per connection
+		}
+	})
+}
+
+// hijackWriter keeps the connection that Hijack hands over, for its
+// deadlines, and lets the listener hand back the place the connection
+// took in its count of HTTP connections (see [Releaser]).
+type hijackWriter struct {
+	http.ResponseWriter
+	raw net.Conn
+}
+
+// Releaser is a connection that counts against a limit of the HTTP
+// listener it came from; Release takes it out of the count, for good,
+// when it stops being an HTTP connection.
+type Releaser interface {
+	Release()
+}
+
+// Hijack hijacks the connection as the ResponseWriter does.
+func (h *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	nc, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	release(nc)
+	// The WebSocket writes through a Coalescer, so that the frames of
+	// one batch of the write loop reach the socket in one write.
+	co := wsnet.NewCoalescer(nc)
+	h.raw = co
+	return co, bufio.NewReadWriter(brw.Reader, bufio.NewWriterSize(co, 4<<10)), nil
+}
+
+// release finds the Releaser under nc (through TLS and other wrappers
+// that name the connection they wrap) and releases it.
+func release(nc net.Conn) {
+	for range 8 {
+		if r, ok := nc.(Releaser); ok {
+			r.Release()
+			return
+		}
+		u, ok := nc.(interface{ NetConn() net.Conn })
+		if !ok {
+			return
+		}
+		nc = u.NetConn()
+	}
+}
+
+// Unwrap returns the ResponseWriter under h (for http.ResponseController).
+func (h *hijackWriter) Unwrap() http.ResponseWriter { return h.ResponseWriter }
