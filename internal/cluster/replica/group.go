@@ -56,6 +56,9 @@ type Group struct {
 	wasLeader   bool
 	confPending bool
 	cs          *pb.ConfState
+	openDamage  string          // why the replica was damaged when opened
+	rejoin      map[uint64]bool // leader: damaged replicas being removed, to come back as learners
+	leaderLast  uint64          // leader: the last index when it was elected
 
 	leader, term atomic.Uint64
 
@@ -170,6 +173,10 @@ func (g *Group) Leader() (leader, term uint64) { return g.leader.Load(), g.term.
 // Applied returns the index of the last entry applied on this replica.
 func (g *Group) Applied() uint64 { return g.applied.Load() }
 
+// OpenDamage returns why the replica was found damaged when it was
+// opened from the host's log, or "" if it was not.
+func (g *Group) OpenDamage() string { return g.openDamage }
+
 // Damaged returns why this replica does not vote, or "" if it does.
 func (g *Group) Damaged() string {
 	var d string
@@ -262,15 +269,85 @@ func (g *Group) leading() error {
 	return nil
 }
 
+// damagedCtx marks the heartbeat responses of a damaged replica, so
+// that the leader makes it rejoin as a learner.
+const damagedCtx = "courier:damaged"
+
 // step runs on the driver with a message from a peer.
 func (g *Group) step(m *pb.Message) {
-	if g.damaged != "" && m.GetType() == pb.MsgTimeoutNow {
-		return // a damaged replica never campaigns, even when asked to
+	switch m.GetType() {
+	case pb.MsgTimeoutNow:
+		if g.damaged != "" {
+			return // a damaged replica never campaigns, even when asked to
+		}
+	case pb.MsgHeartbeat:
+		// A leader's heartbeat says how far this replica may commit, from
+		// what the replica acknowledged. A replica that lost acknowledged
+		// entries would make Raft panic: it commits what it has.
+		if last, _ := g.ms.LastIndex(); m.GetCommit() > last {
+			m.Commit = u64(last)
+		}
+	case pb.MsgHeartbeatResp:
+		if string(m.GetContext()) == damagedCtx {
+			g.noteDamaged(m.GetFrom())
+			m.Context = nil
+		}
 	}
 	if raft.IsLocalMsg(m.GetType()) {
 		return // a peer cannot send local messages
 	}
 	_ = g.rn.Step(m)
+}
+
+// outgoing runs on the driver: it filters and marks what this replica
+// sends. A damaged replica grants no vote and says it is damaged.
+func (g *Group) outgoing(m *pb.Message) bool {
+	if g.damaged == "" {
+		return true
+	}
+	if isVoteGrant(m) {
+		return false
+	}
+	if m.GetType() == pb.MsgHeartbeatResp {
+		m.Context = []byte(damagedCtx)
+	}
+	return true
+}
+
+// noteDamaged runs on the leader's driver when replica id reports that
+// it lost part of its log. The leader removes it, then adds it back as
+// a learner: removal forgets what the leader believed the replica had
+// (Raft never lowers a replica's match index), and a learner never
+// votes. An operator promotes it again with [Group.AddVoter] once it
+// has caught up.
+func (g *Group) noteDamaged(id uint64) {
+	if g.leading() != nil || !slices.Contains(g.cs.GetVoters(), id) {
+		return
+	}
+	if g.rejoin == nil {
+		g.rejoin = map[uint64]bool{}
+	}
+	g.rejoin[id] = true
+	g.advanceRejoin()
+}
+
+// advanceRejoin proposes the next step of a damaged replica's rejoin.
+func (g *Group) advanceRejoin() {
+	for id := range g.rejoin {
+		if !g.canChangeConf() {
+			return
+		}
+		typ := pb.ConfChangeRemoveNode
+		if !slices.Contains(g.cs.GetVoters(), id) {
+			typ = pb.ConfChangeAddLearnerNode
+			delete(g.rejoin, id)
+		}
+		cc := &pb.ConfChangeV2{Changes: []*pb.ConfChangeSingle{{Type: &typ, NodeId: u64(id)}}}
+		if g.rn.ProposeConfChange(cc) == nil {
+			g.confPending = true
+			g.h.cfg.Logger.Warn("replica: damaged replica rejoins as a learner", "group", g.id, "replica", id, "step", typ.String())
+		}
+	}
 }
 
 // afterPersist runs on the driver once rd's state is durable: it updates
@@ -299,8 +376,13 @@ func (g *Group) afterPersist(rd raft.Ready) error {
 			g.cs = g.rn.ApplyConfChange(cc)
 			g.confPending = false
 			item.cs = g.cs
+			if g.damaged != "" && addsLearner(cc, g.h.cfg.ID) {
+				g.h.cfg.Logger.Warn("replica: damaged replica is a learner again", "group", g.id)
+				g.damaged = ""
+			}
 		}
 	}
+
 	if rd.SoftState != nil {
 		lead := rd.SoftState.Lead
 		if old := g.leader.Swap(lead); old != lead {
@@ -311,6 +393,11 @@ func (g *Group) afterPersist(rd raft.Ready) error {
 			g.mu.Unlock()
 		}
 		isLeader := rd.SoftState.RaftState == raft.StateLeader
+		if isLeader && !g.wasLeader {
+			// Raft drops configuration changes until the new leader has
+			// applied its log as of its election (its last index then).
+			g.leaderLast, _ = g.ms.LastIndex()
+		}
 		if g.wasLeader && !isLeader {
 			item.lost = true
 			g.confPending = false
@@ -321,6 +408,30 @@ func (g *Group) afterPersist(rd raft.Ready) error {
 		g.enqueue(item)
 	}
 	return nil
+}
+
+// canChangeConf runs on the driver: whether a configuration change
+// proposed now would be accepted (Raft silently turns one proposed
+// before the previous is applied into an empty entry).
+func (g *Group) canChangeConf() bool {
+	return g.leading() == nil && !g.confPending && g.rn.BasicStatus().Applied >= g.leaderLast
+}
+
+// afterAdvance runs on the driver after each Ready is done.
+func (g *Group) afterAdvance() {
+	if len(g.rejoin) > 0 {
+		g.advanceRejoin()
+	}
+}
+
+// addsLearner reports whether cc adds replica id as a learner.
+func addsLearner(cc pb.ConfChangeI, id uint64) bool {
+	for _, c := range cc.AsV2().GetChanges() {
+		if c.GetType() == pb.ConfChangeAddLearnerNode && c.GetNodeId() == id {
+			return true
+		}
+	}
+	return false
 }
 
 // confChange decodes a configuration change entry; nil for others.
@@ -473,6 +584,12 @@ func (g *Group) compact(index uint64, cs *pb.ConfState, data []byte) {
 	if err != nil {
 		return
 	}
+	if len(payload) > g.h.cfg.Store.MaxRecordSize {
+		// Not done yet: snapshots in several records. The group keeps
+		// its log in memory instead of compacting it.
+		g.h.cfg.Logger.Warn("replica: snapshot too large to store; log not compacted", "group", g.id, "bytes", len(payload))
+		return
+	}
 	// Nothing waits for this record: until it is durable, restart
 	// rebuilds the state from the entries, which are all still in the log.
 	if _, err := g.h.log.Append(uint32(g.id), KindCompact, payload, nil); err != nil {
@@ -606,7 +723,7 @@ func (g *Group) changeConf(ctx context.Context, typ pb.ConfChangeType, node uint
 			g.resolve(pid, result{err: err})
 			return
 		}
-		if g.confPending {
+		if !g.canChangeConf() {
 			g.resolve(pid, result{err: ErrConfChangePending})
 			return
 		}

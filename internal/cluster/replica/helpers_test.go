@@ -148,6 +148,14 @@ func (c *testCluster) closeAll() {
 func (c *testCluster) leader() uint64 {
 	c.t.Helper()
 	var lead uint64
+	defer func() {
+		if c.t.Failed() {
+			for id, g := range c.groups {
+				st, err := g.Status()
+				c.t.Logf("replica %d: %+v %v", id, st, err)
+			}
+		}
+	}()
 	testutil.WaitForf(c.t, wait, func() bool {
 		lead = 0
 		for id, g := range c.groups {
@@ -200,7 +208,13 @@ func (c *testCluster) propose(data string) uint64 {
 func (c *testCluster) converge(want []string) {
 	c.t.Helper()
 	for id, sm := range c.sms {
-		testutil.WaitForf(c.t, wait, func() bool { return slices.Equal(sm.list(), want) },
+		if !testutil.Eventually(wait, func() bool { return slices.Equal(sm.list(), want) }) {
+			for id, g := range c.groups {
+				st, err := g.Status()
+				c.t.Logf("replica %d: %+v %v", id, st, err)
+			}
+		}
+		testutil.WaitForf(c.t, time.Millisecond, func() bool { return slices.Equal(sm.list(), want) },
 			"replica %d applies %d entries (has %d)", id, len(want), len(sm.list()))
 	}
 }

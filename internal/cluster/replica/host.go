@@ -61,6 +61,16 @@ func (c *Config) defaults() {
 	if c.MaxEntrySize <= 0 {
 		c.MaxEntrySize = 1 << 20
 	}
+	if c.Store.MaxRecordSize == 0 {
+		// As the store does, made explicit: a Ready is split to fit.
+		seg := c.Store.SegmentSize
+		if seg == 0 {
+			seg = store.DefaultOptions().SegmentSize
+		}
+		c.Store.MaxRecordSize = int(min(int64(store.DefaultOptions().MaxRecordSize), seg-32))
+	}
+	// One entry must fit in a record with every header.
+	c.MaxEntrySize = min(c.MaxEntrySize, c.Store.MaxRecordSize-readyHeader-hardSize-entryHeader-propHeader)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -185,6 +195,7 @@ func (h *Host) Group(id GroupID, peers []uint64, sm StateMachine) (*Group, error
 	case rec != nil:
 		g.ms = rec.ms
 		g.damaged = rec.damaged
+		g.openDamage = rec.damaged
 	case len(peers) > 0:
 		if err := h.bootstrap(g, peers); err != nil {
 			return nil, err
@@ -380,7 +391,7 @@ func (h *Host) handleReady() error {
 			return err
 		}
 		for _, m := range r.rd.Messages {
-			if r.g.damaged != "" && isVoteGrant(m) {
+			if !r.g.outgoing(m) {
 				continue
 			}
 			out[m.GetTo()] = append(out[m.GetTo()], Envelope{Group: r.g.id, Msg: m})
@@ -389,6 +400,7 @@ func (h *Host) handleReady() error {
 			}
 		}
 		r.g.rn.Advance(r.rd)
+		r.g.afterAdvance()
 	}
 	for to, batch := range out {
 		h.cfg.Transport.Send(to, batch)
@@ -451,13 +463,25 @@ func (h *Host) persist(rds []groupReady) error {
 		if raft.IsEmptyHardState(hs) {
 			hs = nil
 		}
-		if hs == nil && len(r.rd.Entries) == 0 {
-			continue
-		}
-		buf = encodeReady(buf[:0], r.g.id, hs, r.rd.Entries)
-		if err := appendRec(r.g, KindReady, buf); err != nil {
-			wg.Wait()
-			return err
+		// Entries are split into records of at most MaxRecordSize; the
+		// hard state goes with the last.
+		ents := r.rd.Entries
+		for len(ents) > 0 || hs != nil {
+			n, size := 0, readyHeader+hardSize
+			for n < len(ents) && (n == 0 || size+entryHeader+len(ents[n].GetData()) <= h.cfg.Store.MaxRecordSize) {
+				size += entryHeader + len(ents[n].GetData())
+				n++
+			}
+			var part *pb.HardState
+			if n == len(ents) {
+				part, hs = hs, nil
+			}
+			buf = encodeReady(buf[:0], r.g.id, part, ents[:n])
+			ents = ents[n:]
+			if err := appendRec(r.g, KindReady, buf); err != nil {
+				wg.Wait()
+				return err
+			}
 		}
 	}
 	wg.Wait()
