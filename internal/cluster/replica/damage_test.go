@@ -62,6 +62,7 @@ func checkRefusesVote(t *testing.T, c *testCluster, bad uint64, want []string) {
 	if d := c.groups[bad].Damaged(); d != "" {
 		t.Fatalf("the re-added learner is still damaged: %s", d)
 	}
+	lead = c.leader()
 	c.crash(lead)
 	// The healthy survivor needs a second voter, and the learner does not
 	// vote. No leader in 3 s, 7 to 15 election timeouts of 200 to 400 ms
