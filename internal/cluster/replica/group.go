@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -63,7 +64,7 @@ type Group struct {
 	leader, term atomic.Uint64
 
 	mu       sync.Mutex
-	waiters  map[uint64]chan result
+	waiters  map[uint64]func(result)
 	leaderCh chan struct{} // closed and replaced at each leadership change
 	queue    []applyItem
 	err      error // why the group stopped
@@ -130,7 +131,7 @@ type applyItem struct {
 func newGroup(h *Host, id GroupID, sm StateMachine) *Group {
 	return &Group{
 		h: h, id: id, sm: sm,
-		waiters:  map[uint64]chan result{},
+		waiters:  map[uint64]func(result){},
 		leaderCh: make(chan struct{}),
 		sig:      make(chan struct{}, 1),
 		stopped:  make(chan struct{}),
@@ -170,6 +171,29 @@ func (g *Group) ID() GroupID { return g.id }
 // term it knows.
 func (g *Group) Leader() (leader, term uint64) { return g.leader.Load(), g.term.Load() }
 
+// WaitLeaderReady waits until this replica leads and its state machine
+// has applied every entry of its log as of its election: from then on
+// its state holds everything ever committed, and it alone appends. A
+// layer that serves from the leader (a queue) starts serving then.
+func (g *Group) WaitLeaderReady(ctx context.Context) error {
+	for {
+		var ready bool
+		if err := g.h.call(func() {
+			ready = g.leading() == nil && g.applied.Load() >= g.leaderLast
+		}); err != nil {
+			return err
+		}
+		if ready {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond): // polling the driver, not waiting for correctness
+		}
+	}
+}
+
 // Applied returns the index of the last entry applied on this replica.
 func (g *Group) Applied() uint64 { return g.applied.Load() }
 
@@ -203,16 +227,42 @@ func (g *Group) Propose(ctx context.Context, data []byte) (uint64, error) {
 	return g.await(ctx, id, ch)
 }
 
-func (g *Group) wait() (uint64, chan result, error) {
+// ProposeAsync is [Group.Propose] without waiting: done is called once,
+// with the entry's index or the error, on the group's apply goroutine or
+// the host's driver; it must not block nor call the group. Proposals
+// made one after the other by one goroutine are appended to the log in
+// that order.
+func (g *Group) ProposeAsync(data []byte, done func(index uint64, err error)) {
+	if len(data) > g.h.cfg.MaxEntrySize {
+		done(0, fmt.Errorf("%w: %d bytes", ErrTooLarge, len(data)))
+		return
+	}
+	id, err := g.register(func(r result) { done(r.index, r.err) })
+	if err != nil {
+		done(0, err)
+		return
+	}
+	if err := g.h.submit(func() { g.propose(id, data) }); err != nil {
+		g.resolve(id, result{err: err})
+	}
+}
+
+// register adds a waiter and returns its proposal id.
+func (g *Group) register(fn func(result)) (uint64, error) {
 	id := g.h.propID.Add(1)
-	ch := make(chan result, 1)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.err != nil {
-		return 0, nil, g.err
+		return 0, g.err
 	}
-	g.waiters[id] = ch
-	return id, ch, nil
+	g.waiters[id] = fn
+	return id, nil
+}
+
+func (g *Group) wait() (uint64, chan result, error) {
+	ch := make(chan result, 1)
+	id, err := g.register(func(r result) { ch <- r })
+	return id, ch, err
 }
 
 func (g *Group) await(ctx context.Context, id uint64, ch chan result) (uint64, error) {
@@ -230,11 +280,11 @@ func (g *Group) await(ctx context.Context, id uint64, ch chan result) (uint64, e
 // resolve completes waiter id, if it still waits.
 func (g *Group) resolve(id uint64, r result) {
 	g.mu.Lock()
-	ch := g.waiters[id]
+	fn := g.waiters[id]
 	delete(g.waiters, id)
 	g.mu.Unlock()
-	if ch != nil {
-		ch <- r
+	if fn != nil {
+		fn(r)
 	}
 }
 
@@ -242,10 +292,10 @@ func (g *Group) resolve(id uint64, r result) {
 func (g *Group) failWaiters(err error) {
 	g.mu.Lock()
 	ws := g.waiters
-	g.waiters = map[uint64]chan result{}
+	g.waiters = map[uint64]func(result){}
 	g.mu.Unlock()
-	for _, ch := range ws {
-		ch <- result{err: err}
+	for _, fn := range ws {
+		fn(result{err: err})
 	}
 }
 
