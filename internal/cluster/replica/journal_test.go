@@ -158,3 +158,71 @@ func TestJournalFailover(t *testing.T) {
 		t.Fatalf("confirm on the new leader: %v", err)
 	}
 }
+
+// TestJournalKillDuringSubmits kills the leader while tasks are being
+// submitted: every task confirmed before the kill is delivered by the
+// new leader (unconfirmed ones may or may not be).
+func TestJournalKillDuringSubmits(t *testing.T) {
+	sched := queue.NewScheduler(queue.SchedulerOptions{})
+	defer sched.Close()
+	c := newJournalCluster(t)
+	lead, q := c.leaderQueue(t, sched)
+
+	var mu sync.Mutex
+	confirmed := map[string]bool{}
+	const n = 300
+	for i := range n {
+		body := fmt.Sprintf("task-%d", i)
+		if _, err := q.Enqueue(queue.Message{Body: []byte(body)}, func(err error) {
+			if err == nil {
+				mu.Lock()
+				confirmed[body] = true
+				mu.Unlock()
+			}
+		}, nil); err != nil {
+			t.Fatal(err)
+		}
+		switch i {
+		case n / 4:
+			testutil.WaitForf(t, wait, func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(confirmed) > 0
+			}, "some confirms")
+		case n / 2:
+			c.net.Remove(lead) // the leader's node dies with submits in flight
+		}
+	}
+	_ = c.hosts[lead].Close()
+	mu.Lock()
+	before := make(map[string]bool, len(confirmed))
+	for b := range confirmed {
+		before[b] = true
+	}
+	mu.Unlock()
+	delete(c.groups, lead)
+	delete(c.states, lead)
+
+	_, q2 := c.leaderQueue(t, sched)
+	inbox := make(chan queue.Delivery, n)
+	if _, err := q2.AddConsumer("w", queue.ConsumerConfig{Prefetch: n, Deliver: func(d queue.Delivery) { inbox <- d }}); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	testutil.WaitForf(t, wait, func() bool {
+		for {
+			select {
+			case d := <-inbox:
+				got[string(d.Body)] = true
+			default:
+				for b := range before {
+					if !got[b] {
+						return false
+					}
+				}
+				return true
+			}
+		}
+	}, "every task confirmed before the kill is delivered (%d confirmed)", len(before))
+	t.Logf("%d submitted, %d confirmed before the kill, %d delivered after", n, len(before), len(got))
+}
