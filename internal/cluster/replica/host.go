@@ -499,7 +499,6 @@ func (h *Host) recover(rec *store.Recovery) error {
 		snap    *pb.Snapshot
 		hard    *pb.HardState
 		batches [][]*pb.Entry
-		bad     string
 	}
 	states := map[GroupID]*state{}
 	get := func(id GroupID) *state {
