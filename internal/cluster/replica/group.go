@@ -505,6 +505,10 @@ func confChange(e *pb.Entry) pb.ConfChangeI {
 
 func (g *Group) enqueue(it applyItem) {
 	g.mu.Lock()
+	if g.err != nil {
+		g.mu.Unlock()
+		return // stopped: nobody applies any more
+	}
 	g.queue = append(g.queue, it)
 	g.mu.Unlock()
 	g.poke()

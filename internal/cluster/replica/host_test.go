@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -317,4 +318,52 @@ func TestMembership(t *testing.T) {
 		c.propose(s)
 	}
 	c.converge(append(want, more...))
+}
+
+// failSM fails to apply "boom".
+type failSM struct{ listSM }
+
+func (s *failSM) Apply(e Entry) error {
+	if string(e.Data) == "boom" {
+		return errors.New("boom")
+	}
+	return s.listSM.Apply(e)
+}
+
+// TestStateMachineError: a state machine that cannot apply an entry
+// stops its replica of the group; proposals there fail with the error.
+func TestStateMachineError(t *testing.T) {
+	net := NewMemNetwork()
+	ids := []uint64{1, 2, 3}
+	groups := map[uint64]*Group{}
+	for _, id := range ids {
+		cfg := testConfig()
+		cfg.ID, cfg.Transport = id, net.Transport(id)
+		h, err := NewHost(newMemFS(), "/data", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = h.Close() })
+		if groups[id], err = h.Group(testGroup, ids, &failSM{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var lead *Group
+	testutil.WaitForf(t, wait, func() bool {
+		for id, g := range groups {
+			if l, _ := g.Leader(); l == id {
+				lead = g
+				return true
+			}
+		}
+		return false
+	}, "a leader")
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if _, err := lead.Propose(ctx, []byte("boom")); err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("propose boom: %v", err)
+	}
+	if _, err := lead.Propose(ctx, []byte("x")); err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("propose after the failure: %v", err)
+	}
 }
