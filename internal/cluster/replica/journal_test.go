@@ -15,6 +15,7 @@ import (
 // journalCluster is 3 hosts with a queue journal group.
 type journalCluster struct {
 	net    *MemNetwork
+	fss    map[uint64]*store.MemFS
 	hosts  map[uint64]*Host
 	groups map[uint64]*Group
 	states map[uint64]*JournalState
@@ -22,24 +23,40 @@ type journalCluster struct {
 
 func newJournalCluster(t *testing.T) *journalCluster {
 	t.Helper()
-	c := &journalCluster{net: NewMemNetwork(), hosts: map[uint64]*Host{}, groups: map[uint64]*Group{}, states: map[uint64]*JournalState{}}
-	ids := []uint64{1, 2, 3}
-	for _, id := range ids {
-		cfg := testConfig()
-		cfg.ID, cfg.Transport = id, c.net.Transport(id)
-		h, err := NewHost(store.NewMemFS(), "/data", cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = h.Close() })
-		c.states[id] = NewJournalState()
-		g, err := h.Group(testGroup, ids, c.states[id])
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.hosts[id], c.groups[id] = h, g
+	c := &journalCluster{net: NewMemNetwork(), fss: map[uint64]*store.MemFS{}, hosts: map[uint64]*Host{}, groups: map[uint64]*Group{}, states: map[uint64]*JournalState{}}
+	for _, id := range []uint64{1, 2, 3} {
+		c.fss[id] = store.NewMemFS()
+		c.start(t, id)
 	}
 	return c
+}
+
+// start opens host id from its MemFS and its replica of the journal.
+func (c *journalCluster) start(t *testing.T, id uint64) {
+	t.Helper()
+	cfg := testConfig()
+	cfg.ID, cfg.Transport = id, c.net.Transport(id)
+	h, err := NewHost(c.fss[id], "/data", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	c.states[id] = NewJournalState()
+	g, err := h.Group(testGroup, []uint64{1, 2, 3}, c.states[id])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.hosts[id], c.groups[id] = h, g
+}
+
+// powerCut crashes every host: each disk keeps what was synced.
+func (c *journalCluster) powerCut() {
+	for id, h := range c.hosts {
+		c.net.Remove(id)
+		disk := c.fss[id].Crash(nil)
+		_ = h.Close()
+		c.fss[id] = disk
+	}
 }
 
 // leaderQueue waits for a leader ready to serve and recovers the queue
@@ -225,4 +242,35 @@ func TestJournalKillDuringSubmits(t *testing.T) {
 		}
 	}, "every task confirmed before the kill is delivered (%d confirmed)", len(before))
 	t.Logf("%d submitted, %d confirmed before the kill, %d delivered after", n, len(before), len(got))
+}
+
+// TestJournalPowerCut: every node loses power at once after tasks were
+// confirmed; on restart, the leader's queue holds every confirmed task
+// not acked.
+func TestJournalPowerCut(t *testing.T) {
+	sched := queue.NewScheduler(queue.SchedulerOptions{})
+	defer sched.Close()
+	c := newJournalCluster(t)
+	_, q := c.leaderQueue(t, sched)
+	const n = 40
+	var nconf atomic.Int32
+	for i := range n {
+		if _, err := q.Enqueue(queue.Message{Body: []byte(fmt.Sprintf("task-%d", i))}, func(err error) {
+			if err == nil {
+				nconf.Add(1)
+			}
+		}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitForf(t, wait, func() bool { return nconf.Load() == n }, "%d confirms", n)
+	_ = q.Close()
+	c.powerCut()
+	for _, id := range []uint64{1, 2, 3} {
+		c.start(t, id)
+	}
+	_, q2 := c.leaderQueue(t, sched)
+	if got := q2.Stats().Messages(); got != n {
+		t.Fatalf("%d tasks after the power cut, want %d", got, n)
+	}
 }
