@@ -12,6 +12,7 @@ import (
 
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -342,6 +343,10 @@ func (g *Group) step(m *pb.Message) {
 			g.noteDamaged(m.GetFrom())
 			m.Context = nil
 		}
+	case pb.MsgAppResp:
+		if m.GetReject() && g.lostAcked(m) {
+			g.noteDamaged(m.GetFrom())
+		}
 	}
 	if raft.IsLocalMsg(m.GetType()) {
 		return // a peer cannot send local messages
@@ -362,6 +367,24 @@ func (g *Group) outgoing(m *pb.Message) bool {
 		m.Context = []byte(damagedCtx)
 	}
 	return true
+}
+
+// lostAcked runs on the driver with a rejected append: it reports
+// whether the follower's log now ends before what it acknowledged to
+// this leader (its match index), so it lost entries it had fsynced. A
+// rejection of an append sent before the match index is stale, not loss.
+func (g *Group) lostAcked(m *pb.Message) bool {
+	st := g.rn.BasicStatus()
+	if st.RaftState != raft.StateLeader || m.GetTerm() != st.GetTerm() {
+		return false
+	}
+	var match uint64
+	g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		if id == m.GetFrom() {
+			match = pr.Match
+		}
+	})
+	return m.GetIndex() >= match && m.GetRejectHint() < match
 }
 
 // noteDamaged runs on the leader's driver when replica id reports that
