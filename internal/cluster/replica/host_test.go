@@ -194,7 +194,11 @@ func TestCatchUpByLog(t *testing.T) {
 	}
 	c.net.Heal()
 	c.converge(want)
-	if r := c.sms[lag].restores; r != 0 {
+	sm := c.sms[lag]
+	sm.mu.Lock()
+	r := sm.restores
+	sm.mu.Unlock()
+	if r != 0 {
 		t.Fatalf("caught up by %d snapshots, want by log", r)
 	}
 }
