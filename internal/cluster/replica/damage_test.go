@@ -2,6 +2,7 @@ package replica
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -81,9 +82,14 @@ func checkRefusesVote(t *testing.T, c *testCluster, bad uint64, want []string) {
 	lead = c.leader()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	if err := c.groups[lead].AddVoter(ctx, bad); err != nil {
-		t.Fatal(err)
-	}
+	// A leader just elected refuses changes until it applied its log.
+	testutil.WaitForf(t, wait, func() bool {
+		err := c.groups[lead].AddVoter(ctx, bad)
+		if err != nil && !errors.Is(err, ErrConfChangePending) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}, "replica %d promoted", bad)
 	c.propose("after")
 	c.converge(append(want, "after"))
 }
