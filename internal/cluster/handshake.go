@@ -34,6 +34,7 @@ const (
 	KindLinkControl Kind = 4 // a node link's control connection
 	KindLinkData    Kind = 5 // a node link's data connection
 	KindGossip      Kind = 6 // memberlist's packets, with mutual TLS and no secret
+	KindQueueRaft   Kind = 7 // the replicated queues' Raft messages (internal/cluster/replica)
 )
 
 func (k Kind) String() string {
@@ -50,6 +51,8 @@ func (k Kind) String() string {
 		return "link-data"
 	case KindGossip:
 		return "gossip"
+	case KindQueueRaft:
+		return "queue-raft"
 	}
 	return fmt.Sprintf("kind-%d", uint8(k))
 }

@@ -1,0 +1,31 @@
+// Package replica runs many Raft groups on one node: the foundation of
+// Courier's replicated durable queues (issue 15, docs/replication.md).
+//
+// A [Host] drives every group of its node with go.etcd.io/raft/v3
+// RawNodes: one driver goroutine ticks all groups, steps the messages
+// that arrive, collects each group's Ready, persists the entries and
+// hard states of all of them in one round of appends to the host's
+// [store.Log] (one group commit, one fsync for the whole round), then
+// sends the round's messages, batched per peer host, through a
+// [Transport], and hands committed entries to each group's apply
+// goroutine, which calls its [StateMachine] in log order. PreVote and
+// CheckQuorum are on.
+//
+// A [Group] is the handle of one group on one host: [Group.Propose]
+// returns once the entry is committed on a majority and applied
+// locally; [Group.Status], [Group.TransferLeadership], and one-replica
+// membership changes ([Group.AddVoter], [Group.AddLearner],
+// [Group.RemoveReplica]) complete the API.
+//
+// # On disk
+//
+// The host's log holds two kinds of record, both tagged with the group
+// (layout in record.go): [KindReady], a group's new hard state and log
+// entries from one Ready, and [KindSnap], a group's snapshot. Restart
+// replays the log and rebuilds each group's in-memory Raft log. A host
+// whose store reports corrupt or missing data, or a group whose
+// recovered log ends before its own recorded commit index, marks the
+// group damaged: the replica keeps receiving the log but never
+// campaigns and never grants a vote, so it cannot help elect a leader
+// on a log it lost.
+package replica

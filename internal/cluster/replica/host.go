@@ -1,0 +1,624 @@
+package replica
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+
+	"github.com/courier-mq/courier/internal/store"
+)
+
+// Config configures a [Host].
+type Config struct {
+	// ID is this host's replica id in every group, nonzero and unique in
+	// the cluster.
+	ID uint64
+	// Transport carries messages to the other hosts.
+	Transport Transport
+	// TickInterval is the Raft tick. Default: 100ms.
+	TickInterval time.Duration
+	// ElectionTicks is the election timeout in ticks (randomized by Raft
+	// between it and twice it). Default: 10.
+	ElectionTicks int
+	// HeartbeatTicks is the leader's heartbeat interval in ticks.
+	// Default: 1.
+	HeartbeatTicks int
+	// SnapshotEntries is how many entries a group applies between
+	// snapshots of its state machine; a snapshot lets the group forget
+	// the entries before it in memory, and a replica too far behind gets
+	// the snapshot instead of those entries. Default: 10,000.
+	SnapshotEntries uint64
+	// MaxEntrySize is the largest proposal accepted. Default: 1 MiB.
+	MaxEntrySize int
+	// Store configures the host's log (see [store.Options]).
+	Store store.Options
+	// Logger receives rare events. Default: discard.
+	Logger *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.TickInterval <= 0 {
+		c.TickInterval = 100 * time.Millisecond
+	}
+	if c.ElectionTicks <= 0 {
+		c.ElectionTicks = 10
+	}
+	if c.HeartbeatTicks <= 0 {
+		c.HeartbeatTicks = 1
+	}
+	if c.SnapshotEntries == 0 {
+		c.SnapshotEntries = 10_000
+	}
+	if c.MaxEntrySize <= 0 {
+		c.MaxEntrySize = 1 << 20
+	}
+	if c.Store.MaxRecordSize == 0 {
+		// As the store does, made explicit: a Ready is split to fit.
+		seg := c.Store.SegmentSize
+		if seg == 0 {
+			seg = store.DefaultOptions().SegmentSize
+		}
+		c.Store.MaxRecordSize = int(min(int64(store.DefaultOptions().MaxRecordSize), seg-32))
+	}
+	// One entry must fit in a record with every header.
+	c.MaxEntrySize = min(c.MaxEntrySize, c.Store.MaxRecordSize-readyHeader-hardSize-entryHeader-propHeader)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+}
+
+// maxInbox bounds the messages waiting for the driver; beyond it,
+// arriving messages are dropped (Raft resends).
+const maxInbox = 65536
+
+// Host runs the Raft groups of one node (see the package doc).
+type Host struct {
+	cfg  Config
+	log  *store.Log
+	rlog raft.Logger
+
+	mu        sync.Mutex
+	inbox     []Envelope
+	reqs      []func()
+	recovered map[GroupID]*recovered
+	opened    map[GroupID]*Group
+	closed    bool
+	err       error
+
+	live   map[GroupID]*Group // the driver's
+	wake   chan struct{}
+	stop   chan struct{}
+	done   chan struct{}
+	propID atomic.Uint64
+
+	rounds atomic.Uint64 // persist rounds, for tests and stats
+}
+
+// recovered is a group's state rebuilt from the log by [NewHost].
+type recovered struct {
+	ms      *raft.MemoryStorage
+	damaged string // why, if damaged
+}
+
+// NewHost opens (creating if needed) the host's log in dir on fs,
+// rebuilds every group's Raft log from it, and starts the driver.
+// Groups come back when [Host.Group] is called with their id.
+func NewHost(fs store.FS, dir string, cfg Config) (*Host, error) {
+	cfg.defaults()
+	if cfg.ID == 0 || cfg.Transport == nil {
+		return nil, fmt.Errorf("replica: config needs an ID and a Transport")
+	}
+	l, rec, err := store.Open(fs, dir, cfg.Store)
+	if err != nil {
+		return nil, fmt.Errorf("replica: open store: %w", err)
+	}
+	h := &Host{
+		cfg:       cfg,
+		log:       l,
+		rlog:      &raft.DefaultLogger{Logger: log.New(io.Discard, "", 0)},
+		recovered: map[GroupID]*recovered{},
+		opened:    map[GroupID]*Group{},
+		live:      map[GroupID]*Group{},
+		wake:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+	}
+	h.propID.Store(rand.Uint64())
+	if err := h.recover(rec); err != nil {
+		_ = l.Close()
+		return nil, err
+	}
+	cfg.Transport.Listen(h.receive)
+	go h.run()
+	return h, nil
+}
+
+// ID returns the host's replica id.
+func (h *Host) ID() uint64 { return h.cfg.ID }
+
+// Close stops every group and closes the log.
+func (h *Host) Close() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	groups := h.opened
+	h.mu.Unlock()
+	close(h.stop)
+	<-h.done
+	for _, g := range groups {
+		g.close(ErrClosed)
+	}
+	return h.log.Close()
+}
+
+// Err returns the error that stopped the host, if any.
+func (h *Host) Err() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+// Group opens group id on this host with state machine sm. If the log
+// holds the group, it comes back from it and peers is ignored; else, if
+// peers is not empty, the group is created with them as its voters
+// (every initial replica must be created with the same peers); else this
+// replica joins an existing group and waits for its leader to send it
+// the log (after the leader's [Group.AddVoter] or [Group.AddLearner]).
+func (h *Host) Group(id GroupID, peers []uint64, sm StateMachine) (*Group, error) {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if h.opened[id] != nil {
+		h.mu.Unlock()
+		return nil, fmt.Errorf("%w: %d", ErrGroupExists, id)
+	}
+	rec := h.recovered[id]
+	delete(h.recovered, id)
+	h.mu.Unlock()
+
+	g := newGroup(h, id, sm)
+	switch {
+	case rec != nil:
+		g.ms = rec.ms
+		g.damaged = rec.damaged
+		g.openDamage = rec.damaged
+	case len(peers) > 0:
+		if err := h.bootstrap(g, peers); err != nil {
+			return nil, err
+		}
+	default:
+		g.ms = raft.NewMemoryStorage()
+	}
+	if err := g.start(); err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		g.close(ErrClosed)
+		return nil, ErrClosed
+	}
+	h.opened[id] = g
+	h.mu.Unlock()
+	if err := h.call(func() { h.live[id] = g }); err != nil {
+		g.close(err)
+		return nil, err
+	}
+	if g.damaged != "" {
+		h.cfg.Logger.Warn("replica: group recovered damaged; it will not vote", "group", id, "why", g.damaged)
+	}
+	return g, nil
+}
+
+// bootstrap creates group g's initial state, durably: a snapshot at
+// index 1, term 1, whose configuration has peers as voters.
+func (h *Host) bootstrap(g *Group, peers []uint64) error {
+	snap := &pb.Snapshot{Metadata: &pb.SnapshotMetadata{
+		Index:     u64(1),
+		Term:      u64(1),
+		ConfState: &pb.ConfState{Voters: append([]uint64(nil), peers...)},
+	}}
+	hs := &pb.HardState{Term: u64(1), Commit: u64(1)}
+	g.ms = raft.NewMemoryStorage()
+	if err := g.ms.ApplySnapshot(snap); err != nil {
+		return fmt.Errorf("replica: bootstrap: %w", err)
+	}
+	if err := g.ms.SetHardState(hs); err != nil {
+		return fmt.Errorf("replica: bootstrap: %w", err)
+	}
+	payload, err := encodeSnap(g.id, snap)
+	if err != nil {
+		return fmt.Errorf("replica: bootstrap: %w", err)
+	}
+	if _, err := h.log.AppendSync(uint32(g.id), KindSnap, payload); err != nil {
+		return fmt.Errorf("replica: bootstrap: %w", err)
+	}
+	if _, err := h.log.AppendSync(uint32(g.id), KindReady, encodeReady(nil, g.id, hs, nil)); err != nil {
+		return fmt.Errorf("replica: bootstrap: %w", err)
+	}
+	return nil
+}
+
+// receive queues a batch that arrived for the driver.
+func (h *Host) receive(batch []Envelope) {
+	h.mu.Lock()
+	if h.closed || len(h.inbox)+len(batch) > maxInbox {
+		h.mu.Unlock()
+		return
+	}
+	h.inbox = append(h.inbox, batch...)
+	h.mu.Unlock()
+	h.poke()
+}
+
+func (h *Host) poke() {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// submit queues fn to run on the driver goroutine.
+func (h *Host) submit(fn func()) error {
+	h.mu.Lock()
+	if h.closed || h.err != nil {
+		err := h.err
+		h.mu.Unlock()
+		if err == nil {
+			err = ErrClosed
+		}
+		return err
+	}
+	h.reqs = append(h.reqs, fn)
+	h.mu.Unlock()
+	h.poke()
+	return nil
+}
+
+// call runs fn on the driver goroutine and waits for it.
+func (h *Host) call(fn func()) error {
+	ran := make(chan struct{})
+	if err := h.submit(func() { fn(); close(ran) }); err != nil {
+		return err
+	}
+	select {
+	case <-ran:
+		return nil
+	case <-h.done:
+		select {
+		case <-ran:
+			return nil
+		default:
+		}
+		if err := h.Err(); err != nil {
+			return err
+		}
+		return ErrClosed
+	}
+}
+
+// run is the driver: it ticks, steps, and handles Readies of every group.
+func (h *Host) run() {
+	defer close(h.done)
+	ticker := time.NewTicker(h.cfg.TickInterval)
+	defer ticker.Stop()
+	for {
+		tick := false
+		select {
+		case <-h.stop:
+			return
+		case <-ticker.C:
+			tick = true
+		case <-h.wake:
+		}
+		h.mu.Lock()
+		inbox, reqs := h.inbox, h.reqs
+		h.inbox, h.reqs = nil, nil
+		h.mu.Unlock()
+		for _, fn := range reqs {
+			fn()
+		}
+		for _, e := range inbox {
+			if g := h.live[e.Group]; g != nil {
+				g.step(e.Msg)
+			}
+		}
+		if tick {
+			for _, g := range h.live {
+				if g.damaged == "" {
+					g.rn.Tick()
+				}
+			}
+		}
+		if err := h.handleReady(); err != nil {
+			h.fail(err)
+			return
+		}
+	}
+}
+
+// fail stops the host after its store failed.
+func (h *Host) fail(err error) {
+	err = fmt.Errorf("%w: %w", ErrFailed, err)
+	h.cfg.Logger.Error("replica: host stopped", "err", err)
+	h.mu.Lock()
+	h.err = err
+	groups := h.opened
+	h.mu.Unlock()
+	for _, g := range groups {
+		g.close(err)
+	}
+}
+
+type groupReady struct {
+	g  *Group
+	rd raft.Ready
+}
+
+// handleReady takes the Ready of every group that has one, persists them
+// all in one round (one group commit), then applies, sends and advances.
+func (h *Host) handleReady() error {
+	var rds []groupReady
+	for _, g := range h.live {
+		if g.rn.HasReady() {
+			rds = append(rds, groupReady{g, g.rn.Ready()})
+		}
+	}
+	if len(rds) == 0 {
+		return nil
+	}
+	if err := h.persist(rds); err != nil {
+		return err
+	}
+	out := map[uint64][]Envelope{}
+	var snaps []groupTo
+	for _, r := range rds {
+		if err := r.g.afterPersist(r.rd); err != nil {
+			return err
+		}
+		for _, m := range r.rd.Messages {
+			if !r.g.outgoing(m) {
+				continue
+			}
+			out[m.GetTo()] = append(out[m.GetTo()], Envelope{Group: r.g.id, Msg: m})
+			if m.GetType() == pb.MsgSnap {
+				snaps = append(snaps, groupTo{r.g, m.GetTo()})
+			}
+		}
+		r.g.rn.Advance(r.rd)
+		r.g.afterAdvance()
+	}
+	for to, batch := range out {
+		h.cfg.Transport.Send(to, batch)
+	}
+	for _, s := range snaps {
+		// The transport is fire and forget: if the snapshot was lost, the
+		// follower rejects the next append and the leader sends it again.
+		s.g.rn.ReportSnapshot(s.to, raft.SnapshotFinish)
+	}
+	return nil
+}
+
+type groupTo struct {
+	g  *Group
+	to uint64
+}
+
+func isVoteGrant(m *pb.Message) bool {
+	t := m.GetType()
+	return (t == pb.MsgVoteResp || t == pb.MsgPreVoteResp) && !m.GetReject()
+}
+
+// persist appends the snapshots, hard states and entries of rds to the
+// log and waits until all are durable: the store syncs them together.
+func (h *Host) persist(rds []groupReady) error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	done := func(err error) {
+		if err != nil {
+			mu.Lock()
+			if first == nil {
+				first = err
+			}
+			mu.Unlock()
+		}
+		wg.Done()
+	}
+	appendRec := func(g *Group, kind store.Kind, payload []byte) error {
+		wg.Add(1)
+		if _, err := h.log.Append(uint32(g.id), kind, payload, done); err != nil {
+			wg.Done()
+			return err
+		}
+		return nil
+	}
+	var buf []byte
+	for _, r := range rds {
+		if !raft.IsEmptySnap(r.rd.Snapshot) {
+			payload, err := encodeSnap(r.g.id, r.rd.Snapshot)
+			if err != nil {
+				return err
+			}
+			if err := appendRec(r.g, KindSnap, payload); err != nil {
+				wg.Wait()
+				return err
+			}
+		}
+		hs := r.rd.HardState
+		if raft.IsEmptyHardState(hs) {
+			hs = nil
+		}
+		// Entries are split into records of at most MaxRecordSize; the
+		// hard state goes with the last.
+		ents := r.rd.Entries
+		for len(ents) > 0 || hs != nil {
+			n, size := 0, readyHeader+hardSize
+			for n < len(ents) && (n == 0 || size+entryHeader+len(ents[n].GetData()) <= h.cfg.Store.MaxRecordSize) {
+				size += entryHeader + len(ents[n].GetData())
+				n++
+			}
+			var part *pb.HardState
+			if n == len(ents) {
+				part, hs = hs, nil
+			}
+			buf = encodeReady(buf[:0], r.g.id, part, ents[:n])
+			ents = ents[n:]
+			if err := appendRec(r.g, KindReady, buf); err != nil {
+				wg.Wait()
+				return err
+			}
+		}
+	}
+	wg.Wait()
+	h.rounds.Add(1)
+	return first
+}
+
+// recover rebuilds the groups' Raft logs from the store.
+func (h *Host) recover(rec *store.Recovery) error {
+	hostDamage := ""
+	if len(rec.Corrupt) > 0 || len(rec.Missing) > 0 || rec.CheckpointErr != nil {
+		hostDamage = fmt.Sprintf("store damaged: %d corrupt, %d missing segments", len(rec.Corrupt), len(rec.Missing))
+	}
+	type state struct {
+		snap    *pb.Snapshot
+		hard    *pb.HardState
+		batches [][]*pb.Entry
+	}
+	states := map[GroupID]*state{}
+	get := func(id GroupID) *state {
+		s := states[id]
+		if s == nil {
+			s = &state{}
+			states[id] = s
+		}
+		return s
+	}
+	err := h.log.Replay(func(r store.Record) error {
+		switch r.Kind {
+		case KindReady:
+			rr, err := decodeReady(r.Payload)
+			if err != nil {
+				hostDamage = fmt.Sprintf("record %v: %v", r.Ref, err)
+				return nil
+			}
+			s := get(rr.group)
+			if rr.hard != nil {
+				s.hard = rr.hard
+			}
+			if len(rr.entries) > 0 {
+				s.batches = append(s.batches, rr.entries)
+			}
+		case KindSnap, KindCompact:
+			id, snap, err := decodeSnap(r.Payload)
+			if err != nil {
+				hostDamage = fmt.Sprintf("record %v: %v", r.Ref, err)
+				return nil
+			}
+			s := get(id)
+			if r.Kind == KindSnap {
+				// The snapshot replaced the log: what came before is gone.
+				s.snap, s.batches = snap, nil
+			} else if s.snap == nil || snap.GetMetadata().GetIndex() > s.snap.GetMetadata().GetIndex() {
+				s.snap = snap
+			}
+		default:
+			hostDamage = fmt.Sprintf("record %v: unknown kind %d", r.Ref, r.Kind)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("replica: replay: %w", err)
+	}
+	for id, s := range states {
+		ms := raft.NewMemoryStorage()
+		bad := ""
+		if s.snap != nil {
+			if err := ms.ApplySnapshot(s.snap); err != nil {
+				return fmt.Errorf("replica: group %d: %w", id, err)
+			}
+		}
+		for _, b := range s.batches {
+			last, _ := ms.LastIndex()
+			if b[0].GetIndex() > last+1 {
+				bad = fmt.Sprintf("log gap: entry %d after %d", b[0].GetIndex(), last)
+				break
+			}
+			if err := ms.Append(b); err != nil {
+				return fmt.Errorf("replica: group %d: %w", id, err)
+			}
+		}
+		if s.hard != nil {
+			last, _ := ms.LastIndex()
+			hs := &pb.HardState{Term: u64(s.hard.GetTerm()), Vote: u64(s.hard.GetVote()), Commit: u64(s.hard.GetCommit())}
+			if hs.GetCommit() > last {
+				if bad == "" {
+					bad = fmt.Sprintf("log ends at %d before its commit index %d", last, hs.GetCommit())
+				}
+				hs.Commit = u64(last)
+			}
+			first, _ := ms.FirstIndex()
+			if hs.GetCommit() < first-1 {
+				hs.Commit = u64(first - 1)
+			}
+			if err := ms.SetHardState(hs); err != nil {
+				return fmt.Errorf("replica: group %d: %w", id, err)
+			}
+		}
+		if bad == "" {
+			bad = hostDamage
+		}
+		h.recovered[id] = &recovered{ms: ms, damaged: bad}
+	}
+	return nil
+}
+
+// raftConfig returns the RawNode configuration of group g.
+func (h *Host) raftConfig(g *Group, st raft.Storage, applied uint64) *raft.Config {
+	return &raft.Config{
+		ID:                        h.cfg.ID,
+		ElectionTick:              h.cfg.ElectionTicks,
+		HeartbeatTick:             h.cfg.HeartbeatTicks,
+		Storage:                   st,
+		Applied:                   applied,
+		MaxSizePerMsg:             1 << 20,
+		MaxCommittedSizePerReady:  16 << 20,
+		MaxUncommittedEntriesSize: 64 << 20,
+		MaxInflightMsgs:           256,
+		CheckQuorum:               true,
+		PreVote:                   true,
+		DisableProposalForwarding: true,
+		StepDownOnRemoval:         true,
+		Logger:                    h.rlog,
+	}
+}
+
+// waitCtx waits for ch, ctx or the host's end.
+func (h *Host) waitCtx(ctx context.Context, ch <-chan struct{}) error {
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-h.done:
+		if err := h.Err(); err != nil {
+			return err
+		}
+		return ErrClosed
+	}
+}
