@@ -131,8 +131,10 @@ func nodeCommand(t *testing.T) (string, []string) {
 	}
 	v := strings.TrimPrefix(strings.TrimSpace(string(out)), "v")
 	major, _ := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
-	if major < 18 {
-		t.Skipf("node %s: the client needs 18 or later", v)
+	if major < 20 {
+		// 18 works with a WebSocket implementation passed in (docs/js.md),
+		// which this test, with no npm packages, does not have.
+		t.Skipf("node %s has no built-in WebSocket (20 has it behind a flag): the JavaScript client is not tested", v)
 	}
 	if major < 22 {
 		return bin, []string{"--experimental-websocket"}
