@@ -685,7 +685,12 @@ func (s *suite) testHandlerGone(t *testing.T) {
 				t.Fatal(err)
 			}
 			n := answered.Load()
-			testutil.WaitFor(t, wait, func() bool { return answered.Load() > n+10 })
+			// A request that failed otherwise ends its goroutine: say
+			// why at once, rather than wait for answers that stopped.
+			testutil.WaitFor(t, wait, func() bool { return answered.Load() > n+10 || len(errs) > 0 })
+			if len(errs) > 0 {
+				t.Fatalf("request during churn, handler %d: %v", i, <-errs)
+			}
 			if i%2 == 0 {
 				c.Close()
 			} else if err := a.Detach(e.ctx); err != nil {

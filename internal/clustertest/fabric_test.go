@@ -74,7 +74,7 @@ func TestClusterFormsAndSeesPartitions(t *testing.T) {
 			}
 			for _, n := range c.Nodes() {
 				if _, err := n.WaitView(wait, all); err != nil {
-					t.Fatalf("after the restart: %v", err)
+					t.Fatalf("after the restart: %v\n%s", err, n.LogTail(4000))
 				}
 			}
 		})
