@@ -73,6 +73,12 @@ func (m *Meta) heartbeat(sent time.Time) {
 	ctx, cancel := context.WithDeadline(m.ctx, sent.Add(2*m.cfg.RenewInterval))
 	defer cancel()
 	b, err := m.beat(ctx)
+	if errors.Is(err, ErrBadFrame) {
+		// A leader of a version without heartbeats: renew through the
+		// log, as it expects.
+		m.renew(sent)
+		return
+	}
 	if err != nil {
 		m.failed(err, "heartbeat")
 		return

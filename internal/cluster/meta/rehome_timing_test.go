@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,7 +36,16 @@ func TestRehomeTimings(t *testing.T) {
 		seed = s
 	}
 	rng := rand.New(rand.NewPCG(seed, 14))
-	c := newCluster(t, 3, nil)
+	var tune func(*Config)
+	if v := os.Getenv("META_REHOME_LEASE"); v != "" {
+		// heartbeat,lease,margin: another timing to compare.
+		var d [3]time.Duration
+		for i, f := range strings.SplitN(v, ",", 3) {
+			d[i], _ = time.ParseDuration(f)
+		}
+		tune = func(c *Config) { c.RenewInterval, c.LeaseDuration, c.LeaseMargin = d[0], d[1], d[2] }
+	}
+	c := newCluster(t, 3, tune)
 	ctx := testutil.Context(t, time.Duration(kills)*time.Minute)
 	var follower, leader []time.Duration
 	for k := range kills {
@@ -79,7 +89,12 @@ func TestRehomeTimings(t *testing.T) {
 		}, "loss %d: %s re-homed off %s", k, name, victim)
 		d := time.Since(start)
 		how := map[bool]string{true: "kill", false: "cut"}[kill]
-		t.Logf("loss %d: %s of %s (metadata leader: %v): re-homed after %v", k, how, victim, wasLeader, d.Round(time.Millisecond))
+		after := "none"
+		if l := c.leader(); l != nil {
+			after = l.NodeID()
+		}
+		t.Logf("loss %d: %s of %s (metadata leader: %v): re-homed after %v; metadata leader %s, then %s",
+			k, how, victim, wasLeader, d.Round(time.Millisecond), lead.NodeID(), after)
 		if wasLeader {
 			leader = append(leader, d)
 		} else {
