@@ -221,29 +221,39 @@ func (m *Meta) sawRenewal(node string) {
 	m.smu.Unlock()
 }
 
-// leaderLoop runs the leader's duties while this node leads: start each
-// term, expire nodes whose heartbeats stopped, re-home their exchanges,
-// and add the members of the fabric to the group.
+// leaderLoop runs the leader's liveness duties while this node leads:
+// start each term, expire nodes whose heartbeats stopped and re-home
+// their exchanges. It runs apart from memberLoop, whose changes of the
+// configuration may wait seconds for a node that is gone.
 func (m *Meta) leaderLoop() {
 	defer m.wg.Done()
 	tick := time.NewTicker(m.cfg.RenewInterval / 5)
 	defer tick.Stop()
-	var lastMembers time.Time
 	for {
 		select {
 		case <-m.done:
 			return
 		case <-tick.C:
 		}
-		if m.raft.State() != raft.Leader {
-			continue
+		if m.raft.State() == raft.Leader && m.startTerm() {
+			m.expireNodes()
 		}
-		if !m.startTerm() {
-			continue
+	}
+}
+
+// memberLoop adds the members of the fabric to the group, every second
+// while this node leads.
+func (m *Meta) memberLoop() {
+	defer m.wg.Done()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-m.done:
+			return
+		case <-tick.C:
 		}
-		m.expireNodes()
-		if time.Since(lastMembers) >= time.Second {
-			lastMembers = time.Now()
+		if m.raft.State() == raft.Leader {
 			m.reconcileLeader()
 		}
 	}

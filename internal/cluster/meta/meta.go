@@ -74,7 +74,7 @@ type Config struct {
 	// write is applied (see nudgeLoop).
 	CommitTimeout time.Duration
 	// RenewInterval, LeaseDuration and LeaseMargin time the liveness
-	// leases (defaults 250 ms, 1.5 s, 0.5 s): a node sends the leader a
+	// leases (defaults 200 ms, 1.2 s, 0.4 s): a node sends the leader a
 	// heartbeat every RenewInterval (not through the log); the leader
 	// expires a record LeaseDuration after it received the last one, or
 	// after its term started if none came since; the node itself stops
@@ -120,9 +120,9 @@ func (c *Config) defaults() error {
 	def(&c.ElectionTimeout, time.Second)
 	def(&c.LeaderLeaseTimeout, 500*time.Millisecond)
 	def(&c.CommitTimeout, 50*time.Millisecond)
-	def(&c.RenewInterval, 250*time.Millisecond)
-	def(&c.LeaseDuration, 1500*time.Millisecond)
-	def(&c.LeaseMargin, 500*time.Millisecond)
+	def(&c.RenewInterval, 200*time.Millisecond)
+	def(&c.LeaseDuration, 1200*time.Millisecond)
+	def(&c.LeaseMargin, 400*time.Millisecond)
 	def(&c.SnapshotInterval, 30*time.Second)
 	def(&c.OpTimeout, 10*time.Second)
 	def(&c.NoLeaderTimeout, 3*time.Second)
@@ -233,11 +233,12 @@ func New(cfg Config) (*Meta, error) {
 		return nil, fmt.Errorf("meta: start raft: %w", err)
 	}
 	m.raft = r
-	m.wg.Add(4)
+	m.wg.Add(5)
 	go m.nudgeLoop()
 	go m.serveForward()
 	go m.renewLoop()
 	go m.leaderLoop()
+	go m.memberLoop()
 	return m, nil
 }
 
