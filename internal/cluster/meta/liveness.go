@@ -235,9 +235,11 @@ func (m *Meta) leaderLoop() {
 			return
 		case <-tick.C:
 		}
+		m.dmu.Lock()
 		if m.raft.State() == raft.Leader && m.startTerm() {
 			m.expireNodes()
 		}
+		m.dmu.Unlock()
 	}
 }
 

@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -148,5 +149,61 @@ func TestHeartbeatsWriteNothing(t *testing.T) {
 		if lead.State().Nodes[m.NodeID()].Expired {
 			t.Errorf("%s expired on the leader", m.NodeID())
 		}
+	}
+}
+
+// TestNewTermWaitsWholeLease: a leader starting a term counts every node
+// as seen at that moment, whatever it recorded before (a receipt of its
+// former term, or a renewal applied as a follower, may be older than a
+// heartbeat its predecessor answered), and answers heartbeats only once
+// the term is started; a node whose expiry is being decided gets no
+// answer.
+func TestNewTermWaitsWholeLease(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	lead := c.leader()
+	other := c.follower().NodeID()
+	beat := func() error {
+		ctx := testutil.Context(t, 10*time.Second)
+		_, err := lead.beatLeader(ctx, other)
+		return err
+	}
+	testutil.WaitForf(t, 15*time.Second, func() bool { return beat() == nil }, "the leader answers heartbeats")
+	rec := lead.State().Nodes[other]
+
+	// The leader's duties wait while the test runs them by hand.
+	lead.dmu.Lock()
+	defer lead.dmu.Unlock()
+	lead.smu.Lock()
+	lead.seen[other] = time.Now().Add(-time.Hour)
+	lead.smu.Unlock()
+	lead.smu.Lock()
+	lead.readyTerm, lead.startingTerm = 0, 0
+	lead.smu.Unlock()
+	if err := beat(); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("heartbeat before the term started: %v, want ErrNotLeader", err)
+	}
+	before := time.Now()
+	testutil.WaitForf(t, 15*time.Second, lead.startTerm, "the term starts")
+	lead.smu.Lock()
+	seen := lead.seen[other]
+	lead.smu.Unlock()
+	if seen.Before(before) {
+		t.Fatalf("a new term kept a receipt from %v before it started", before.Sub(seen))
+	}
+	if lead.expire(other, rec.Epoch, rec.Renewed) {
+		t.Fatalf("%s expired at the start of a term", other)
+	}
+
+	lead.smu.Lock()
+	lead.expiring[other] = true
+	lead.smu.Unlock()
+	if err := beat(); !errors.Is(err, ErrStale) {
+		t.Fatalf("heartbeat while expiring: %v, want ErrStale", err)
+	}
+	lead.smu.Lock()
+	delete(lead.expiring, other)
+	lead.smu.Unlock()
+	if err := beat(); err != nil {
+		t.Fatalf("heartbeat after: %v", err)
 	}
 }

@@ -169,6 +169,9 @@ type Meta struct {
 	epoch      uint64
 	validUntil time.Time
 
+	// dmu is held by each round of the leader's liveness duties
+	// (leaderLoop): tests hold it to run them by hand.
+	dmu          sync.Mutex
 	smu          sync.Mutex // guards seen, expiring, readyTerm, startingTerm
 	seen         map[string]time.Time
 	expiring     map[string]bool
