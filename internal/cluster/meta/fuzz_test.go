@@ -13,6 +13,9 @@ func FuzzReadFrame(f *testing.F) {
 	var ok bytes.Buffer
 	writeFrame(&ok, typeApply, request{TimeoutMS: 10, Command: &command{V: 1, Op: opDeclare, Name: "x"}})
 	f.Add(ok.Bytes())
+	var beat bytes.Buffer
+	writeFrame(&beat, typeBeat, request{TimeoutMS: 500, Node: "n1"})
+	f.Add(beat.Bytes())
 	f.Add([]byte{protoVersion, typeApply, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{2, typeRead, 0, 0, 0, 2, '{', '}'})
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -72,6 +73,12 @@ func testGivesUpFirst(t *testing.T, leader bool) {
 	if g >= e {
 		t.Fatalf("the node gave up at %v, not before the leader expired it at %v", g, e)
 	}
+	// A follower cut off is expired LeaseDuration after the last
+	// heartbeat the leader received, which came before the cut; the
+	// tolerance covers the leader's tick and a loaded machine.
+	if lease := victim.cfg.LeaseDuration; !leader && e > lease+1500*time.Millisecond {
+		t.Fatalf("the leader expired the node %v after the cut, more than the lease %v and 1.5 s", e, lease)
+	}
 	lead = c.waitLeader(10 * time.Second)
 	if got := lead.Epoch(victim.NodeID()); got != epoch+1 {
 		t.Fatalf("victim's epoch on the leader: %d, want %d", got, epoch+1)
@@ -100,5 +107,103 @@ func testGivesUpFirst(t *testing.T, leader bool) {
 	}, "the healed node renews in epoch %d", epoch+1)
 	if lead.State().Nodes[victim.NodeID()].Expired {
 		t.Fatal("renewed node still expired on the leader")
+	}
+}
+
+// TestHeartbeatsWriteNothing: an idle group keeps every lease with
+// heartbeats that do not go through the log, so its log does not grow
+// (each renewal was a synced write on every node).
+func TestHeartbeatsWriteNothing(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	epochs := map[string]uint64{}
+	for _, m := range c.running() {
+		testutil.WaitForf(t, 15*time.Second, m.LeaseValid, "%s holds a lease", m.NodeID())
+		epochs[m.NodeID()], _ = m.Lease()
+	}
+	lead := c.leader()
+	// The first renewals and the barriers after them settle.
+	var last uint64
+	testutil.WaitForf(t, 15*time.Second, func() bool {
+		i := lead.raft.LastIndex()
+		stable := i == last
+		last = i
+		if !stable {
+			time.Sleep(lead.cfg.RenewInterval)
+		}
+		return stable
+	}, "the log settles")
+	// Three whole leases: without heartbeats every lease would have
+	// expired, and renewals through the log would have written entries.
+	window := 3 * lead.cfg.LeaseDuration
+	for start := time.Now(); time.Since(start) < window; {
+		time.Sleep(lead.cfg.RenewInterval)
+	}
+	if got := lead.raft.LastIndex(); got != last {
+		t.Errorf("the idle log grew from %d to %d in %v", last, got, window)
+	}
+	for _, m := range c.running() {
+		testutil.WaitForf(t, 15*time.Second, m.LeaseValid, "%s holds a lease", m.NodeID())
+		if e, _ := m.Lease(); e != epochs[m.NodeID()] {
+			t.Errorf("%s: epoch %d, was %d", m.NodeID(), e, epochs[m.NodeID()])
+		}
+		if lead.State().Nodes[m.NodeID()].Expired {
+			t.Errorf("%s expired on the leader", m.NodeID())
+		}
+	}
+}
+
+// TestNewTermWaitsWholeLease: a leader starting a term counts every node
+// as seen at that moment, whatever it recorded before (a receipt of its
+// former term, or a renewal applied as a follower, may be older than a
+// heartbeat its predecessor answered), and answers heartbeats only once
+// the term is started; a node whose expiry is being decided gets no
+// answer.
+func TestNewTermWaitsWholeLease(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	lead := c.leader()
+	other := c.follower().NodeID()
+	beat := func() error {
+		ctx := testutil.Context(t, 10*time.Second)
+		_, err := lead.beatLeader(ctx, other)
+		return err
+	}
+	testutil.WaitForf(t, 15*time.Second, func() bool { return beat() == nil }, "the leader answers heartbeats")
+	rec := lead.State().Nodes[other]
+
+	// The leader's duties wait while the test runs them by hand.
+	lead.dmu.Lock()
+	defer lead.dmu.Unlock()
+	lead.smu.Lock()
+	lead.seen[other] = time.Now().Add(-time.Hour)
+	lead.smu.Unlock()
+	lead.smu.Lock()
+	lead.readyTerm, lead.startingTerm = 0, 0
+	lead.smu.Unlock()
+	if err := beat(); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("heartbeat before the term started: %v, want ErrNotLeader", err)
+	}
+	before := time.Now()
+	testutil.WaitForf(t, 15*time.Second, lead.startTerm, "the term starts")
+	lead.smu.Lock()
+	seen := lead.seen[other]
+	lead.smu.Unlock()
+	if seen.Before(before) {
+		t.Fatalf("a new term kept a receipt from %v before it started", before.Sub(seen))
+	}
+	if lead.expire(other, rec.Epoch, rec.Renewed) {
+		t.Fatalf("%s expired at the start of a term", other)
+	}
+
+	lead.smu.Lock()
+	lead.expiring[other] = true
+	lead.smu.Unlock()
+	if err := beat(); !errors.Is(err, ErrStale) {
+		t.Fatalf("heartbeat while expiring: %v, want ErrStale", err)
+	}
+	lead.smu.Lock()
+	delete(lead.expiring, other)
+	lead.smu.Unlock()
+	if err := beat(); err != nil {
+		t.Fatalf("heartbeat after: %v", err)
 	}
 }

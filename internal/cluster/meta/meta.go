@@ -74,10 +74,12 @@ type Config struct {
 	// write is applied (see nudgeLoop).
 	CommitTimeout time.Duration
 	// RenewInterval, LeaseDuration and LeaseMargin time the liveness
-	// leases (defaults 1.5 s, 4.5 s, 0.5 s): a node renews every
-	// RenewInterval; the leader expires a record LeaseDuration after it
-	// saw its last renewal; the node itself stops trusting its lease
-	// LeaseDuration-LeaseMargin after it sent that renewal.
+	// leases (defaults 200 ms, 1.2 s, 0.4 s): a node sends the leader a
+	// heartbeat every RenewInterval (not through the log); the leader
+	// expires a record LeaseDuration after it received the last one, or
+	// after its term started if none came since; the node itself stops
+	// trusting its lease LeaseDuration-LeaseMargin after it sent the
+	// last heartbeat the leader answered.
 	RenewInterval, LeaseDuration, LeaseMargin time.Duration
 	// SnapshotThreshold and SnapshotInterval: a snapshot is taken when
 	// this many entries were written since the last one, checked every
@@ -118,9 +120,9 @@ func (c *Config) defaults() error {
 	def(&c.ElectionTimeout, time.Second)
 	def(&c.LeaderLeaseTimeout, 500*time.Millisecond)
 	def(&c.CommitTimeout, 50*time.Millisecond)
-	def(&c.RenewInterval, 1500*time.Millisecond)
-	def(&c.LeaseDuration, 4500*time.Millisecond)
-	def(&c.LeaseMargin, 500*time.Millisecond)
+	def(&c.RenewInterval, 200*time.Millisecond)
+	def(&c.LeaseDuration, 1200*time.Millisecond)
+	def(&c.LeaseMargin, 400*time.Millisecond)
 	def(&c.SnapshotInterval, 30*time.Second)
 	def(&c.OpTimeout, 10*time.Second)
 	def(&c.NoLeaderTimeout, 3*time.Second)
@@ -167,8 +169,14 @@ type Meta struct {
 	epoch      uint64
 	validUntil time.Time
 
-	smu  sync.Mutex // guards seen
-	seen map[string]time.Time
+	// dmu is held by each round of the leader's liveness duties
+	// (leaderLoop): tests hold it to run them by hand.
+	dmu          sync.Mutex
+	smu          sync.Mutex // guards seen, expiring, readyTerm, startingTerm
+	seen         map[string]time.Time
+	expiring     map[string]bool
+	readyTerm    uint64 // the term this node leads and has started, or 0
+	startingTerm uint64 // the last term startTerm began
 
 	mmu     sync.Mutex // guards members
 	members []Member
@@ -192,7 +200,7 @@ func New(cfg Config) (*Meta, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("meta: %w", err)
 	}
-	m := &Meta{cfg: cfg, log: cfg.Log, done: make(chan struct{}), conns: map[net.Conn]struct{}{}, seen: map[string]time.Time{}, started: time.Now(), nudge: make(chan struct{}, 1)}
+	m := &Meta{cfg: cfg, log: cfg.Log, done: make(chan struct{}), conns: map[net.Conn]struct{}{}, seen: map[string]time.Time{}, expiring: map[string]bool{}, started: time.Now(), nudge: make(chan struct{}, 1)}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.pool.m = m
 	hl := hclog.New(&hclog.LoggerOptions{Name: "meta-raft", Level: hclog.Warn, Output: slogWriter{cfg.Log}, DisableTime: true})
@@ -228,11 +236,12 @@ func New(cfg Config) (*Meta, error) {
 		return nil, fmt.Errorf("meta: start raft: %w", err)
 	}
 	m.raft = r
-	m.wg.Add(4)
+	m.wg.Add(5)
 	go m.nudgeLoop()
 	go m.serveForward()
 	go m.renewLoop()
 	go m.leaderLoop()
+	go m.memberLoop()
 	return m, nil
 }
 

@@ -41,6 +41,7 @@ const (
 	typeRead   byte = 2 // body: request{}; answer: response{Index} (the read index)
 	typeStatus byte = 3 // body: request{Node: the asker}; answer: response{Status}
 	typeRemove byte = 4 // body: request{Node}; answer: response{Index}
+	typeBeat   byte = 5 // body: request{Node: the sender}; answer: response{Beat}
 	typeOK     byte = 0x80
 	typeError  byte = 0x81
 )
@@ -66,10 +67,11 @@ type request struct {
 }
 
 type response struct {
-	Index  uint64   `json:"index,omitempty"`
-	Result *result  `json:"result,omitempty"`
-	Status *Status  `json:"status,omitempty"`
-	Err    *errInfo `json:"error,omitempty"`
+	Index  uint64     `json:"index,omitempty"`
+	Result *result    `json:"result,omitempty"`
+	Status *Status    `json:"status,omitempty"`
+	Beat   *beatReply `json:"beat,omitempty"`
+	Err    *errInfo   `json:"error,omitempty"`
 }
 
 // Status is what a node says of itself to a peer deciding whether to
@@ -317,6 +319,15 @@ func (m *Meta) handle(typ byte, req *request, peer string) response {
 	case typeRemove:
 		idx, err := m.removeLeader(ctx, req.Node)
 		return response{Index: idx, Err: encodeError(err)}
+	case typeBeat:
+		if req.Node == "" || peer != "" && req.Node != peer {
+			return response{Err: encodeError(fmt.Errorf("%w: node %q may not send a heartbeat for %q", ErrBadFrame, peer, req.Node))}
+		}
+		b, err := m.beatLeader(ctx, req.Node)
+		if err != nil {
+			return response{Err: encodeError(err)}
+		}
+		return response{Beat: &b}
 	}
 	return response{Err: encodeError(fmt.Errorf("%w: unknown type %d", ErrBadFrame, typ))}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/courier-mq/courier/internal/auth"
+	"github.com/courier-mq/courier/internal/testutil"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -159,5 +160,21 @@ func TestPeerIdentityLimitsCommands(t *testing.T) {
 		if got := resp.Err == nil; got != tc.ok {
 			t.Errorf("%s %s%s from n9: %+v", tc.cmd.Op, tc.cmd.Name, tc.cmd.Home, resp.Err)
 		}
+	}
+	// A heartbeat too: only for the sender's own record, once the
+	// leader has started its term.
+	n1 := lead.cfg.NodeID
+	testutil.WaitForf(t, 15*time.Second, func() bool {
+		return lead.handle(typeBeat, &request{TimeoutMS: 5000, Node: n1}, n1).Err == nil
+	}, "the leader answers heartbeats")
+	if resp := lead.handle(typeBeat, &request{TimeoutMS: 5000, Node: "n1"}, "n9"); resp.Err == nil || !errors.Is(resp.Err.err(), ErrBadFrame) {
+		t.Errorf("heartbeat for n1 from n9: %+v", resp.Err)
+	}
+	if resp := lead.handle(typeBeat, &request{TimeoutMS: 5000, Node: "n9"}, "n9"); resp.Err != nil || resp.Beat == nil || !resp.Beat.Live {
+		t.Errorf("heartbeat of n9 (renewed above) from n9: %+v %+v", resp.Err, resp.Beat)
+	}
+	resp := lead.handle(typeBeat, &request{TimeoutMS: 5000, Node: n1}, n1)
+	if e, _ := lead.Lease(); resp.Err != nil || resp.Beat == nil || !resp.Beat.Live || resp.Beat.Epoch != e {
+		t.Errorf("heartbeat of the leader %s from itself: %+v %+v, epoch %d", n1, resp.Err, resp.Beat, e)
 	}
 }
