@@ -100,3 +100,12 @@ var (
 	// not part of AMQP 0-9-1.
 	ErrUnknownMethod = errors.New("amqp: unknown method")
 )
+
+// Sentinels of the server.
+var (
+	// ErrServerClosed is returned by [Server.Serve] after
+	// [Server.Shutdown].
+	ErrServerClosed = errors.New("amqp: server closed")
+	// ErrConfig is wrapped by the errors of [Config.Validate].
+	ErrConfig = errors.New("amqp: bad configuration")
+)

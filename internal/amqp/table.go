@@ -38,9 +38,17 @@ func (d *decoder) tableAt(depth int) Table {
 	if d.err != nil {
 		return nil
 	}
-	if len(p) == 0 {
-		return Table{}
+	t, err := tableEntries(p, depth)
+	if err != nil {
+		d.fail(err)
+		return nil
 	}
+	return t
+}
+
+// tableEntries decodes the entries of a table at depth, without the
+// length that precedes them (as AMQPLAIN's response holds them).
+func tableEntries(p []byte, depth int) (Table, error) {
 	sub := decoder{b: p}
 	t := Table{}
 	for len(sub.b) > 0 && sub.err == nil {
@@ -51,10 +59,9 @@ func (d *decoder) tableAt(depth int) Table {
 		}
 	}
 	if sub.err != nil {
-		d.fail(sub.err)
-		return nil
+		return nil, sub.err
 	}
-	return t
+	return t, nil
 }
 
 func (d *decoder) array(depth int) []any {
