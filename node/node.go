@@ -24,6 +24,7 @@ import (
 
 	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/internal/admin"
+	"github.com/courier-mq/courier/internal/amqp"
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
 	"github.com/courier-mq/courier/internal/cluster"
@@ -70,6 +71,14 @@ type Config struct {
 	// is anonymous with full access, which the node allows on loopback
 	// (127.0.0.0/8, ::1, localhost) only.
 	HTTP string `toml:"http"`
+	// AMQP, when set, serves AMQP 0-9-1 on this TCP address, such as
+	// "127.0.0.1:5672" (port 0 picks a free one; see [Node.AMQPAddr]),
+	// for RabbitMQ's clients (docs/amqp.md). It speaks TLS (amqps://) on
+	// TLS's certificates when TLS is set. Default: "" (none);
+	// `courier server` defaults it to port 5672 on the host of Listen.
+	// Like Listen, it may name an address beyond loopback only when the
+	// node has users.
+	AMQP string `toml:"amqp"`
 	// TLS serves the network protocol over TLS only, from PEM files,
 	// optionally requiring client certificates. Default: none (plain TCP).
 	TLS TLSFiles `toml:"tls"`
@@ -365,12 +374,15 @@ type Node struct {
 	sup    *supervise.Supervisor
 	srv    *server.Server
 	addr   net.Addr
-	admin  *admin.Server
-	http   net.Addr
-	users  *auth.Store
-	boot   uint64
-	tls    []*tlsFiles // the listeners' TLS files, read again by Reload
-	closed atomic.Bool
+	// amqp serves AMQP 0-9-1 on amqpAddr; nil without Config.AMQP.
+	amqp     *amqp.Server
+	amqpAddr net.Addr
+	admin    *admin.Server
+	http     net.Addr
+	users    *auth.Store
+	boot     uint64
+	tls      []*tlsFiles // the listeners' TLS files, read again by Reload
+	closed   atomic.Bool
 	// fabric is the cluster's membership and links; nil for a single
 	// node.
 	fabric *cluster.Fabric
@@ -473,6 +485,20 @@ func Start(cfg Config) (*Node, error) {
 	}
 	n.sup.Add(supervise.Component{Name: "sweeper", Critical: true, Run: n.broker.Sweep})
 	ok := false // Start succeeded
+	// AMQP first: when its address is busy, Start fails before a client
+	// listener opened that a retry without AMQP would open again.
+	if cfg.AMQP != "" {
+		ln, err := n.startAMQP()
+		if err != nil {
+			n.broker.Close()
+			return nil, err
+		}
+		defer func() {
+			if !ok {
+				ln.Close()
+			}
+		}()
+	}
 	if cfg.Listen != "" {
 		l := cfg.Limits
 		scfg := server.Config{
@@ -575,7 +601,7 @@ func openUsers(cfg Config) (*auth.Store, error) {
 	for _, l := range []struct {
 		what, addr string
 		tls        bool
-	}{{"client", cfg.Listen, cfg.TLS.Enabled()}, {"management", cfg.HTTP, cfg.HTTPTLS.Enabled()}} {
+	}{{"client", cfg.Listen, cfg.TLS.Enabled()}, {"management", cfg.HTTP, cfg.HTTPTLS.Enabled()}, {"amqp", cfg.AMQP, cfg.TLS.Enabled()}} {
 		if l.addr == "" {
 			continue
 		}
@@ -883,6 +909,11 @@ func (n *Node) Close() error {
 	if n.srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		n.srv.Shutdown(ctx)
+		cancel()
+	}
+	if n.amqp != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		n.amqp.Shutdown(ctx)
 		cancel()
 	}
 	n.mu.Lock()

@@ -106,6 +106,9 @@ var (
 	// ErrServerClosed is returned by [Server.Serve] after
 	// [Server.Shutdown].
 	ErrServerClosed = errors.New("amqp: server closed")
+	// ErrListen is wrapped by the error of [Server.Listen], with the
+	// cause (such as syscall.EADDRINUSE).
+	ErrListen = errors.New("amqp: cannot listen")
 	// ErrConfig is wrapped by the errors of [Config.Validate].
 	ErrConfig = errors.New("amqp: bad configuration")
 )

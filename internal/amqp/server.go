@@ -143,7 +143,7 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Listen() (net.Listener, error) {
 	ln, err := net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("amqp: listen %s: %w", s.cfg.Listen, err)
+		return nil, fmt.Errorf("%w on %s: %w", ErrListen, s.cfg.Listen, err)
 	}
 	return ln, nil
 }
