@@ -18,7 +18,14 @@ func (n *Node) startAMQP() (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := amqp.New(amqp.Config{Listen: n.cfg.AMQP, TLS: tlsCfg, Users: n.users, Log: n.cfg.Log})
+	// A message must fit a Courier frame of the node's maximum, with room
+	// for its headers.
+	maxMessage := n.cfg.Limits.MaxFrame - 64<<10
+	if maxMessage <= 0 {
+		maxMessage = n.cfg.Limits.MaxFrame / 2
+	}
+	s, err := amqp.New(amqp.Config{Listen: n.cfg.AMQP, TLS: tlsCfg, Users: n.users, Log: n.cfg.Log,
+		Broker: n.broker, MaxMessage: maxMessage})
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}

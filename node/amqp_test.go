@@ -9,6 +9,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/internal/amqp"
 	"github.com/courier-mq/courier/internal/testutil"
 )
@@ -74,5 +75,175 @@ func TestAMQPBeyondLoopbackNeedsUsers(t *testing.T) {
 	_, err = Start(Config{DataDir: t.TempDir(), Log: quiet, AMQP: n.AMQPAddr().String()})
 	if !errors.Is(err, amqp.ErrListen) {
 		t.Fatalf("AMQP on a busy address: %v", err)
+	}
+}
+
+// amqpNode starts a node with an AMQP listener and returns it with the
+// guest URL.
+func amqpNode(t *testing.T) (*Node, string) {
+	t.Helper()
+	n, err := Start(Config{DataDir: t.TempDir(), Log: quiet, AMQP: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n, strings.Replace(n.AMQPURL(), "amqp://", "amqp://guest:guest@", 1) + "/"
+}
+
+func amqpChannel(t *testing.T, url string) (*amqp091.Connection, *amqp091.Channel) {
+	t.Helper()
+	c, err := amqp091.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ch, err := c.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, ch
+}
+
+func wantAMQPCode(t *testing.T, err error, code int) {
+	t.Helper()
+	var ae *amqp091.Error
+	if !errors.As(err, &ae) || ae.Code != code {
+		t.Fatalf("err %v, want AMQP code %d", err, code)
+	}
+}
+
+// TestAMQPPublishReachesCourierSubscriber: an AMQP publisher's message,
+// confirmed, reaches a Courier-native subscriber of the exchange with its
+// routing key, body, headers and properties.
+func TestAMQPPublishReachesCourierSubscriber(t *testing.T) {
+	n, url := amqpNode(t)
+	_, ch := amqpChannel(t, url)
+	if err := ch.ExchangeDeclare("logs", "topic", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx := testutil.Context(t, 30*time.Second)
+	conn := n.Connect()
+	defer conn.Close()
+	ps, err := conn.PubSub(ctx, "logs")
+	if err != nil {
+		t.Fatalf("the AMQP exchange seen from Courier: %v", err)
+	}
+	got := make(chan courier.Message, 10)
+	if _, err := ps.Subscribe(ctx, "kern.*", func(d *courier.Delivery) { got <- d.Message }); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp091.Confirmation, 2))
+	for _, key := range []string{"user.info", "kern.critical"} {
+		err := ch.PublishWithContext(ctx, "logs", key, false, false, amqp091.Publishing{
+			ContentType: "text/plain", CorrelationId: "c-1", Headers: amqp091.Table{"n": int32(7), "s": "x"},
+			DeliveryMode: amqp091.Persistent, Body: []byte("disk full on " + key),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 2 {
+		if c := testutil.Recv(t, confirms, 30*time.Second); !c.Ack || c.DeliveryTag != uint64(i+1) {
+			t.Fatalf("confirm %+v", c)
+		}
+	}
+	m := testutil.Recv(t, got, 30*time.Second)
+	if m.Key != "kern.critical" || string(m.Body) != "disk full on kern.critical" {
+		t.Fatalf("message %q %q", m.Key, m.Body)
+	}
+	for k, v := range map[string]string{"content-type": "text/plain", "correlation-id": "c-1", "delivery-mode": "2", "n": "7", "s": "x"} {
+		if m.Header[k] != v {
+			t.Errorf("header %s = %q, want %q (all: %v)", k, m.Header[k], v, m.Header)
+		}
+	}
+	select {
+	case m := <-got:
+		t.Fatalf("the subscriber of kern.* got %q", m.Key)
+	default:
+	}
+}
+
+func TestAMQPExchangeErrors(t *testing.T) {
+	n, url := amqpNode(t)
+	ctx := testutil.Context(t, 30*time.Second)
+	conn := n.Connect()
+	defer conn.Close()
+	if _, err := conn.ReqResp(ctx, "rpc"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		do   func(ch *amqp091.Channel) error
+		code int
+	}{
+		{"passive declare of a missing exchange", func(ch *amqp091.Channel) error {
+			return ch.ExchangeDeclarePassive("nope", "direct", false, false, false, false, nil)
+		}, amqp.NotFound},
+		{"reserved name", func(ch *amqp091.Channel) error {
+			return ch.ExchangeDeclare("amq.mine", "direct", false, false, false, false, nil)
+		}, amqp.AccessRefused},
+		{"the default exchange", func(ch *amqp091.Channel) error {
+			return ch.ExchangeDelete("", false, false)
+		}, amqp.AccessRefused},
+		{"a request-response exchange as pub-sub", func(ch *amqp091.Channel) error {
+			return ch.ExchangeDeclare("rpc", "direct", true, false, false, false, nil)
+		}, amqp.PreconditionFailed},
+		{"durability changed", func(ch *amqp091.Channel) error {
+			if err := ch.ExchangeDeclare("d", "direct", true, false, false, false, nil); err != nil {
+				return err
+			}
+			return ch.ExchangeDeclare("d", "direct", false, false, false, false, nil)
+		}, amqp.PreconditionFailed},
+		{"publish to a missing exchange", func(ch *amqp091.Channel) error {
+			closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
+			if err := ch.PublishWithContext(ctx, "nope", "k", false, false, amqp091.Publishing{Body: []byte("x")}); err != nil {
+				return err
+			}
+			return testutil.Recv(t, closed, 30*time.Second)
+		}, amqp.NotFound},
+		{"unknown type", func(ch *amqp091.Channel) error {
+			return ch.ExchangeDeclare("w", "x-weird", false, false, false, false, nil)
+		}, amqp.CommandInvalid},
+		{"auto-delete", func(ch *amqp091.Channel) error {
+			return ch.ExchangeDeclare("ad", "fanout", false, true, false, false, nil)
+		}, amqp.NotImplemented},
+		{"mandatory", func(ch *amqp091.Channel) error {
+			if err := ch.ExchangeDeclare("m", "fanout", false, false, false, false, nil); err != nil {
+				return err
+			}
+			closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
+			if err := ch.PublishWithContext(ctx, "m", "", true, false, amqp091.Publishing{}); err != nil {
+				return err
+			}
+			return testutil.Recv(t, closed, 30*time.Second)
+		}, amqp.NotImplemented},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, ch := amqpChannel(t, url)
+			wantAMQPCode(t, tc.do(ch), tc.code)
+			if !(&amqp.Error{Code: uint16(tc.code)}).Hard() {
+				// A channel error leaves the connection open.
+				if _, err := c.Channel(); err != nil {
+					t.Fatalf("the connection after a channel error: %v", err)
+				}
+			}
+		})
+	}
+	// Delete, then the exchange is gone; deleting again succeeds.
+	_, ch := amqpChannel(t, url)
+	if err := ch.ExchangeDeclare("tmp", "fanout", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDelete("tmp", false, false); err != nil {
+		t.Fatal(err)
+	}
+	if n.broker.Exchange("tmp") != nil {
+		t.Fatal("exchange tmp still there after exchange.delete")
+	}
+	if err := ch.ExchangeDelete("tmp", false, false); err != nil {
+		t.Fatalf("deleting a missing exchange: %v", err)
 	}
 }

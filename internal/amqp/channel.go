@@ -7,6 +7,24 @@ import (
 // channel is one open AMQP channel; owned by the connection's read loop.
 type channel struct {
 	id uint16
+	// closing is set once the server sent channel.close: until the
+	// client's close-ok, every other frame on the channel is dropped.
+	closing bool
+	// confirm is set by confirm.select; nextTag is the delivery tag of
+	// the last publication since.
+	confirm bool
+	nextTag uint64
+	// pending is the publication whose content is being read.
+	pending *pending
+}
+
+// pending is a basic.publish waiting for its content header and body.
+type pending struct {
+	exchange, key string
+	props         Properties
+	size          uint64
+	haveHeader    bool
+	body          []byte
 }
 
 // readLoop reads frames until the connection ends and dispatches them.
@@ -18,6 +36,10 @@ func (c *conn) readLoop() error {
 		}
 		switch f.Type {
 		case FrameHeartbeat:
+		case FrameHeader, FrameBody:
+			if err := c.content(f); err != nil {
+				return err
+			}
 		case FrameMethod:
 			m, err := DecodeMethod(f.Payload)
 			if err != nil {
@@ -31,11 +53,59 @@ func (c *conn) readLoop() error {
 			if err != nil {
 				return err
 			}
-		default:
-			// No method that carries content is accepted yet.
-			return Errorf(UnexpectedFrame, "content frame (type %d) on channel %d without a basic.publish before it", f.Type, f.Channel)
 		}
 	}
+}
+
+// content takes a content header or body frame of a publication.
+func (c *conn) content(f Frame) error {
+	ch := c.channels[f.Channel]
+	if ch != nil && ch.closing {
+		return nil
+	}
+	if ch == nil || ch.pending == nil {
+		return Errorf(UnexpectedFrame, "UNEXPECTED_FRAME - content frame (type %d) on channel %d without a basic.publish before it", f.Type, f.Channel)
+	}
+	p := ch.pending
+	if f.Type == FrameHeader {
+		if p.haveHeader {
+			return Errorf(UnexpectedFrame, "UNEXPECTED_FRAME - second content header on channel %d", f.Channel)
+		}
+		h, err := DecodeHeader(f.Payload)
+		if err != nil {
+			return err
+		}
+		if h.ClassID != ClassBasic {
+			return Errorf(UnexpectedFrame, "UNEXPECTED_FRAME - content header of class %d, not basic", h.ClassID)
+		}
+		if h.BodySize > uint64(c.s.cfg.MaxMessage) {
+			return c.closeChannel(ch, &Error{Code: PreconditionFailed, ClassID: ClassBasic, MethodID: 40,
+				Text: fmt.Sprintf("PRECONDITION_FAILED - message size %d is larger than configured max size %d", h.BodySize, c.s.cfg.MaxMessage)})
+		}
+		p.props, p.size, p.haveHeader = h.Properties, h.BodySize, true
+		p.body = make([]byte, 0, h.BodySize)
+	} else {
+		if !p.haveHeader {
+			return Errorf(UnexpectedFrame, "UNEXPECTED_FRAME - content body on channel %d before its header", f.Channel)
+		}
+		if uint64(len(p.body))+uint64(len(f.Payload)) > p.size {
+			return Errorf(FrameError, "FRAME_ERROR - content body on channel %d longer than the %d octets its header announced", f.Channel, p.size)
+		}
+		p.body = append(p.body, f.Payload...)
+	}
+	if uint64(len(p.body)) < p.size {
+		return nil
+	}
+	ch.pending = nil
+	return c.publish(ch, p)
+}
+
+// closeChannel closes ch with a soft error: channel.close is sent, and
+// the channel ignores everything but close-ok until it comes.
+func (c *conn) closeChannel(ch *channel, e *Error) error {
+	ch.closing, ch.pending = true, nil
+	c.s.log.Debug("amqp channel closed with an error", "peer", c.peer, "channel", ch.id, "code", e.Code, "text", e.Text)
+	return c.send(ch.id, &ChannelClose{ReplyCode: e.Code, ReplyText: truncate(e.Text), ClassID: e.ClassID, MethodID: e.MethodID})
 }
 
 // connectionMethod handles a method on channel 0.
@@ -66,6 +136,19 @@ func (c *conn) channelMethod(id uint16, m Method) error {
 		}
 		return methodError(ChannelError, m, fmt.Sprintf("expected 'channel.open' on channel %d, got '%s'", id, m.Name()))
 	}
+	if ch.closing {
+		switch m.(type) {
+		case *ChannelClose:
+			delete(c.channels, id)
+			return c.send(id, &ChannelCloseOK{})
+		case *ChannelCloseOK:
+			delete(c.channels, id)
+		}
+		return nil
+	}
+	if ch.pending != nil {
+		return methodError(UnexpectedFrame, m, fmt.Sprintf("UNEXPECTED_FRAME - %s on channel %d while the content of a basic.publish was expected", m.Name(), id))
+	}
 	switch m := m.(type) {
 	case *ChannelOpen:
 		return methodError(ChannelError, m, fmt.Sprintf("second 'channel.open' seen on channel %d", id))
@@ -82,6 +165,11 @@ func (c *conn) channelMethod(id uint16, m Method) error {
 	case *ChannelFlowOK:
 		return nil
 	}
+	if c.gw != nil {
+		if handled, err := c.brokerMethod(ch, m); handled {
+			return err
+		}
+	}
 	class, _ := m.ClassMethod()
 	if class == ClassConnection {
 		return methodError(CommandInvalid, m, fmt.Sprintf("%s on channel %d: connection methods belong on channel 0", m.Name(), id))
@@ -93,4 +181,38 @@ func (c *conn) channelMethod(id uint16, m Method) error {
 func methodError(code uint16, m Method, text string) *Error {
 	class, method := m.ClassMethod()
 	return &Error{Code: code, Text: text, ClassID: class, MethodID: method}
+}
+
+// brokerMethod handles the methods the gateway maps onto the broker; it
+// reports false for those it does not.
+func (c *conn) brokerMethod(ch *channel, m Method) (bool, error) {
+	switch m := m.(type) {
+	case *ExchangeDeclare:
+		return true, c.exchangeDeclare(ch, m)
+	case *ExchangeDelete:
+		return true, c.exchangeDelete(ch, m)
+	case *BasicPublish:
+		return true, c.basicPublish(ch, m)
+	case *ConfirmSelect:
+		ch.confirm = true
+		if m.Nowait {
+			return true, nil
+		}
+		return true, c.send(ch.id, &ConfirmSelectOK{})
+	}
+	return false, nil
+}
+
+// basicPublish starts a publication; its content follows.
+func (c *conn) basicPublish(ch *channel, m *BasicPublish) error {
+	switch {
+	case m.Exchange == "":
+		return methodError(NotImplemented, m, "NOT_IMPLEMENTED - the default exchange routes to queues, which Courier's AMQP gateway does not build yet")
+	case m.Immediate:
+		return methodError(NotImplemented, m, "NOT_IMPLEMENTED - immediate=true")
+	case m.Mandatory:
+		return methodError(NotImplemented, m, "NOT_IMPLEMENTED - mandatory=true (basic.return) is not built yet in Courier's AMQP gateway")
+	}
+	ch.pending = &pending{exchange: m.Exchange, key: m.RoutingKey}
+	return nil
 }

@@ -35,6 +35,10 @@ type conn struct {
 	channelMax uint16
 	heartbeat  time.Duration
 	channels   map[uint16]*channel
+	// clientProps are the client's properties from start-ok.
+	clientProps Table
+	// gw is the broker side; nil when the server has no broker.
+	gw *gateway
 
 	wmu       sync.Mutex // guards wbuf and writes to nc
 	wbuf      []byte
@@ -60,6 +64,8 @@ func (c *conn) serve() {
 		c.fail(err, "handshake")
 		return
 	}
+	c.openSession()
+	defer c.closeSession()
 	c.s.log.Info("amqp connection opened", "peer", c.peer, "user", c.user, "heartbeat", c.heartbeat, "frame_max", c.frameMax)
 	if c.heartbeat > 0 {
 		go c.beat(c.heartbeat)
@@ -235,6 +241,7 @@ func (c *conn) handshake() error {
 	if err := c.expect(&startOK); err != nil {
 		return err
 	}
+	c.clientProps = startOK.ClientProperties
 	user, password, aerr := credentials(startOK.Mechanism, startOK.Response)
 	if aerr != nil {
 		return aerr

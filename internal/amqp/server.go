@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/courier-mq/courier/internal/auth"
+	"github.com/courier-mq/courier/internal/broker"
 )
 
 // DefaultPort is AMQP's IANA port, where RabbitMQ listens.
@@ -50,6 +51,14 @@ type Config struct {
 	// MaxConns bounds the open connections past their handshake; one
 	// more is refused with connection.close 530. Default: 65536.
 	MaxConns int
+	// Broker, when set, is where AMQP exchanges and publications go:
+	// each connection is one of its sessions. Without it every method
+	// beyond connection and channel fails with 540. Default: nil.
+	Broker *broker.Broker
+	// MaxMessage bounds a publication's body; a larger one closes its
+	// channel with 406. Default: 4 MiB less 64 KiB, so that a message
+	// fits a Courier frame of the default maximum.
+	MaxMessage int
 	// Log receives structured logs. Default: slog.Default().
 	Log *slog.Logger
 	// Version is the "version" server property. Default: "courier".
@@ -67,6 +76,7 @@ func DefaultConfig() Config {
 		WriteTimeout:     10 * time.Second,
 		MaxHandshakes:    1024,
 		MaxConns:         65536,
+		MaxMessage:       4<<20 - 64<<10,
 		Version:          "courier",
 	}
 }
@@ -96,6 +106,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = d.MaxConns
+	}
+	if c.MaxMessage <= 0 {
+		c.MaxMessage = d.MaxMessage
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
