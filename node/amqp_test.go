@@ -11,6 +11,7 @@ import (
 
 	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/internal/amqp"
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/testutil"
 )
 
@@ -245,5 +246,54 @@ func TestAMQPExchangeErrors(t *testing.T) {
 	}
 	if err := ch.ExchangeDelete("tmp", false, false); err != nil {
 		t.Fatalf("deleting a missing exchange: %v", err)
+	}
+}
+
+// TestAMQPPermissions: an AMQP user publishes only where Courier's
+// permissions let it write, and declares only where it may configure.
+func TestAMQPPermissions(t *testing.T) {
+	n, err := Start(Config{DataDir: t.TempDir(), Log: quiet, AMQP: "127.0.0.1:0", AdminUser: "admin", AdminPassword: "admin-passw0rd"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	perms := auth.Permissions{Configure: auth.Patterns{"mine"}, Write: auth.Patterns{"mine"}, Read: auth.Patterns{"#"}}
+	if _, err := n.users.PutUser("bob", auth.UserChange{Password: "bob-passw0rd", Permissions: &perms}); err != nil {
+		t.Fatal(err)
+	}
+	url := strings.Replace(n.AMQPURL(), "amqp://", "amqp://bob:bob-passw0rd@", 1) + "/"
+	_, ch := amqpChannel(t, url)
+	if err := ch.ExchangeDeclare("mine", "fanout", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx := testutil.Context(t, 30*time.Second)
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp091.Confirmation, 1))
+	if err := ch.PublishWithContext(ctx, "mine", "", false, false, amqp091.Publishing{Body: []byte("ok")}); err != nil {
+		t.Fatal(err)
+	}
+	if c := testutil.Recv(t, confirms, 30*time.Second); !c.Ack {
+		t.Fatal("publish to an exchange bob may write to was nacked")
+	}
+	_, ch = amqpChannel(t, url)
+	wantAMQPCode(t, ch.ExchangeDeclare("theirs", "fanout", true, false, false, false, nil), amqp.AccessRefused)
+	admin := strings.Replace(n.AMQPURL(), "amqp://", "amqp://admin:admin-passw0rd@", 1) + "/"
+	_, ach := amqpChannel(t, admin)
+	if err := ach.ExchangeDeclare("theirs", "fanout", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, ch = amqpChannel(t, url)
+	closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
+	if err := ch.PublishWithContext(ctx, "theirs", "", false, false, amqp091.Publishing{Body: []byte("no")}); err != nil {
+		t.Fatal(err)
+	}
+	if e := testutil.Recv(t, closed, 30*time.Second); e == nil || e.Code != amqp.AccessRefused {
+		t.Fatalf("publish without write permission: %v, want 403", e)
+	}
+	// guest is nobody on a node with users.
+	if _, err := amqp091.Dial(strings.Replace(n.AMQPURL(), "amqp://", "amqp://guest:guest@", 1) + "/"); err == nil {
+		t.Fatal("guest logged in on a node with users")
 	}
 }
