@@ -297,3 +297,161 @@ func TestAMQPPermissions(t *testing.T) {
 		t.Fatal("guest logged in on a node with users")
 	}
 }
+
+// TestAMQPWorkQueue is RabbitMQ's tutorial 2 against Courier, mixed with
+// Courier's own producers: a durable queue, prefetch 1, acks, nack with
+// requeue, reject, and a Courier Submit reaching the AMQP consumer.
+func TestAMQPWorkQueue(t *testing.T) {
+	n, url := amqpNode(t)
+	_, ch := amqpChannel(t, url)
+	q, err := ch.QueueDeclare("work", true, false, false, false, amqp091.Table{"x-queue-type": "quorum"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Name != "work" || q.Messages != 0 {
+		t.Fatalf("declared %+v", q)
+	}
+	ctx := testutil.Context(t, 30*time.Second)
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp091.Confirmation, 3))
+	for _, body := range []string{"one", "two"} {
+		if err := ch.PublishWithContext(ctx, "", "work", false, false, amqp091.Publishing{DeliveryMode: amqp091.Persistent, ContentType: "text/plain", Body: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A publication to a queue that does not exist is dropped, and
+	// confirmed, as in RabbitMQ.
+	if err := ch.PublishWithContext(ctx, "", "nowhere", false, false, amqp091.Publishing{Body: []byte("lost")}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if c := testutil.Recv(t, confirms, 30*time.Second); !c.Ack {
+			t.Fatalf("confirm %+v", c)
+		}
+	}
+	conn := n.Connect()
+	defer conn.Close()
+	tasks, err := conn.Tasks(ctx, "work")
+	if err != nil {
+		t.Fatalf("the AMQP queue seen from Courier: %v", err)
+	}
+	if _, err := tasks.Submit(ctx, courier.Task{Body: []byte("three"), Header: map[string]string{"from": "courier"}}); err != nil {
+		t.Fatal(err)
+	}
+	q, err = ch.QueueDeclarePassive("work", true, false, false, false, nil)
+	if err != nil || q.Messages != 3 {
+		t.Fatalf("passive declare: %+v, %v", q, err)
+	}
+
+	_, cch := amqpChannel(t, url)
+	if err := cch.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := cch.Consume("work", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() amqp091.Delivery {
+		t.Helper()
+		return testutil.Recv(t, msgs, 30*time.Second)
+	}
+	d := next()
+	if string(d.Body) != "one" || d.ContentType != "text/plain" || d.Redelivered || d.RoutingKey != "work" {
+		t.Fatalf("first delivery %q %+v", d.Body, d)
+	}
+	// Prefetch 1: nothing more until it is settled.
+	select {
+	case d2 := <-msgs:
+		t.Fatalf("second delivery %q before the first was acked, with prefetch 1", d2.Body)
+	default:
+	}
+	if err := d.Nack(false, true); err != nil {
+		t.Fatal(err)
+	}
+	// A requeued message comes back after Courier's 1 ms retry backoff,
+	// so others may come first (RabbitMQ puts it back at the head).
+	seen := map[string]bool{}
+	for range 3 {
+		d = next()
+		seen[string(d.Body)] = true
+		switch string(d.Body) {
+		case "one":
+			if !d.Redelivered {
+				t.Fatal("the nacked message is not marked redelivered")
+			}
+		case "two":
+			if err := d.Reject(false); err != nil { // dropped: the queue has no dead letter exchange
+				t.Fatal(err)
+			}
+			continue
+		case "three":
+			if d.Headers["from"] != "courier" || d.Redelivered {
+				t.Fatalf("the Courier task: %v redelivered=%v", d.Headers, d.Redelivered)
+			}
+		}
+		if err := d.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(seen) != 3 {
+		t.Fatalf("deliveries %v", seen)
+	}
+	testutil.WaitForf(t, 30*time.Second, func() bool {
+		q, err := cch.QueueDeclarePassive("work", true, false, false, false, nil)
+		return err == nil && q.Messages == 0
+	}, "the queue empties")
+	// An unknown delivery tag closes the channel with 406.
+	closed := cch.NotifyClose(make(chan *amqp091.Error, 1))
+	if err := cch.Ack(99, false); err != nil {
+		t.Fatal(err)
+	}
+	if e := testutil.Recv(t, closed, 30*time.Second); e == nil || e.Code != amqp.PreconditionFailed {
+		t.Fatalf("ack of an unknown tag: %v", e)
+	}
+}
+
+func TestAMQPQueueErrorsAndNoAck(t *testing.T) {
+	_, url := amqpNode(t)
+	_, ch := amqpChannel(t, url)
+	_, err := ch.QueueDeclarePassive("missing", false, false, false, false, nil)
+	wantAMQPCode(t, err, amqp.NotFound)
+	_, ch = amqpChannel(t, url)
+	_, err = ch.Consume("missing", "", false, false, false, false, nil)
+	wantAMQPCode(t, err, amqp.NotFound)
+	_, ch = amqpChannel(t, url)
+	_, err = ch.QueueDeclare("bad", true, false, false, false, amqp091.Table{"x-queue-type": "stream"})
+	wantAMQPCode(t, err, amqp.NotImplemented)
+	_, ch = amqpChannel(t, url)
+	if _, err := ch.QueueDeclare("lim", true, false, false, false, amqp091.Table{"x-max-length": int32(5)}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ch.QueueDeclare("lim", true, false, false, false, amqp091.Table{"x-max-length": int32(6)})
+	wantAMQPCode(t, err, amqp.PreconditionFailed)
+
+	// A server-named queue and a no-ack consumer.
+	_, ch = amqpChannel(t, url)
+	q, err := ch.QueueDeclare("", false, false, false, false, nil)
+	if err != nil || !strings.HasPrefix(q.Name, "amq.gen-") {
+		t.Fatalf("server-named queue %+v, %v", q, err)
+	}
+	msgs, err := ch.Consume(q.Name, "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testutil.Context(t, 30*time.Second)
+	for i := range 3 {
+		if err := ch.PublishWithContext(ctx, "", q.Name, false, false, amqp091.Publishing{Body: []byte{byte('a' + i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		if d := testutil.Recv(t, msgs, 30*time.Second); string(d.Body) != string(rune('a'+i)) {
+			t.Fatalf("no-ack delivery %d: %q", i, d.Body)
+		}
+	}
+	if _, err := ch.QueueDelete(q.Name, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+}

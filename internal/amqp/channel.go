@@ -16,6 +16,12 @@ type channel struct {
 	nextTag uint64
 	// pending is the publication whose content is being read.
 	pending *pending
+	// prefetch is basic.qos's prefetch_count for the next consumers (0:
+	// no limit); consumers are the channel's by tag; tags its
+	// deliveries.
+	prefetch  int
+	consumers map[string]*consumer
+	tags      deliveries
 }
 
 // pending is a basic.publish waiting for its content header and body.
@@ -104,6 +110,7 @@ func (c *conn) content(f Frame) error {
 // the channel ignores everything but close-ok until it comes.
 func (c *conn) closeChannel(ch *channel, e *Error) error {
 	ch.closing, ch.pending = true, nil
+	c.cancelConsumers(ch)
 	c.s.log.Debug("amqp channel closed with an error", "peer", c.peer, "channel", ch.id, "code", e.Code, "text", e.Text)
 	return c.send(ch.id, &ChannelClose{ReplyCode: e.Code, ReplyText: truncate(e.Text), ClassID: e.ClassID, MethodID: e.MethodID})
 }
@@ -129,7 +136,7 @@ func (c *conn) channelMethod(id uint16, m Method) error {
 			if id > c.channelMax {
 				return methodError(NotAllowed, m, fmt.Sprintf("channel %d beyond channel_max %d", id, c.channelMax))
 			}
-			c.channels[id] = &channel{id: id}
+			c.channels[id] = &channel{id: id, consumers: make(map[string]*consumer)}
 			return c.send(id, &ChannelOpenOK{})
 		case *ChannelCloseOK:
 			return nil // after a close of ours that the peer crossed
@@ -153,6 +160,7 @@ func (c *conn) channelMethod(id uint16, m Method) error {
 	case *ChannelOpen:
 		return methodError(ChannelError, m, fmt.Sprintf("second 'channel.open' seen on channel %d", id))
 	case *ChannelClose:
+		c.cancelConsumers(ch)
 		delete(c.channels, id)
 		return c.send(id, &ChannelCloseOK{})
 	case *ChannelCloseOK:
@@ -193,6 +201,24 @@ func (c *conn) brokerMethod(ch *channel, m Method) (bool, error) {
 		return true, c.exchangeDelete(ch, m)
 	case *BasicPublish:
 		return true, c.basicPublish(ch, m)
+	case *QueueDeclare:
+		return true, c.queueDeclare(ch, m)
+	case *QueueDelete:
+		return true, c.queueDelete(ch, m)
+	case *BasicQos:
+		return true, c.basicQos(ch, m)
+	case *BasicConsume:
+		return true, c.basicConsume(ch, m)
+	case *BasicCancel:
+		return true, c.basicCancel(ch, m)
+	case *BasicAck:
+		return true, c.settle(ch, m, m.DeliveryTag, m.Multiple, false, false)
+	case *BasicNack:
+		return true, c.settle(ch, m, m.DeliveryTag, m.Multiple, true, m.Requeue)
+	case *BasicReject:
+		return true, c.settle(ch, m, m.DeliveryTag, false, true, m.Requeue)
+	case *BasicRecover:
+		return true, c.basicRecover(ch, m)
 	case *ConfirmSelect:
 		ch.confirm = true
 		if m.Nowait {
@@ -206,8 +232,6 @@ func (c *conn) brokerMethod(ch *channel, m Method) (bool, error) {
 // basicPublish starts a publication; its content follows.
 func (c *conn) basicPublish(ch *channel, m *BasicPublish) error {
 	switch {
-	case m.Exchange == "":
-		return methodError(NotImplemented, m, "NOT_IMPLEMENTED - the default exchange routes to queues, which Courier's AMQP gateway does not build yet")
 	case m.Immediate:
 		return methodError(NotImplemented, m, "NOT_IMPLEMENTED - immediate=true")
 	case m.Mandatory:
@@ -215,4 +239,11 @@ func (c *conn) basicPublish(ch *channel, m *BasicPublish) error {
 	}
 	ch.pending = &pending{exchange: m.Exchange, key: m.RoutingKey}
 	return nil
+}
+
+// cancelConsumers cancels the consumers of a channel that closes.
+func (c *conn) cancelConsumers(ch *channel) {
+	for _, cs := range ch.consumers {
+		c.cancelConsumer(cs)
+	}
 }

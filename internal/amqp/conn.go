@@ -39,6 +39,8 @@ type conn struct {
 	clientProps Table
 	// gw is the broker side; nil when the server has no broker.
 	gw *gateway
+	// nextAttach is the id of the last worker attachment.
+	nextAttach uint32
 
 	wmu       sync.Mutex // guards wbuf and writes to nc
 	wbuf      []byte

@@ -22,7 +22,6 @@ import (
 const (
 	refCall    = 1 << 63
 	refChanBit = 48
-	refTagMask = 1<<refChanBit - 1
 	callWait   = 30 * time.Second
 )
 
@@ -36,9 +35,11 @@ func (k sink) Deliver(f *wire.Frame) { k.c.deliver(f) }
 type gateway struct {
 	sess *broker.Session
 
-	mu      sync.Mutex // guards calls, nextRef, chanErrs
+	mu      sync.Mutex // guards calls, nextRef, chanErrs, consumers
 	calls   map[uint64]chan *wire.Frame
 	nextRef uint64
+	// consumers are the connection's consumers by attachment id.
+	consumers map[uint32]*consumer
 	// chanErrs are errors of publications without confirms (or refused
 	// outright), by channel, for the read loop to close those channels.
 	chanErrs map[uint16]*Error
@@ -50,7 +51,7 @@ func (c *conn) openSession() {
 	if b == nil {
 		return
 	}
-	g := &gateway{calls: make(map[uint64]chan *wire.Frame), chanErrs: make(map[uint16]*Error)}
+	g := &gateway{calls: make(map[uint64]chan *wire.Frame), chanErrs: make(map[uint16]*Error), consumers: make(map[uint32]*consumer)}
 	name := "amqp " + c.peer
 	if p, ok := c.clientProps["product"].(string); ok && p != "" {
 		name = "amqp " + p
@@ -76,8 +77,11 @@ func (c *conn) deliver(f *wire.Frame) {
 	g := c.gw
 	switch f.Type {
 	case wire.TypeOK, wire.TypeError:
+	case wire.TypeTask:
+		c.deliverTask(f)
+		return
 	default:
-		return // nothing the gateway asked for yet sends anything else
+		return // events of the workers' group: nothing AMQP shows
 	}
 	if f.Ref&refCall != 0 {
 		g.mu.Lock()
@@ -89,7 +93,7 @@ func (c *conn) deliver(f *wire.Frame) {
 		}
 		return
 	}
-	channel, tag := uint16(f.Ref>>refChanBit), f.Ref&refTagMask
+	channel, tag := uint16(f.Ref>>refChanBit), f.Ref&(refDefault-1)
 	if f.Type == wire.TypeOK {
 		if tag != 0 {
 			c.send(channel, &BasicAck{DeliveryTag: tag})
@@ -97,10 +101,24 @@ func (c *conn) deliver(f *wire.Frame) {
 		return
 	}
 	e := fromWire(wire.Code(f.Aux), f.Tag)
-	if tag != 0 && !e.Hard() && e.Code != NotFound && e.Code != AccessRefused {
-		// A confirmed publication the broker could not take: a nack, as
-		// RabbitMQ sends when a queue refuses a message.
-		c.send(channel, &BasicNack{DeliveryTag: tag})
+	switch {
+	case f.Ref == 0:
+		// A settle the broker refused (a task redelivered elsewhere).
+		c.s.log.Debug("amqp settle refused", "peer", c.peer, "err", f.Tag)
+		return
+	case f.Ref&refDefault != 0 && e.Code == NotFound:
+		// The default exchange to a queue that does not exist: dropped,
+		// and confirmed, as RabbitMQ does without mandatory.
+		if tag != 0 {
+			c.send(channel, &BasicAck{DeliveryTag: tag})
+		}
+		return
+	case !e.Hard() && e.Code != NotFound && e.Code != AccessRefused:
+		// A publication the broker could not take (a full queue): a nack
+		// under confirms, as RabbitMQ sends; dropped without.
+		if tag != 0 {
+			c.send(channel, &BasicNack{DeliveryTag: tag})
+		}
 		return
 	}
 	g.mu.Lock()
@@ -277,6 +295,15 @@ func (c *conn) publish(ch *channel, p *pending) error {
 	f.Name, f.Key, f.Body = p.exchange, p.key, p.body
 	f.Header = propsToHeaders(&p.props)
 	f.Ref = uint64(ch.id) << refChanBit
+	if p.exchange == "" {
+		// The default exchange: a SUBMIT to the queue named by the key.
+		f.Type, f.Name, f.Key = wire.TypeSubmit, p.key, ""
+		f.Aux = uint64(min(p.props.Priority, 9))
+		if ms, err := strconv.ParseUint(p.props.Expiration, 10, 63); err == nil {
+			f.Tag = "ttl=" + strconv.FormatUint(ms, 10)
+		}
+		f.Ref |= refDefault
+	}
 	if ch.confirm {
 		ch.nextTag++
 		f.Ref |= ch.nextTag
@@ -366,4 +393,22 @@ func headerText(v any) string {
 		return string(b)
 	}
 	return fmt.Sprint(v)
+}
+
+func (g *gateway) addConsumer(cs *consumer) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.consumers[cs.attach] = cs
+}
+
+func (g *gateway) removeConsumer(attach uint32) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.consumers, attach)
+}
+
+func (g *gateway) consumer(attach uint32) *consumer {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.consumers[attach]
 }

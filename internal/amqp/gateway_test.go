@@ -117,9 +117,6 @@ func TestPublishContentFrames(t *testing.T) {
 		{"header without publish", func(rc *rawClient) {
 			rc.content(1, &Properties{}, nil, 0, FrameMinSize)
 		}, UnexpectedFrame},
-		{"default exchange", func(rc *rawClient) {
-			rc.method(1, &BasicPublish{RoutingKey: "q"})
-		}, NotImplemented},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rc := rawDial(t, url)
