@@ -1,10 +1,15 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
@@ -80,4 +85,109 @@ func TestServerAMQPOffInConfig(t *testing.T) {
 	if !strings.Contains(cmd.Flags().Lookup("amqp").Usage, "5672") {
 		t.Fatal("--amqp's help does not name the default port")
 	}
+}
+
+// TestCrashKeepsAMQPConfirms kills a real server with SIGKILL while an
+// AMQP publisher sends persistent messages to a durable queue under
+// publisher confirms, restarts it, and consumes the queue: every message
+// the server confirmed is there.
+func TestCrashKeepsAMQPConfirms(t *testing.T) {
+	dir := t.TempDir()
+	addr, amqpAddr := "127.0.0.1:"+cliFreePort(t), "127.0.0.1:"+cliFreePort(t)
+	url := "amqp://guest:guest@" + amqpAddr + "/"
+	start := func() *cliProc {
+		srv := cliStart(t, "", nil, "server", "--listen", addr, "--amqp", amqpAddr, "--data", dir, "--http", "off", "--log-level", "warn")
+		cliAccepting(t, srv, amqpAddr)
+		return srv
+	}
+	dial := func() (*amqp091.Connection, *amqp091.Channel) {
+		c, err := amqp091.Dial(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, err := c.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclare("crash-amqp", true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		return c, ch
+	}
+
+	srv := start()
+	c, ch := dial()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp091.Confirmation, 1024))
+	var mu sync.Mutex
+	confirmed := map[string]bool{}
+	published := map[uint64]string{} // delivery tag → body, tags from 1 in publish order
+	var nConfirmed atomic.Int64
+	go func() {
+		for cf := range confirms {
+			if !cf.Ack {
+				continue
+			}
+			mu.Lock()
+			confirmed[published[cf.DeliveryTag]] = true
+			mu.Unlock()
+			nConfirmed.Add(1)
+		}
+	}()
+	ctx := testutil.Context(t, 2*time.Minute)
+	pubDone := make(chan struct{})
+	go func() {
+		defer close(pubDone)
+		for i := uint64(1); ; i++ {
+			body := fmt.Sprintf("m-%d", i)
+			mu.Lock()
+			published[i] = body
+			mu.Unlock()
+			if err := ch.PublishWithContext(ctx, "", "crash-amqp", false, false, amqp091.Publishing{DeliveryMode: amqp091.Persistent, Body: []byte(body)}); err != nil {
+				return // the server is gone
+			}
+		}
+	}()
+	testutil.WaitForf(t, time.Minute, func() bool { return nConfirmed.Load() >= 2000 }, "2000 confirms before the crash")
+	if err := srv.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-srv.done
+	<-pubDone
+	c.Close()
+	mu.Lock()
+	want := len(confirmed)
+	mu.Unlock()
+
+	start()
+	_, ch = dial()
+	msgs, err := ch.Consume("crash-amqp", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	missing := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for b := range confirmed {
+			if !got[b] {
+				n++
+			}
+		}
+		return n
+	}
+	deadline := time.After(time.Minute)
+	for missing() > 0 {
+		select {
+		case d := <-msgs:
+			got[string(d.Body)] = true
+			d.Ack(false)
+		case <-deadline:
+			t.Fatalf("%d of %d confirmed messages lost after SIGKILL", missing(), want)
+		}
+	}
+	t.Logf("%d messages confirmed before SIGKILL, all consumed after the restart (%d consumed)", want, len(got))
 }
