@@ -3,6 +3,8 @@ package node
 import (
 	"crypto/tls"
 	"errors"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -453,5 +455,45 @@ func TestAMQPQueueErrorsAndNoAck(t *testing.T) {
 	}
 	if _, err := ch.QueueDelete(q.Name, false, false, false); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAMQPInManagementAPI: AMQP connections are listed with protocol
+// "amqp", Courier's with "courier", and the overview names the AMQP
+// listener.
+func TestAMQPInManagementAPI(t *testing.T) {
+	n, err := Start(Config{DataDir: t.TempDir(), Log: quiet, AMQP: "127.0.0.1:0", HTTP: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	c, err := amqp091.Dial(strings.Replace(n.AMQPURL(), "amqp://", "amqp://guest:guest@", 1) + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	conn := n.Connect()
+	defer conn.Close()
+	get := func(path string) string {
+		t.Helper()
+		resp, err := http.Get(n.HTTPURL() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d %v\n%s", path, resp.StatusCode, err, b)
+		}
+		return string(b)
+	}
+	conns := get("/api/connections")
+	for _, want := range []string{`"protocol":"amqp"`, `"protocol":"courier"`, `"user":"guest"`} {
+		if !strings.Contains(conns, want) {
+			t.Errorf("/api/connections lacks %s:\n%s", want, conns)
+		}
+	}
+	if ov := get("/api/overview"); !strings.Contains(ov, `"protocol":"amqp","address":"`+n.AMQPAddr().String()+`"`) {
+		t.Errorf("/api/overview does not name the AMQP listener:\n%s", ov)
 	}
 }

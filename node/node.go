@@ -678,14 +678,22 @@ func (n *Node) startAdmin() error {
 			return n.clusterNodes()
 		}, ForgetNode: n.forgetNode(), MetricsAuth: n.cfg.MetricsAuth, MaxConns: n.cfg.Limits.MaxHTTPConns,
 		Listeners: func() []admin.Listener {
-			if n.addr == nil {
-				return nil
+			var ls []admin.Listener
+			if n.addr != nil {
+				proto := "courier"
+				if n.cfg.TLS.Enabled() {
+					proto = "courier+tls"
+				}
+				ls = append(ls, admin.Listener{Protocol: proto, Address: n.addr.String()})
 			}
-			proto := "courier"
-			if n.cfg.TLS.Enabled() {
-				proto = "courier+tls"
+			if n.amqpAddr != nil {
+				proto := "amqp"
+				if n.cfg.TLS.Enabled() {
+					proto = "amqps"
+				}
+				ls = append(ls, admin.Listener{Protocol: proto, Address: n.amqpAddr.String()})
 			}
-			return []admin.Listener{{Protocol: proto, Address: n.addr.String()}}
+			return ls
 		},
 	})
 	if err != nil {
@@ -738,11 +746,14 @@ func (n *Node) Failed() <-chan error { return n.sup.Failed() }
 // its peer.
 func describe(sink broker.Sink) (admin.ConnInfo, bool) {
 	if t, ok := sink.(*localTransport); ok {
-		return admin.ConnInfo{Type: "embedded", User: t.user, ConnectedAt: t.opened}, true
+		return admin.ConnInfo{Type: "embedded", Protocol: "courier", User: t.user, ConnectedAt: t.opened}, true
 	}
 	if ci, ok := server.Describe(sink); ok {
-		return admin.ConnInfo{Type: "network", Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt,
+		return admin.ConnInfo{Type: "network", Protocol: "courier", Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt,
 			SendPending: ci.SendPending, SendBlocked: ci.SendBlocked}, true
+	}
+	if ci, ok := amqp.Describe(sink); ok {
+		return admin.ConnInfo{Type: "network", Protocol: "amqp", Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt}, true
 	}
 	return admin.ConnInfo{}, false
 }

@@ -657,7 +657,7 @@ func TestConnections(t *testing.T) {
 	wantKeys := []string{"attachments", "connected_at", "id", "inflight",
 		"message_stats.deliver", "message_stats.deliver_details.rate", "message_stats.publish", "message_stats.publish_details.rate",
 		"message_stats.request", "message_stats.request_details.rate", "message_stats.response", "message_stats.response_details.rate",
-		"name", "patterns", "peer", "send_blocked_ms", "send_pending", "type", "user"}
+		"name", "patterns", "peer", "protocol", "send_blocked_ms", "send_pending", "type", "user"}
 	if k := n.keys(); !slices.Equal(k, wantKeys) {
 		t.Errorf("connection keys %v\nwant %v", k, wantKeys)
 	}

@@ -20,10 +20,11 @@ const closeWait = 3 * time.Second
 // the negotiated settings; writes from any goroutine go through send,
 // which holds wmu.
 type conn struct {
-	s    *Server
-	nc   net.Conn
-	peer string
-	r    *Reader
+	s      *Server
+	nc     net.Conn
+	peer   string
+	r      *Reader
+	opened time.Time // when it was accepted
 
 	// Guarded by s.mu.
 	inHandshake bool
@@ -53,7 +54,7 @@ type conn struct {
 
 func newConn(s *Server, nc net.Conn) *conn {
 	return &conn{
-		s: s, nc: nc, peer: nc.RemoteAddr().String(), r: NewReader(nc),
+		s: s, nc: nc, peer: nc.RemoteAddr().String(), r: NewReader(nc), opened: time.Now(),
 		inHandshake: true, frameMax: FrameMinSize, channels: make(map[uint16]*channel),
 		done: make(chan struct{}),
 	}

@@ -412,3 +412,20 @@ func (g *gateway) consumer(attach uint32) *consumer {
 	defer g.mu.Unlock()
 	return g.consumers[attach]
 }
+
+// ConnInfo is what [Describe] tells of an AMQP connection.
+type ConnInfo struct {
+	Peer        string
+	User        string
+	ConnectedAt time.Time
+}
+
+// Describe returns what the gateway knows of the AMQP connection behind a
+// session's sink; ok is false when sink is not one of this package's.
+func Describe(s broker.Sink) (info ConnInfo, ok bool) {
+	k, ok := s.(sink)
+	if !ok {
+		return ConnInfo{}, false
+	}
+	return ConnInfo{Peer: k.c.peer, User: k.c.user, ConnectedAt: k.c.opened}, true
+}
