@@ -456,6 +456,32 @@ func TestAMQPQueueErrorsAndNoAck(t *testing.T) {
 	if _, err := ch.QueueDelete(q.Name, false, false, false); err != nil {
 		t.Fatal(err)
 	}
+
+	// queue.purge drops the ready messages and says how many.
+	_, ch = amqpChannel(t, url)
+	if _, err := ch.QueueDeclare("purged", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp091.Confirmation, 3))
+	for range 3 {
+		if err := ch.PublishWithContext(ctx, "", "purged", false, false, amqp091.Publishing{Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		testutil.Recv(t, confirms, 30*time.Second)
+	}
+	if n, err := ch.QueuePurge("purged", false); err != nil || n != 3 {
+		t.Fatalf("purge: %d, %v; want 3", n, err)
+	}
+	if q, err := ch.QueueDeclarePassive("purged", true, false, false, false, nil); err != nil || q.Messages != 0 {
+		t.Fatalf("after the purge: %+v, %v", q, err)
+	}
+	_, err = ch.QueuePurge("no-such-queue", false)
+	wantAMQPCode(t, err, amqp.NotFound)
 }
 
 // TestAMQPInManagementAPI: AMQP connections are listed with protocol

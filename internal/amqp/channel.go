@@ -205,6 +205,8 @@ func (c *conn) brokerMethod(ch *channel, m Method) (bool, error) {
 		return true, c.queueDeclare(ch, m)
 	case *QueueDelete:
 		return true, c.queueDelete(ch, m)
+	case *QueuePurge:
+		return true, c.queuePurge(ch, m)
 	case *BasicQos:
 		return true, c.basicQos(ch, m)
 	case *BasicConsume:

@@ -4,11 +4,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -277,6 +279,32 @@ func (c *conn) queueDelete(ch *channel, m *QueueDelete) error {
 		return nil
 	}
 	return c.send(ch.id, &QueueDeleteOK{})
+}
+
+// queuePurge drops the queue's ready messages, with the read permission
+// on it, as RabbitMQ asks.
+func (c *conn) queuePurge(ch *channel, m *QueuePurge) error {
+	if u := c.s.cfg.Users; u != nil && u.Perms(c.user, m.Queue)&auth.Read == 0 {
+		return c.closeChannel(ch, methodError(AccessRefused, m, fmt.Sprintf("ACCESS_REFUSED - access to queue '%s' in vhost '/' refused for user '%s'", m.Queue, c.user)))
+	}
+	n, err := c.s.cfg.Broker.PurgeQueue(m.Queue)
+	if err != nil {
+		var we *wire.Error
+		code := wire.CodeInternal
+		if errors.As(err, &we) {
+			code = we.Code
+		}
+		e := fromWire(code, err.Error())
+		if e.Code == NotFound {
+			e.Text = fmt.Sprintf("NOT_FOUND - no queue '%s' in vhost '/'", m.Queue)
+		}
+		e.ClassID, e.MethodID = m.ClassMethod()
+		return c.channelError(ch, e)
+	}
+	if m.NoWait {
+		return nil
+	}
+	return c.send(ch.id, &QueuePurgeOK{MessageCount: uint32(min(n, 1<<32-1))})
 }
 
 // basicQos sets the prefetch of the channel's next consumers.
