@@ -523,3 +523,81 @@ func TestAMQPInManagementAPI(t *testing.T) {
 		t.Errorf("/api/overview does not name the AMQP listener:\n%s", ov)
 	}
 }
+
+// TestAMQPQueueDeletedCancelsConsumer: a consumer whose queue is deleted
+// gets basic.cancel (amqp091-go closes its deliveries channel).
+func TestAMQPQueueDeletedCancelsConsumer(t *testing.T) {
+	_, url := amqpNode(t)
+	_, ch := amqpChannel(t, url)
+	if _, err := ch.QueueDeclare("doomed", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	cancels := ch.NotifyCancel(make(chan string, 1))
+	msgs, err := ch.Consume("doomed", "c1", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, other := amqpChannel(t, url)
+	if _, err := other.QueueDelete("doomed", false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if tag := testutil.Recv(t, cancels, 30*time.Second); tag != "c1" {
+		t.Fatalf("cancel of %q", tag)
+	}
+	testutil.Closed(t, msgs, 30*time.Second, "the deliveries of a cancelled consumer")
+}
+
+// TestAMQPFlowControl: an AMQP publisher filling a queue past the memory
+// watermark is blocked (connection.blocked) and held, not dropped; a
+// consumer on another connection drains the queue and it is unblocked.
+func TestAMQPFlowControl(t *testing.T) {
+	const budget, size, total = 256 << 10, 1024, 2000
+	n, err := Start(Config{DataDir: t.TempDir(), Log: quiet, AMQP: "127.0.0.1:0", MemoryBudget: budget / 2, MemoryHighWatermark: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	url := strings.Replace(n.AMQPURL(), "amqp://", "amqp://guest:guest@", 1) + "/"
+	pc, ch := amqpChannel(t, url)
+	if _, err := ch.QueueDeclare("flow", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	blocked := pc.NotifyBlocked(make(chan amqp091.Blocking, 4))
+	ctx := testutil.Context(t, 2*time.Minute)
+	sent := make(chan error, 1)
+	go func() {
+		body := make([]byte, size)
+		for range total {
+			if err := ch.PublishWithContext(ctx, "", "flow", false, false, amqp091.Publishing{Body: body}); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	if b := testutil.Recv(t, blocked, time.Minute); !b.Active {
+		t.Fatalf("first notification %+v, want blocked", b)
+	}
+	depth := n.broker.Queue("flow").Stats().Messages()
+	if bound := int64(budget/size + 200); depth > bound {
+		t.Fatalf("queue depth %d past the watermark's %d messages", depth, bound)
+	}
+	_, cch := amqpChannel(t, url)
+	msgs, err := cch.Consume("flow", "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range total {
+		select {
+		case <-msgs:
+		case <-ctx.Done():
+			t.Fatalf("%d of %d messages consumed", i, total)
+		}
+	}
+	if err := testutil.Recv(t, sent, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if b := testutil.Recv(t, blocked, time.Minute); b.Active {
+		t.Fatalf("second notification %+v, want unblocked", b)
+	}
+}

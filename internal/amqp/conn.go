@@ -285,6 +285,11 @@ func (c *conn) start() *ConnectionStart {
 			"information": "AMQP 0-9-1 gateway of the Courier message broker; see docs/amqp.md",
 			"capabilities": Table{
 				"authentication_failure_close": true,
+				"connection.blocked":           true,
+				"publisher_confirms":           true,
+				"basic.nack":                   true,
+				"consumer_cancel_notify":       true,
+				"per_consumer_qos":             true,
 			},
 		},
 		Mechanisms: Mechanisms,

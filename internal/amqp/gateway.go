@@ -80,8 +80,13 @@ func (c *conn) deliver(f *wire.Frame) {
 	case wire.TypeTask:
 		c.deliverTask(f)
 		return
+	case wire.TypeEvent:
+		if f.Aux == wire.EventDetached {
+			c.consumerGone(f.Attach, f.Tag)
+		}
+		return // the other events of the workers' group: nothing AMQP shows
 	default:
-		return // events of the workers' group: nothing AMQP shows
+		return
 	}
 	if f.Ref&refCall != 0 {
 		g.mu.Lock()
@@ -310,7 +315,11 @@ func (c *conn) publish(ch *channel, p *pending) error {
 		f.Flags |= wire.FlagReply
 	}
 	c.gw.sess.Handle(f)
-	return c.checkChanErrs()
+	if err := c.checkChanErrs(); err != nil {
+		return err
+	}
+	c.flow()
+	return nil
 }
 
 // checkChanErrs closes the channels whose publications failed.

@@ -400,6 +400,23 @@ func (c *conn) cancelConsumer(cs *consumer) {
 	cs.ch.tags.drop(cs.attach)
 }
 
+// consumerGone tells the client that the broker ended a consumer (its
+// queue was deleted) with basic.cancel, as RabbitMQ does for clients
+// with the consumer_cancel_notify capability; its delivery tags are void.
+func (c *conn) consumerGone(attach uint32, why string) {
+	cs := c.gw.consumer(attach)
+	if cs == nil {
+		return
+	}
+	c.gw.removeConsumer(attach)
+	cs.ch.tags.drop(attach)
+	c.s.log.Info("amqp consumer cancelled by the broker", "peer", c.peer, "consumer", cs.tag, "queue", cs.queue, "why", why)
+	caps, _ := c.clientProps["capabilities"].(Table)
+	if notify, _ := caps["consumer_cancel_notify"].(bool); notify {
+		c.send(cs.ch.id, &BasicCancel{ConsumerTag: cs.tag, NoWait: true})
+	}
+}
+
 // settle maps basic.ack, basic.nack and basic.reject onto ACK and NACK.
 func (c *conn) settle(ch *channel, m Method, tag uint64, multiple, nack, requeue bool) error {
 	hs, ok := ch.tags.take(tag, multiple)
