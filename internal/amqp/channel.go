@@ -89,7 +89,8 @@ func (c *conn) content(f Frame) error {
 				Text: fmt.Sprintf("PRECONDITION_FAILED - message size %d is larger than configured max size %d", h.BodySize, c.s.cfg.MaxMessage)})
 		}
 		p.props, p.size, p.haveHeader = h.Properties, h.BodySize, true
-		p.body = make([]byte, 0, h.BodySize)
+		// Grown as the body arrives: a header alone reserves nothing.
+		p.body = make([]byte, 0, min(h.BodySize, 64<<10))
 	} else {
 		if !p.haveHeader {
 			return Errorf(UnexpectedFrame, "UNEXPECTED_FRAME - content body on channel %d before its header", f.Channel)
@@ -97,18 +98,26 @@ func (c *conn) content(f Frame) error {
 		if uint64(len(p.body))+uint64(len(f.Payload)) > p.size {
 			return Errorf(FrameError, "FRAME_ERROR - content body on channel %d longer than the %d octets its header announced", f.Channel, p.size)
 		}
+		if c.buffered+len(f.Payload) > 2*c.s.cfg.MaxMessage {
+			return Errorf(ResourceError, "RESOURCE_ERROR - more than %d octets of unfinished publications on this connection", 2*c.s.cfg.MaxMessage)
+		}
+		c.buffered += len(f.Payload)
 		p.body = append(p.body, f.Payload...)
 	}
 	if uint64(len(p.body)) < p.size {
 		return nil
 	}
 	ch.pending = nil
+	c.buffered -= len(p.body)
 	return c.publish(ch, p)
 }
 
 // closeChannel closes ch with a soft error: channel.close is sent, and
 // the channel ignores everything but close-ok until it comes.
 func (c *conn) closeChannel(ch *channel, e *Error) error {
+	if ch.pending != nil {
+		c.buffered -= len(ch.pending.body)
+	}
 	ch.closing, ch.pending = true, nil
 	c.cancelConsumers(ch)
 	c.s.log.Debug("amqp channel closed with an error", "peer", c.peer, "channel", ch.id, "code", e.Code, "text", e.Text)

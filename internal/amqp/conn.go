@@ -42,6 +42,9 @@ type conn struct {
 	gw *gateway
 	// nextAttach is the id of the last worker attachment.
 	nextAttach uint32
+	// buffered counts the body octets of publications not yet whole, on
+	// all channels: at most twice Config.MaxMessage.
+	buffered int
 
 	wmu       sync.Mutex // guards wbuf and writes to nc
 	wbuf      []byte

@@ -125,6 +125,31 @@ func TestPublishContentFrames(t *testing.T) {
 			rc.wantClose(tc.code)
 		})
 	}
+	t.Run("unfinished publications bounded per connection", func(t *testing.T) {
+		rc := rawDial(t, url)
+		rc.open(0)
+		// Three channels each with 9000 of 10000 octets: over twice the
+		// 10000-octet limit on the third.
+		for ch := uint16(1); ch <= 3; ch++ {
+			if ch > 1 {
+				rc.method(ch, &ChannelOpen{})
+				if _, ok := rc.next().(*ChannelOpenOK); !ok {
+					t.Fatal("no channel.open-ok")
+				}
+			}
+			rc.method(ch, &BasicPublish{Exchange: "ex"})
+			b, err := AppendContent(nil, ch, &Properties{}, make([]byte, 9000), FrameMinSize)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The content header says 10000: the body stays unfinished.
+			for i := range 8 {
+				b[7+4+i] = byte(uint64(10000) >> (56 - 8*i))
+			}
+			rc.write(b)
+		}
+		rc.wantClose(ResourceError)
+	})
 	t.Run("user-id of another user", func(t *testing.T) {
 		rc := rawDial(t, url)
 		rc.open(0)
