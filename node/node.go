@@ -26,6 +26,7 @@ import (
 
 	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/internal/admin"
+	"github.com/courier-mq/courier/internal/amqp"
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
 	"github.com/courier-mq/courier/internal/cluster"
@@ -72,6 +73,14 @@ type Config struct {
 	// is anonymous with full access, which the node allows on loopback
 	// (127.0.0.0/8, ::1, localhost) only.
 	HTTP string `toml:"http"`
+	// AMQP, when set, serves AMQP 0-9-1 on this TCP address, such as
+	// "127.0.0.1:5672" (port 0 picks a free one; see [Node.AMQPAddr]),
+	// for RabbitMQ's clients (docs/amqp.md). It speaks TLS (amqps://) on
+	// TLS's certificates when TLS is set. Default: "" (none);
+	// `courier server` defaults it to port 5672 on the host of Listen.
+	// Like Listen, it may name an address beyond loopback only when the
+	// node has users.
+	AMQP string `toml:"amqp"`
 	// TLS serves the network protocol over TLS only, from PEM files,
 	// optionally requiring client certificates. Default: none (plain TCP).
 	TLS TLSFiles `toml:"tls"`
@@ -381,12 +390,15 @@ type Node struct {
 	sup    *supervise.Supervisor
 	srv    *server.Server
 	addr   net.Addr
-	admin  *admin.Server
-	http   net.Addr
-	users  *auth.Store
-	boot   uint64
-	tls    []*tlsFiles // the listeners' TLS files, read again by Reload
-	closed atomic.Bool
+	// amqp serves AMQP 0-9-1 on amqpAddr; nil without Config.AMQP.
+	amqp     *amqp.Server
+	amqpAddr net.Addr
+	admin    *admin.Server
+	http     net.Addr
+	users    *auth.Store
+	boot     uint64
+	tls      []*tlsFiles // the listeners' TLS files, read again by Reload
+	closed   atomic.Bool
 	// fabric is the cluster's membership and links; nil for a single
 	// node.
 	fabric *cluster.Fabric
@@ -489,6 +501,20 @@ func Start(cfg Config) (*Node, error) {
 	}
 	n.sup.Add(supervise.Component{Name: "sweeper", Critical: true, Run: n.broker.Sweep})
 	ok := false // Start succeeded
+	// AMQP first: when its address is busy, Start fails before a client
+	// listener opened that a retry without AMQP would open again.
+	if cfg.AMQP != "" {
+		ln, err := n.startAMQP()
+		if err != nil {
+			n.broker.Close()
+			return nil, err
+		}
+		defer func() {
+			if !ok {
+				ln.Close()
+			}
+		}()
+	}
 	if cfg.Listen != "" {
 		l := cfg.Limits
 		scfg := server.Config{
@@ -591,7 +617,7 @@ func openUsers(cfg Config) (*auth.Store, error) {
 	for _, l := range []struct {
 		what, addr string
 		tls        bool
-	}{{"client", cfg.Listen, cfg.TLS.Enabled()}, {"management", cfg.HTTP, cfg.HTTPTLS.Enabled()}} {
+	}{{"client", cfg.Listen, cfg.TLS.Enabled()}, {"management", cfg.HTTP, cfg.HTTPTLS.Enabled()}, {"amqp", cfg.AMQP, cfg.TLS.Enabled()}} {
 		if l.addr == "" {
 			continue
 		}
@@ -668,14 +694,22 @@ func (n *Node) startAdmin() error {
 			return n.clusterNodes()
 		}, ForgetNode: n.forgetNode(), MetricsAuth: n.cfg.MetricsAuth, MaxConns: n.cfg.Limits.MaxHTTPConns,
 		Listeners: func() []admin.Listener {
-			if n.addr == nil {
-				return nil
+			var ls []admin.Listener
+			if n.addr != nil {
+				proto := "courier"
+				if n.cfg.TLS.Enabled() {
+					proto = "courier+tls"
+				}
+				ls = append(ls, admin.Listener{Protocol: proto, Address: n.addr.String()})
 			}
-			proto := "courier"
-			if n.cfg.TLS.Enabled() {
-				proto = "courier+tls"
+			if n.amqpAddr != nil {
+				proto := "amqp"
+				if n.cfg.TLS.Enabled() {
+					proto = "amqps"
+				}
+				ls = append(ls, admin.Listener{Protocol: proto, Address: n.amqpAddr.String()})
 			}
-			return []admin.Listener{{Protocol: proto, Address: n.addr.String()}}
+			return ls
 		},
 	})
 	if err != nil {
@@ -737,11 +771,14 @@ func (n *Node) Failed() <-chan error { return n.sup.Failed() }
 // its peer.
 func describe(sink broker.Sink) (admin.ConnInfo, bool) {
 	if t, ok := sink.(*localTransport); ok {
-		return admin.ConnInfo{Type: "embedded", User: t.user, ConnectedAt: t.opened}, true
+		return admin.ConnInfo{Type: "embedded", Protocol: "courier", User: t.user, ConnectedAt: t.opened}, true
 	}
 	if ci, ok := server.Describe(sink); ok {
-		return admin.ConnInfo{Type: "network", Protocol: ci.Protocol, Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt,
+		return admin.ConnInfo{Type: "network", Protocol: "courier", Transport: ci.Protocol, Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt,
 			SendPending: ci.SendPending, SendBlocked: ci.SendBlocked}, true
+	}
+	if ci, ok := amqp.Describe(sink); ok {
+		return admin.ConnInfo{Type: "network", Protocol: "amqp", Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt}, true
 	}
 	return admin.ConnInfo{}, false
 }
@@ -908,6 +945,11 @@ func (n *Node) Close() error {
 	if n.srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		n.srv.Shutdown(ctx)
+		cancel()
+	}
+	if n.amqp != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		n.amqp.Shutdown(ctx)
 		cancel()
 	}
 	n.mu.Lock()

@@ -232,11 +232,11 @@ func cliServer(t *testing.T, extra ...string) (url string, srv *cliProc) {
 	t.Helper()
 	for attempt := 0; ; attempt++ {
 		addr := "127.0.0.1:" + cliFreePort(t)
-		// No management listener: on a machine where another server holds
+		// No management or AMQP listener: on a machine where another server holds
 		// its default address, the server would retry without it, and the
 		// probe below could reach the first attempt's listener before it
 		// closes, and the test's first command miss the second's.
-		srv = cliStart(t, "", nil, append([]string{"server", "--listen", addr, "--http", "off", "--data", t.TempDir(), "--log-level", "warn"}, extra...)...)
+		srv = cliStart(t, "", nil, append([]string{"server", "--listen", addr, "--http", "off", "--amqp", "off", "--data", t.TempDir(), "--log-level", "warn"}, extra...)...)
 		var err error
 		accepts := func() bool {
 			var c net.Conn

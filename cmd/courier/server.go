@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -16,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/courier-mq/courier/internal/admin"
+	"github.com/courier-mq/courier/internal/amqp"
 	"github.com/courier-mq/courier/internal/store"
 	"github.com/courier-mq/courier/node"
 )
@@ -145,6 +147,8 @@ manage users with 'courier users'.`,
 			if cfg.HTTP == "off" {
 				cfg.HTTP = ""
 			}
+			amqpSet := cfg.AMQP != ""
+			cfg.AMQP = amqpAddress(cfg.AMQP, cfg.Listen)
 			setMemoryLimit(log, cfg.MemoryBudget, cfg.MemoryHighWatermark)
 			if err := adminPassword(cfg, adminPasswordFile); err != nil {
 				return withCode(exitUsage, err)
@@ -156,11 +160,18 @@ manage users with 'courier users'.`,
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
 			n, err := node.Start(*cfg)
-			if err != nil && !httpSet && errors.Is(err, admin.ErrListen) && errors.Is(err, syscall.EADDRINUSE) {
-				// Only the default address is busy (another server on this
-				// machine): run without the management listener.
-				log.Warn("management API off: its default address is in use; choose one with --http", "addr", cfg.HTTP)
-				cfg.HTTP = ""
+			for err != nil && errors.Is(err, syscall.EADDRINUSE) {
+				// Only a default address is busy (another server on this
+				// machine, or RabbitMQ on 5672): run without that listener.
+				if !httpSet && cfg.HTTP != "" && errors.Is(err, admin.ErrListen) {
+					log.Warn("management API off: its default address is in use; choose one with --http", "addr", cfg.HTTP)
+					cfg.HTTP = ""
+				} else if !amqpSet && cfg.AMQP != "" && errors.Is(err, amqp.ErrListen) {
+					log.Warn("AMQP listener off: its default address is in use (RabbitMQ?); choose one with --amqp", "addr", cfg.AMQP)
+					cfg.AMQP = ""
+				} else {
+					break
+				}
 				n, err = node.Start(*cfg)
 			}
 			if errors.Is(err, node.ErrDataDirOfAnotherNode) || errors.Is(err, node.ErrBadIdentity) {
@@ -172,7 +183,7 @@ manage users with 'courier users'.`,
 			if err != nil {
 				return withCode(exitFailure, err)
 			}
-			log.Info("courier server started", "node", n.Name(), "url", n.URL(), "http", n.HTTPURL(), "cluster", n.ClusterAddr(), "data", cfg.DataDir, "config", configPath)
+			log.Info("courier server started", "node", n.Name(), "url", n.URL(), "http", n.HTTPURL(), "amqp", n.AMQPURL(), "cluster", n.ClusterAddr(), "data", cfg.DataDir, "config", configPath)
 		wait:
 			for {
 				select {
@@ -210,6 +221,7 @@ manage users with 'courier users'.`,
 	f.StringVar(&configPath, "config", "", "configuration file (TOML); flags given override it")
 	f.StringVar(&cfg.Listen, "listen", d.Listen, "client listener address; loopback only until the node has users")
 	f.StringVar(&cfg.HTTP, "http", d.HTTP, `management API, metrics and dashboard address; loopback only until the node has users ("" or "off": none)`)
+	f.StringVar(&cfg.AMQP, "amqp", "", `AMQP 0-9-1 listener address for RabbitMQ clients, TLS with --tls-cert (default: port 5672 on the host of --listen; "off": none)`)
 	f.StringVar(&cfg.DataDir, "data", d.DataDir, "data directory")
 	f.StringVar(&cfg.Name, "node", d.Name, "node name: letters, digits, '-', '_' (default: the one recorded in the data directory, or on a new one the host's name and 4 hex digits)")
 	f.StringVar(&cfg.Name, "name", d.Name, "the old spelling of --node")
@@ -334,3 +346,19 @@ func (l listFlag) Set(s string) error {
 }
 
 func (l listFlag) Type() string { return "list" }
+
+// amqpAddress resolves the AMQP listener's address: "off" is none, ""
+// is port 5672 on the host of the client listener (none without one).
+func amqpAddress(v, listen string) string {
+	switch v {
+	case "off":
+		return ""
+	case "":
+		host, _, err := net.SplitHostPort(listen)
+		if err != nil || listen == "" {
+			return ""
+		}
+		return net.JoinHostPort(host, amqp.DefaultPort)
+	}
+	return v
+}

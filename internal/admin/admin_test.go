@@ -65,7 +65,7 @@ type harness struct {
 
 func describe(sink broker.Sink) (admin.ConnInfo, bool) {
 	if ci, ok := server.Describe(sink); ok {
-		return admin.ConnInfo{Type: "network", Protocol: ci.Protocol, Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt}, true
+		return admin.ConnInfo{Type: "network", Protocol: "courier", Transport: ci.Protocol, Peer: ci.Peer, User: ci.User, ConnectedAt: ci.ConnectedAt}, true
 	}
 	return admin.ConnInfo{}, false
 }
@@ -657,15 +657,15 @@ func TestConnections(t *testing.T) {
 	wantKeys := []string{"attachments", "connected_at", "id", "inflight",
 		"message_stats.deliver", "message_stats.deliver_details.rate", "message_stats.publish", "message_stats.publish_details.rate",
 		"message_stats.request", "message_stats.request_details.rate", "message_stats.response", "message_stats.response_details.rate",
-		"name", "patterns", "peer", "protocol", "send_blocked_ms", "send_pending", "type", "user"}
+		"name", "patterns", "peer", "protocol", "send_blocked_ms", "send_pending", "transport", "type", "user"}
 	if k := n.keys(); !slices.Equal(k, wantKeys) {
 		t.Errorf("connection keys %v\nwant %v", k, wantKeys)
 	}
-	if e["id"] != emb.ID() || e["type"] != "embedded" || e["peer"] != "" || e["protocol"] != "" || e.num("message_stats.publish") != 4 ||
+	if e["id"] != emb.ID() || e["type"] != "embedded" || e["peer"] != "" || e["protocol"] != "courier" || e["transport"] != "" || e.num("message_stats.publish") != 4 ||
 		e.num("message_stats.publish_details.rate") != 2 {
 		t.Errorf("embedded connection %v", e)
 	}
-	if n["id"] != net1.ID() || n["name"] != "worker-1" || n["type"] != "network" || n["protocol"] != "tcp" || !strings.HasPrefix(fmt.Sprint(n["peer"]), "127.0.0.1:") ||
+	if n["id"] != net1.ID() || n["name"] != "worker-1" || n["type"] != "network" || n["protocol"] != "courier" || n["transport"] != "tcp" || !strings.HasPrefix(fmt.Sprint(n["peer"]), "127.0.0.1:") ||
 		n.num("attachments") != 1 || n.num("patterns") != 1 || n.num("message_stats.deliver") != 4 || n.num("message_stats.deliver_details.rate") != 2 || n["user"] != "" {
 		t.Errorf("network connection %v", n)
 	}

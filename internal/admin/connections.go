@@ -12,9 +12,12 @@ type ConnInfo struct {
 	// Type is "network" for a client of the server and "embedded" for an
 	// in-process connection.
 	Type string
-	// Protocol is a network client's transport, "tcp" or "websocket";
-	// "" when embedded.
+	// Protocol is the protocol of the connection: "courier" (network or
+	// embedded) or "amqp" (AMQP 0-9-1, docs/amqp.md).
 	Protocol string
+	// Transport is what a network client's frames travel on: "tcp" (TLS
+	// or not) or "websocket"; "" when embedded.
+	Transport string
 	// Peer is the client's address, "host:port"; "" when embedded.
 	Peer string
 	// User is the authenticated user; on a node without users, the name
@@ -37,7 +40,7 @@ type connRow struct {
 
 func (r *connRow) conn() *ConnInfo {
 	if r.info == nil {
-		r.info = &ConnInfo{Type: "embedded"}
+		r.info = &ConnInfo{Type: "embedded", Protocol: "courier"}
 		if r.describe != nil {
 			if ci, ok := r.describe(r.item.Sink()); ok {
 				r.info = &ci
@@ -54,6 +57,7 @@ var connSchema = newSchema("id",
 	strField("name", func(r *connRow) string { return r.item.Name() }),
 	strField("type", func(r *connRow) string { return r.conn().Type }),
 	strField("protocol", func(r *connRow) string { return r.conn().Protocol }),
+	strField("transport", func(r *connRow) string { return r.conn().Transport }),
 	strField("peer", func(r *connRow) string { return r.conn().Peer }),
 	strField("user", func(r *connRow) string { return r.conn().User }),
 	intField("connected_at", func(r *connRow) int64 {

@@ -17,8 +17,9 @@ import (
 
 // Listener is a listener the node serves, as the overview lists it.
 type Listener struct {
-	// Protocol is "courier" for the client protocol or "http" for the
-	// management API.
+	// Protocol is "courier" (or "courier+tls") for the client protocol,
+	// "amqp" (or "amqps") for AMQP 0-9-1, or "http" for the management
+	// API.
 	Protocol string
 	// Address is the address listened on, "host:port".
 	Address string

@@ -178,16 +178,16 @@ func TestWebSocketHandshake(t *testing.T) {
 			t.Fatalf("answer %d: %+v", i+1, f)
 		}
 	}
-	resp, err := http.Get(n.HTTPURL() + "/api/connections?columns=id,protocol")
+	resp, err := http.Get(n.HTTPURL() + "/api/connections?columns=id,transport")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var rows []struct{ ID, Protocol string }
+	var rows []struct{ ID, Transport string }
 	if err := json.NewDecoder(resp.Body).Decode(&rows); err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 1 || rows[0].ID != w.Conn || rows[0].Protocol != "websocket" {
+	if len(rows) != 1 || rows[0].ID != w.Conn || rows[0].Transport != "websocket" {
 		t.Fatalf("connections %+v, want %s over websocket", rows, w.Conn)
 	}
 }

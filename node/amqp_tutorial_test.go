@@ -1,0 +1,164 @@
+package node
+
+import (
+	"bytes"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/courier-mq/courier/internal/testutil"
+)
+
+// python is Debian's interpreter, which python3-pika installs for.
+const python = "/usr/bin/python3"
+
+// needPika skips the test where python3-pika is not installed (.ci/run
+// installs it).
+func needPika(t *testing.T) {
+	t.Helper()
+	if err := exec.Command(python, "-c", "import pika").Run(); err != nil {
+		t.Skip("python3-pika is not installed: apt-get install python3-pika")
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe to read while a process writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// tutorial runs one script of testdata/tutorials against port.
+func tutorial(t *testing.T, port, script string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(python, append([]string{filepath.Join("testdata", "tutorials", script)}, args...)...)
+	cmd.Env = append(cmd.Environ(), "AMQP_PORT="+port, "PYTHONUNBUFFERED=1")
+	return cmd
+}
+
+// runTutorial runs a script to its end and returns its output.
+func runTutorial(t *testing.T, port, script string, args ...string) string {
+	t.Helper()
+	out, err := tutorial(t, port, script, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", script, args, err, out)
+	}
+	return string(out)
+}
+
+// startTutorial starts a script that runs until killed.
+func startTutorial(t *testing.T, port, script string) *lockedBuffer {
+	t.Helper()
+	out := &lockedBuffer{}
+	cmd := tutorial(t, port, script)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return out
+}
+
+func waitOutput(t *testing.T, out *lockedBuffer, want ...string) {
+	t.Helper()
+	testutil.WaitForf(t, 60*time.Second, func() bool {
+		s := out.String()
+		for _, w := range want {
+			if !strings.Contains(s, w) {
+				return false
+			}
+		}
+		return true
+	}, "output %q; got:\n%s", want, out)
+}
+
+// TestTutorialsPika runs RabbitMQ's Python tutorials 1 (hello world) and 2
+// (work queues), with Debian's pika, against a Courier node, and checks
+// their outputs as the tutorials print them.
+func TestTutorialsPika(t *testing.T) {
+	needPika(t)
+	n, _ := amqpNode(t)
+	_, port, _ := strings.Cut(n.AMQPAddr().String(), ":")
+
+	t.Run("1 hello world", func(t *testing.T) {
+		recv := startTutorial(t, port, "receive.py")
+		waitOutput(t, recv, " [*] Waiting for messages. To exit press CTRL+C")
+		if out := runTutorial(t, port, "send.py"); out != " [x] Sent 'Hello World!'\n" {
+			t.Fatalf("send.py printed %q", out)
+		}
+		waitOutput(t, recv, " [x] Received b'Hello World!'")
+	})
+
+	t.Run("2 work queues", func(t *testing.T) {
+		// Two workers share the tasks, one at a time each (prefetch 1).
+		w1, w2 := startTutorial(t, port, "worker.py"), startTutorial(t, port, "worker.py")
+		// The script prints its greeting before it consumes: wait for
+		// both consumers on the broker.
+		testutil.WaitForf(t, 60*time.Second, func() bool {
+			ex := n.broker.Exchange("task_queue")
+			return ex != nil && ex.Info().Queue != nil && ex.Info().Queue.Consumers == 2
+		}, "two workers consuming; worker 1:\n%s\nworker 2:\n%s", w1, w2)
+		msgs := []string{"First message.", "Second message..", "Third message...", "Fourth message....", "Fifth message....."}
+		for _, m := range msgs {
+			if out := runTutorial(t, port, "new_task.py", m); out != " [x] Sent "+m+"\n" {
+				t.Fatalf("new_task.py printed %q", out)
+			}
+		}
+		testutil.WaitForf(t, 90*time.Second, func() bool {
+			all := w1.String() + w2.String()
+			for _, m := range msgs {
+				if !strings.Contains(all, " [x] Received "+m+"\n") {
+					return false
+				}
+			}
+			return strings.Count(all, " [x] Done") == len(msgs)
+		}, "every task received and done once; worker 1:\n%s\nworker 2:\n%s", w1, w2)
+		if !strings.Contains(w1.String(), " [x] Received") || !strings.Contains(w2.String(), " [x] Received") {
+			t.Fatalf("one worker took every task; worker 1:\n%s\nworker 2:\n%s", w1, w2)
+		}
+	})
+}
+
+// TestAMQPTools drives Debian's amqp-tools (librabbitmq's command-line
+// clients) against a Courier node: declare a durable queue, publish to
+// it through the default exchange, consume it.
+func TestAMQPTools(t *testing.T) {
+	if _, err := exec.LookPath("amqp-consume"); err != nil {
+		t.Skip("amqp-tools is not installed: apt-get install amqp-tools")
+	}
+	_, url := amqpNode(t)
+	run := func(name string, args ...string) string {
+		t.Helper()
+		out, err := exec.Command(name, append([]string{"--url", url}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+		return string(out)
+	}
+	if out := run("amqp-declare-queue", "--durable", "--queue", "jobs"); strings.TrimSpace(out) != "jobs" {
+		t.Fatalf("amqp-declare-queue printed %q", out)
+	}
+	for _, body := range []string{"alpha", "beta"} {
+		run("amqp-publish", "--routing-key", "jobs", "--persistent", "--content-type", "text/plain", "--body", body)
+	}
+	if out := run("amqp-consume", "--queue", "jobs", "--count", "2", "--prefetch-count", "1", "cat"); out != "alphabeta" {
+		t.Fatalf("amqp-consume printed %q", out)
+	}
+}
