@@ -498,7 +498,7 @@ func (f *Fabric) crash() {
 	f.ml.Shutdown()
 	f.closeSockets()
 	for _, p := range peers {
-		f.teardown(p, 0, "crash")
+		f.teardown(p, 0, cutOther, "crash")
 	}
 	f.tr.wg.Wait()
 	f.wg.Wait()

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/courier-mq/courier/internal/auth"
@@ -51,6 +52,9 @@ type conn struct {
 	// abrupt is set by [conn.cut]: the read loop is not given time to
 	// see the peer close its end.
 	abrupt atomic.Bool
+	// ended is set once the connection's end was counted in one of the
+	// server's ConnEnds.
+	ended atomic.Bool
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed when the connection is to end
@@ -86,6 +90,8 @@ func newConn(s *Server, nc net.Conn) *conn {
 		// A read loop held in the broker by backpressure is not silence.
 		Heard: func() bool { return c.seen.Swap(false) || c.handling.Load() },
 		Silent: func(timeout time.Duration) {
+			c.countEnd(&c.s.ends.heartbeat)
+			c.s.log.Warn("silent client disconnected: nothing received for the heartbeat timeout", "peer", c.peer, "timeout", timeout)
 			c.cut(wire.Errorf(wire.CodeHeartbeat, "nothing received for %s", timeout))
 		},
 		Done: c.closing,
@@ -133,6 +139,9 @@ func (c *conn) serve() {
 		}
 		if c.sess != nil {
 			c.sess.Close()
+			if vanished(ended, c.wentAway.Load(), c.abrupt.Load()) {
+				c.countEnd(&c.s.ends.vanished)
+			}
 			logClosed(log, c.sess.ID(), ended, c.wentAway.Load())
 		}
 	}()
@@ -150,6 +159,23 @@ func (c *conn) serve() {
 	}
 	log.Info("connection open", "conn", c.sess.ID(), "name", c.sess.Name(), "user", c.sess.User())
 	ended = c.readLoop()
+}
+
+// countEnd counts the connection's end in n, unless it was counted.
+func (c *conn) countEnd(n *atomic.Uint64) {
+	if c.ended.CompareAndSwap(false, true) {
+		n.Add(1)
+	}
+}
+
+// vanished reports whether a connection whose read loop ended with
+// ended was closed or reset by its client without CLOSE, rather than
+// cut by the server (abrupt) or ended by its going away.
+func vanished(ended error, wentAway, abrupt bool) bool {
+	if ended == nil || wentAway || abrupt {
+		return false
+	}
+	return errors.Is(ended, io.EOF) || errors.Is(ended, syscall.ECONNRESET)
 }
 
 // logClosed logs a connection's end in one line: a normal close (the
@@ -426,6 +452,7 @@ func (c *conn) Deliver(f *wire.Frame) {
 	switch {
 	case err == nil, errors.Is(err, wire.ErrOutboxClosed):
 	case errors.Is(err, wire.ErrOutboxFull):
+		c.countEnd(&c.s.ends.slow)
 		c.s.log.Warn("slow consumer disconnected", "peer", c.peer, "waited", c.s.cfg.SlowTimeout)
 		c.cut(wire.Errorf(wire.CodeSlowConsumer, "not reading for %s", c.s.cfg.SlowTimeout))
 	default:
@@ -509,6 +536,7 @@ func (c *conn) writeLoop() {
 			}
 			if _, err := c.out.Flush(); err != nil {
 				if errors.Is(err, wire.ErrWriteStalled) {
+					c.countEnd(&c.s.ends.slow)
 					c.s.log.Warn("slow consumer disconnected: it took nothing for the timeout", "peer", c.peer, "timeout", c.s.cfg.SlowTimeout)
 				}
 				// The peer is gone: producers waiting for room must not
