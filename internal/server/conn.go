@@ -87,8 +87,10 @@ func newConn(s *Server, nc net.Conn) *conn {
 		Out:      c.out,
 		Interval: func() time.Duration { return time.Duration(c.heartbeat.Load()) },
 		Timeout:  func(hb time.Duration) time.Duration { return 3 * hb },
-		// A read loop held in the broker by backpressure is not silence.
-		Heard: func() bool { return c.seen.Swap(false) || c.handling.Load() },
+		// A read loop held in the broker by backpressure is not silence,
+		// and neither are bytes the client sent that wait in the socket
+		// for a read loop that is behind (see wire.Unread).
+		Heard: func() bool { return c.seen.Swap(false) || c.handling.Load() || wire.Unread(c.nc) > 0 },
 		Silent: func(timeout time.Duration) {
 			c.countEnd(&c.s.ends.heartbeat)
 			c.s.log.Warn("silent client disconnected: nothing received for the heartbeat timeout", "peer", c.peer, "timeout", timeout)
@@ -124,6 +126,10 @@ var clientTypes = func() (t [256]bool) {
 	}
 	return t
 }()
+
+// testHookRead, when set, runs before each frame a read loop reads after
+// the handshake: tests hold the loop there, as a starved one would be.
+var testHookRead atomic.Pointer[func()]
 
 // serve runs the connection to its end.
 func (c *conn) serve() {
@@ -313,6 +319,9 @@ func (c *conn) readLoop() error {
 	for {
 		if !c.r.Buffered() {
 			batch.Flush()
+		}
+		if h := testHookRead.Load(); h != nil {
+			(*h)()
 		}
 		f := wire.NewFrame(0)
 		if err := c.r.Next(f); err != nil {
