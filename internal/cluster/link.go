@@ -411,6 +411,7 @@ func (f *Fabric) teardown(p *peer, gen uint64, cause int, why string) {
 	}
 	p.cuts[cause].Add(1)
 	links := p.links
+	leaving := p.leaving
 	p.links = [2]*link{}
 	p.up = false
 	p.gen++
@@ -421,7 +422,7 @@ func (f *Fabric) teardown(p *peer, gen uint64, cause int, why string) {
 			l.close()
 		}
 	}
-	if cause == cutSilent || cause == cutStalled || cause == cutBroken {
+	if !leaving && (cause == cutSilent || cause == cutStalled || cause == cutBroken) {
 		f.log.Warn("cluster: node link cut", "node", p.name, "why", why)
 	} else {
 		f.log.Info("cluster: links down", "node", p.name, "why", why)
