@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -98,8 +99,23 @@ type Outbox struct {
 // NewOutbox returns an outbox writing to w frames of at most maxFrame
 // bytes, holding data frames back while more than limit bytes wait.
 func NewOutbox(w io.Writer, maxFrame, limit int) *Outbox {
-	_, fragile := w.(*tls.Conn)
-	return &Outbox{w: w, room: make(chan struct{}), ready: make(chan struct{}, 1), max: maxFrame, limit: limit, fragile: fragile}
+	return &Outbox{w: w, room: make(chan struct{}), ready: make(chan struct{}, 1), max: maxFrame, limit: limit, fragile: overTLS(w)}
+}
+
+// overTLS reports whether w writes to a TLS connection, itself or under
+// wrappers with a NetConn method (a node link's counting connection):
+// a timed-out write breaks a TLS connection for good, so w is fragile.
+func overTLS(w io.Writer) bool {
+	for {
+		switch c := w.(type) {
+		case *tls.Conn:
+			return true
+		case interface{ NetConn() net.Conn }:
+			w = c.NetConn()
+		default:
+			return false
+		}
+	}
 }
 
 // SetWriteTimeout bounds the write loop's writes ([Outbox.Flush]): they

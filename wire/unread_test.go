@@ -70,3 +70,36 @@ func TestUnread(t *testing.T) {
 		t.Fatalf("Unread of a pipe = %d, want 0", n)
 	}
 }
+
+// wrapped is a connection wrapper that names what it wraps, as a node
+// link's counting connection does.
+type wrapped struct{ net.Conn }
+
+func (w wrapped) NetConn() net.Conn { return w.Conn }
+
+// TestOutboxFragileUnderWrappers: an outbox writing to a TLS connection
+// under wrappers is fragile (no inline writes with a short deadline,
+// which break TLS for good), as one writing to the TLS connection itself
+// is. Node links write through two wrappers: their inline writes broke
+// TLS under load, the next write failed at once as "stalled", and the
+// link was cut with its publications lost.
+func TestOutboxFragileUnderWrappers(t *testing.T) {
+	p1, p2 := net.Pipe()
+	defer p1.Close()
+	defer p2.Close()
+	tc := tls.Client(p1, &tls.Config{InsecureSkipVerify: true})
+	for _, c := range []struct {
+		name string
+		w    net.Conn
+		want bool
+	}{
+		{"tls", tc, true},
+		{"wrapped tls", wrapped{wrapped{tc}}, true},
+		{"plain", p1, false},
+		{"wrapped plain", wrapped{p1}, false},
+	} {
+		if got := NewOutbox(c.w, 1<<16, 1<<16).fragile; got != c.want {
+			t.Errorf("%s: fragile %v, want %v", c.name, got, c.want)
+		}
+	}
+}
