@@ -581,6 +581,10 @@ func (l *link) run() {
 	go l.readLoop()
 }
 
+// testHookRead, when set, runs before each frame a link's read loop
+// reads: tests hold the loop there, as a starved one would be.
+var testHookRead atomic.Pointer[func()]
+
 func (l *link) readLoop() {
 	defer close(l.done)
 	var drain *time.Timer
@@ -591,6 +595,9 @@ func (l *link) readLoop() {
 		l.end(courier.ErrClosed, courier.ErrClosed)
 	}()
 	for {
+		if h := testHookRead.Load(); h != nil {
+			(*h)()
+		}
 		f := wire.NewFrame(0)
 		if err := l.r.Next(f); err != nil {
 			f.Release()
@@ -666,7 +673,10 @@ func (l *link) writeLoop() {
 		Out:      l.out,
 		Interval: func() time.Duration { return hb },
 		Timeout:  func(time.Duration) time.Duration { return timeout },
-		Heard:    func() bool { return l.seen.Swap(false) || l.holding.Load() },
+		// Bytes from the server waiting in the socket for a read loop
+		// that is behind (busy, or starved of CPU) are not silence: see
+		// wire.Unread.
+		Heard: func() bool { return l.seen.Swap(false) || l.holding.Load() || wire.Unread(l.nc) > 0 },
 		Silent: func(timeout time.Duration) {
 			we := &wire.Error{Code: wire.CodeHeartbeat, Msg: fmt.Sprintf("nothing from the server for %s", timeout)}
 			l.end(we, we)

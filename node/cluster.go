@@ -122,6 +122,15 @@ func (n *Node) hosts() cluster.Hosts {
 // or nil for a single node; for the packages of this module.
 func (n *Node) Fabric() *cluster.Fabric { return n.fabric }
 
+// connEnds returns the counts of network connections that ended
+// abnormally, for the management API.
+func (n *Node) connEnds() admin.ConnEnds {
+	if n.srv == nil {
+		return admin.ConnEnds{}
+	}
+	return admin.ConnEnds(n.srv.Ends())
+}
+
 // ClusterAddr returns the cluster address listened on, or nil for a
 // single node.
 func (n *Node) ClusterAddr() string {
@@ -164,7 +173,8 @@ func (n *Node) clusterNodes() []admin.ClusterNode {
 func adminLink(m cluster.Member) admin.ClusterLink {
 	l := m.Link
 	return admin.ClusterLink{Peer: m.Name, Up: l.Up, Since: l.Since, RTT: l.RTT,
-		Control: admin.LinkCounters(l.Control), Data: admin.LinkCounters(l.Data)}
+		Control: admin.LinkCounters(l.Control), Data: admin.LinkCounters(l.Data),
+		Cuts: admin.LinkCuts(l.Cuts), Dropped: l.Dropped}
 }
 
 // clusterSecretEnv names the environment variable `courier server`

@@ -685,8 +685,8 @@ func (n *Node) startAdmin() error {
 	a, err := admin.New(admin.Config{
 		Listen: n.cfg.HTTP, Broker: n.broker, Node: n.cfg.Name, Log: n.cfg.Log,
 		Describe: describe, CloseConn: server.Close, Supervised: true, Components: n.components,
-		Queues: queueSource{n.broker},
-		Users:  n.users, TLS: httpTLS, ClientURL: n.URL, HTTPURL: n.HTTPURL, WebSocket: n.webSocket(),
+		Queues: queueSource{n.broker}, ConnEnds: n.connEnds,
+		Users: n.users, TLS: httpTLS, ClientURL: n.URL, HTTPURL: n.HTTPURL, WebSocket: n.webSocket(),
 		Cluster: func() []admin.ClusterNode {
 			if n.fabric == nil {
 				return nil

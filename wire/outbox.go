@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -98,11 +99,27 @@ type Outbox struct {
 // NewOutbox returns an outbox writing to w frames of at most maxFrame
 // bytes, holding data frames back while more than limit bytes wait.
 func NewOutbox(w io.Writer, maxFrame, limit int) *Outbox {
-	_, fragile := w.(*tls.Conn)
-	if f, ok := w.(FragileWriter); ok && f.FragileWrites() {
-		fragile = true
+	return &Outbox{w: w, room: make(chan struct{}), ready: make(chan struct{}, 1), max: maxFrame, limit: limit, fragile: fragile(w)}
+}
+
+// fragile reports whether a timed-out write would break w for good: a
+// [FragileWriter] that says so (a WebSocket), or a TLS connection, itself
+// or under wrappers with a NetConn method (a node link's counting
+// connection).
+func fragile(w io.Writer) bool {
+	for {
+		if f, ok := w.(FragileWriter); ok && f.FragileWrites() {
+			return true
+		}
+		switch c := w.(type) {
+		case *tls.Conn:
+			return true
+		case interface{ NetConn() net.Conn }:
+			w = c.NetConn()
+		default:
+			return false
+		}
 	}
-	return &Outbox{w: w, room: make(chan struct{}), ready: make(chan struct{}, 1), max: maxFrame, limit: limit, fragile: fragile}
 }
 
 // FragileWriter is a writer that a timed-out write breaks for good, as

@@ -73,6 +73,10 @@ type Config struct {
 	// for a sink it cannot close (an in-process connection). Default:
 	// nil, no connection can be closed (501).
 	CloseConn func(sink broker.Sink, reason string) bool
+	// ConnEnds returns the counts of network connections that ended
+	// abnormally (see [ConnEnds]), for /metrics and /api/nodes.
+	// Default: nil, none counted (zeros).
+	ConnEnds func() ConnEnds
 	// Queues is the queue layer. Default: nil, no queues: the queue list
 	// is empty and creating, deleting or purging a queue answers 501.
 	Queues QueueSource

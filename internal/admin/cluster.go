@@ -39,6 +39,21 @@ type ClusterLink struct {
 	// RTT is the round trip of the last link heartbeat.
 	RTT           time.Duration
 	Control, Data LinkCounters
+	// Cuts count the sessions with the peer that ended, by cause.
+	Cuts LinkCuts
+	// Dropped counts the frames refused because the link's outbox was
+	// past its offer limit (publications and requests wait instead).
+	Dropped uint64
+}
+
+// LinkCuts count the ends of a node link's sessions by cause: silent
+// (nothing heard, heartbeats included, for three link heartbeats),
+// stalled (the peer took nothing for the slow-consumer timeout), broken
+// (the connection failed), declared (memberlist declared the node dead
+// or gone), other (the peer dialled again, the broker cut it, this node
+// closed).
+type LinkCuts struct {
+	Silent, Stalled, Broken, Declared, Other uint64
 }
 
 // LinkCounters count a node link's frames and bytes each way.
@@ -67,6 +82,18 @@ func appendLinks(b []byte, ls []ClusterLink) []byte {
 		b = appendCounters(b, l.Control)
 		b = append(b, `,"data":`...)
 		b = appendCounters(b, l.Data)
+		b = append(b, `,"cuts":{"silent":`...)
+		b = strconv.AppendUint(b, l.Cuts.Silent, 10)
+		b = append(b, `,"stalled":`...)
+		b = strconv.AppendUint(b, l.Cuts.Stalled, 10)
+		b = append(b, `,"broken":`...)
+		b = strconv.AppendUint(b, l.Cuts.Broken, 10)
+		b = append(b, `,"declared":`...)
+		b = strconv.AppendUint(b, l.Cuts.Declared, 10)
+		b = append(b, `,"other":`...)
+		b = strconv.AppendUint(b, l.Cuts.Other, 10)
+		b = append(b, `},"dropped":`...)
+		b = strconv.AppendUint(b, l.Dropped, 10)
 		b = append(b, '}')
 	}
 	return append(b, ']')

@@ -7,6 +7,22 @@ import (
 	"github.com/courier-mq/courier/internal/broker"
 )
 
+// ConnEnds count the network connections that ended otherwise than by
+// the client's CLOSE or the server's, since the node started: a
+// subscriber's connection among them lost what was sent to it
+// meanwhile, reconnected or not.
+type ConnEnds struct {
+	// Heartbeat: cut, nothing came from the client for three heartbeats.
+	Heartbeat uint64
+	// SlowConsumer: cut, the client did not read for the slow-consumer
+	// timeout.
+	SlowConsumer uint64
+	// Vanished: the client closed or reset the socket without CLOSE (a
+	// process that died, or a client that gave up on the connection to
+	// reconnect).
+	Vanished uint64
+}
+
 // ConnInfo is what a connection's transport knows of its peer.
 type ConnInfo struct {
 	// Type is "network" for a client of the server and "embedded" for an

@@ -23,6 +23,9 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 var (
 	mInfo         = desc("courier_node_info", "Always 1; the labels name the node and its version.", "node", "version")
 	mConns        = desc("courier_connections", "Open connections, network and embedded.")
+	mConnEnds     = desc("courier_connections_ended_total", "Network connections that ended otherwise than by the client's CLOSE or the server's, by reason: heartbeat (cut: nothing from the client for three heartbeats), slow_consumer (cut: the client did not read for the slow-consumer timeout), vanished (the client closed or reset the socket without CLOSE, as one that gives up on a connection to reconnect does). What was sent to such a subscriber meanwhile is lost.", "reason")
+	mLinkCuts     = desc("courier_link_cuts_total", "Sessions of this node's links with a peer node that ended, by cause: silent (nothing heard, heartbeats included, for three link heartbeats), stalled (the peer took nothing for the slow-consumer timeout), broken (the connection failed), declared (memberlist declared the node dead or gone), other (the peer dialled again, the broker cut it, this node closed).", "peer", "reason")
+	mLinkDropped  = desc("courier_link_frames_dropped_total", "Frames to a peer node refused because the link's outbox was past its offer limit; publications and requests wait for room instead.", "peer")
 	mExchanges    = desc("courier_exchanges", "Exchanges.")
 	mQueues       = desc("courier_queues", "Queues.")
 	mAttachments  = desc("courier_attachments", "Attachments (handlers, subscribers, controllers) of every connection.")
@@ -119,11 +122,35 @@ func constHistogram(d *prometheus.Desc, bounds []float64, counts []uint64, sum f
 	return prometheus.MustNewConstHistogram(d, cum+counts[len(bounds)], sum, buckets, labels...)
 }
 
+// collectLinks collects the counters of this node's links with the other
+// nodes of its cluster (none on a single node).
+func (c nodeCollector) collectLinks(ch chan<- prometheus.Metric) {
+	if c.s.cfg.Cluster == nil {
+		return
+	}
+	for _, n := range c.s.cfg.Cluster() {
+		if !n.Self {
+			continue
+		}
+		for _, l := range n.Links {
+			counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+				ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+			}
+			counter(mLinkCuts, l.Cuts.Silent, l.Peer, "silent")
+			counter(mLinkCuts, l.Cuts.Stalled, l.Peer, "stalled")
+			counter(mLinkCuts, l.Cuts.Broken, l.Peer, "broken")
+			counter(mLinkCuts, l.Cuts.Declared, l.Peer, "declared")
+			counter(mLinkCuts, l.Cuts.Other, l.Peer, "other")
+			counter(mLinkDropped, l.Dropped, l.Peer)
+		}
+	}
+}
+
 // nodeCollector collects the node-wide metrics.
 type nodeCollector struct{ s *Server }
 
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{mInfo, mConns, mExchanges, mQueues, mAttachments, mPatterns, mPatternMem, mReady, mUnacked, mCompUp, mCompFailed, mCompRestarts,
+	for _, d := range []*prometheus.Desc{mInfo, mConns, mConnEnds, mLinkCuts, mLinkDropped, mExchanges, mQueues, mAttachments, mPatterns, mPatternMem, mReady, mUnacked, mCompUp, mCompFailed, mCompRestarts,
 		mQPublishes, mQDeliveries, mReqLatency, mAlarm, mMemLimit, mMemHigh, mMemUsed, mMemPaged, mMemSpilled, mMemPage, mMemThrottle,
 		mStoreSync, mStoreSegs, mStoreDisk, mStoreLive, mStoreLiveB, mStoreRecs, mStoreApp, mStoreWrit, mStoreCkpt, mStoreRuns, mStoreFree,
 		mStoreDamR, mStoreDamB, mStoreScrub, mStoreScrubD} {
@@ -141,6 +168,13 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(mInfo, 1, c.s.cfg.Node, c.s.cfg.Version)
 	gauge(mConns, float64(o.conns))
+	for _, e := range []struct {
+		reason string
+		n      uint64
+	}{{"heartbeat", o.ends.Heartbeat}, {"slow_consumer", o.ends.SlowConsumer}, {"vanished", o.ends.Vanished}} {
+		ch <- prometheus.MustNewConstMetric(mConnEnds, prometheus.CounterValue, float64(e.n), e.reason)
+	}
+	c.collectLinks(ch)
 	gauge(mExchanges, float64(o.exchanges))
 	gauge(mQueues, float64(o.queues))
 	gauge(mAttachments, float64(o.atts))

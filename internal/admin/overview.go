@@ -66,6 +66,7 @@ type overview struct {
 	s                                    *Server
 	uptime                               time.Duration
 	conns, exchanges, queues, atts       int
+	ends                                 ConnEnds
 	ready, unacked                       uint64
 	queued                               [2]uint64 // by qPublished, qDelivered
 	totals                               [nTotals]uint64
@@ -206,6 +207,9 @@ func (s *Server) readOverview() *overview {
 	o.totals, o.exchanges, o.queues, o.ready, o.unacked, o.queued = c.totals, c.exchanges, c.queues, c.ready, c.unacked, c.queued
 	o.rates = s.smp.lastTick().rates
 	o.conns = s.b.SessionCount()
+	if s.cfg.ConnEnds != nil {
+		o.ends = s.cfg.ConnEnds()
+	}
 	o.atts = s.b.AttachmentCount()
 	o.patterns = s.b.PatternStats()
 	o.store.scrub = store.ScrubOff
@@ -376,6 +380,19 @@ var nodeSchema = newSchema("name",
 		}
 		return int64(n.o.conns)
 	}),
+	rawField("connections_ended", func(b []byte, n *nodeInfo) []byte {
+		var e ConnEnds
+		if !n.remote() {
+			e = n.o.ends
+		}
+		b = append(b, `{"heartbeat":`...)
+		b = strconv.AppendUint(b, e.Heartbeat, 10)
+		b = append(b, `,"slow_consumer":`...)
+		b = strconv.AppendUint(b, e.SlowConsumer, 10)
+		b = append(b, `,"vanished":`...)
+		b = strconv.AppendUint(b, e.Vanished, 10)
+		return append(b, '}')
+	}, nil),
 	intField("exchanges", func(n *nodeInfo) int64 {
 		if n.remote() {
 			return int64(n.c.Exchanges)

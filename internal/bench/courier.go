@@ -5,9 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,6 +34,11 @@ type courierDriver struct {
 	pong    []byte
 	ps      string // the pub-sub exchange's name, once declared
 	async   []string
+	// lost counts the connections lost (and re-established by the
+	// client) during the run, by cause: what was sent to them
+	// meanwhile is lost, as pub-sub is at most once.
+	lost      int
+	lostCause map[string]int
 }
 
 var _ driver = (*courierDriver)(nil)
@@ -139,6 +147,20 @@ func (d *courierDriver) connectTo(ctx context.Context, url, name string) (*couri
 		d.mu.Lock()
 		if len(d.async) < 10 {
 			d.async = append(d.async, fmt.Sprintf("%s: %v", name, err))
+		}
+		d.mu.Unlock()
+	})
+	c.OnConnEvent(func(ev courier.ConnEvent) {
+		if ev.Kind != courier.ConnDisconnected {
+			return
+		}
+		d.mu.Lock()
+		d.lost++
+		if d.lostCause == nil {
+			d.lostCause = make(map[string]int)
+		}
+		if len(d.lostCause) < 10 {
+			d.lostCause[lostCause(ev.Err)]++
 		}
 		d.mu.Unlock()
 	})
@@ -429,7 +451,28 @@ func (d *courierDriver) notes() []string {
 	for _, e := range d.async {
 		out = append(out, "asynchronous error: "+e)
 	}
+	if d.lost > 0 {
+		causes := slices.Sorted(maps.Keys(d.lostCause))
+		for i, c := range causes {
+			causes[i] = fmt.Sprintf("%d× %s", d.lostCause[c], c)
+		}
+		out = append(out, fmt.Sprintf("%d connections lost and re-established by the client during the run (what was sent to them meanwhile is lost): %s",
+			d.lost, strings.Join(causes, "; ")))
+	}
 	return out
+}
+
+// lostCause is the part of a connection's loss cause that names it, without
+// the addresses that make each one different.
+func lostCause(err error) string {
+	if err == nil {
+		return "unknown"
+	}
+	s := err.Error()
+	if i := strings.LastIndex(s, ": "); i >= 0 && strings.Contains(s, "127.0.0.1") {
+		s = s[i+2:]
+	}
+	return s
 }
 
 func (d *courierDriver) close() error {

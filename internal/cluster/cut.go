@@ -8,6 +8,6 @@ func (f *Fabric) Cut(node, why string) {
 	p := f.peers[node]
 	f.mu.Unlock()
 	if p != nil {
-		f.teardown(p, 0, why)
+		f.teardown(p, 0, cutOther, why)
 	}
 }

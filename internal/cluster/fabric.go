@@ -831,7 +831,7 @@ func (f *Fabric) Close() error {
 		l.Close()
 	}
 	for _, p := range peers {
-		f.teardown(p, 0, "this node is closing")
+		f.teardown(p, 0, cutOther, "this node is closing")
 	}
 	f.tr.wg.Wait()
 	f.wg.Wait()

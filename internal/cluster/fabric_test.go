@@ -261,6 +261,13 @@ func TestLinkCutRedials(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "b gets the frame", func() bool { return rb.count("a") == 1 })
+	// Each side counted the session's end once: broken (b may instead
+	// see a dial again first: other), never silent or stalled.
+	for _, m := range []Member{member(a, "b"), member(b, "a")} {
+		if c := m.Link.Cuts; c.Broken+c.Other != 1 || c.Silent+c.Stalled+c.Declared != 0 {
+			t.Fatalf("cuts of the link with %s = %+v, want one broken", m.Name, c)
+		}
+	}
 }
 
 func TestWrongSecretRefused(t *testing.T) {
@@ -498,7 +505,7 @@ func (f *Fabric) crash() {
 	f.ml.Shutdown()
 	f.closeSockets()
 	for _, p := range peers {
-		f.teardown(p, 0, "crash")
+		f.teardown(p, 0, cutOther, "crash")
 	}
 	f.tr.wg.Wait()
 	f.wg.Wait()

@@ -138,6 +138,9 @@ type Conn struct {
 	peerAddr string
 }
 
+// NetConn returns the connection under c (a TCP or TLS connection).
+func (c *Conn) NetConn() net.Conn { return c.Conn }
+
 // Kind returns what the connection carries.
 func (c *Conn) Kind() Kind { return c.kind }
 

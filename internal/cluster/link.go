@@ -62,7 +62,21 @@ type peer struct {
 	wake      chan struct{}
 	stats     [2]linkCounters // per kind, over every session
 	rtt       atomic.Int64    // ns, last measured, either link
+	cuts      [nCuts]atomic.Uint64
+	// dropped counts the frames Send refused while the session was up
+	// (ErrLinkFull).
+	dropped atomic.Uint64
 }
+
+// Why a session ended, as counted in LinkCuts.
+const (
+	cutSilent   = iota // a link heard nothing, heartbeats included, for three heartbeats
+	cutStalled         // the peer took nothing written to a link for the slow-consumer timeout
+	cutBroken          // a link's connection failed: reset, closed, a bad frame
+	cutDeclared        // memberlist declared the node dead or gone
+	cutOther           // the peer dialled again, the broker cut it (Cut), this node closed
+	nCuts
+)
 
 // linkCounters count one kind of link's traffic with a peer.
 type linkCounters struct {
@@ -168,7 +182,7 @@ func (f *Fabric) memberEvent(n *memberlist.Node, st int) {
 	if st != stateAlive && up {
 		// memberlist declared it dead or gone: end the session (in the
 		// background: memberlist holds its locks here).
-		f.spawn(func() { f.teardown(p, 0, "memberlist declared it "+stateName(st)) })
+		f.spawn(func() { f.teardown(p, 0, cutDeclared, "memberlist declared it "+stateName(st)) })
 	}
 	if start && !f.spawn(func() { f.maintain(p) }) {
 		p.mu.Lock()
@@ -294,7 +308,7 @@ func (f *Fabric) acceptLink(c *Conn) {
 	if c.kind == KindLinkControl {
 		// A new control link starts a new session: the dialer found the
 		// old one dead before this side did.
-		f.teardown(p, 0, "the peer dialled again")
+		f.teardown(p, 0, cutOther, "the peer dialled again")
 		p.mu.Lock()
 		if p.addr == "" {
 			p.addr = c.peerAddr
@@ -385,8 +399,9 @@ func (f *Fabric) establishThen(p *peer, lc, ld *link, then func()) bool {
 }
 
 // teardown ends p's session gen (0: whatever session is up): it closes
-// its links and tells the handler PeerDown once.
-func (f *Fabric) teardown(p *peer, gen uint64, why string) {
+// its links and tells the handler PeerDown once, and counts the end as
+// cause (one of the cut constants).
+func (f *Fabric) teardown(p *peer, gen uint64, cause int, why string) {
 	p.deliver.Lock()
 	p.mu.Lock()
 	if !p.up || gen != 0 && gen != p.gen {
@@ -394,7 +409,9 @@ func (f *Fabric) teardown(p *peer, gen uint64, why string) {
 		p.deliver.Unlock()
 		return
 	}
+	p.cuts[cause].Add(1)
 	links := p.links
+	leaving := p.leaving
 	p.links = [2]*link{}
 	p.up = false
 	p.gen++
@@ -405,7 +422,11 @@ func (f *Fabric) teardown(p *peer, gen uint64, why string) {
 			l.close()
 		}
 	}
-	f.log.Info("cluster: links down", "node", p.name, "why", why)
+	if !leaving && (cause == cutSilent || cause == cutStalled || cause == cutBroken) {
+		f.log.Warn("cluster: node link cut", "node", p.name, "why", why)
+	} else {
+		f.log.Info("cluster: links down", "node", p.name, "why", why)
+	}
 	if h := f.handle(); h != nil {
 		h.PeerDown(p.name)
 	}
@@ -482,14 +503,19 @@ func (l *link) close() {
 	l.once.Do(func() { close(l.done) })
 }
 
-// fail ends the link's session.
-func (l *link) fail(why string) {
-	l.f.teardown(l.p, l.gen, why)
+// fail ends the link's session, counted as cause.
+func (l *link) fail(cause int, why string) {
+	l.f.teardown(l.p, l.gen, cause, why)
 	l.close()
 }
 
+// testHookRead, when set, runs before each frame a link's read loop
+// reads: tests hold the loop there, as a starved one would be.
+var testHookRead atomic.Pointer[func(*link)]
+
 // readLoop reads frames until the link ends; a link silent for three
-// heartbeats is cut.
+// heartbeats is cut. Bytes waiting in the socket are not silence: the
+// loop was behind (wire.Unread).
 func (l *link) readLoop() {
 	hb := l.f.cfg.LinkHeartbeat
 	silence := 3 * hb
@@ -499,8 +525,18 @@ func (l *link) readLoop() {
 			l.conn.SetReadDeadline(now.Add(silence))
 			deadlineSet = now
 		}
+		if h := testHookRead.Load(); h != nil {
+			(*h)(l)
+		}
 		fr := wire.NewFrame(0)
 		err := l.r.Next(fr)
+		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) && wire.Unread(l.conn) > 0 {
+			// The peer spoke; this loop is behind (busy handing frames
+			// over, or starved of CPU): not silence.
+			fr.Release()
+			deadlineSet = time.Time{}
+			continue
+		}
 		if err != nil {
 			fr.Release()
 			select {
@@ -508,14 +544,14 @@ func (l *link) readLoop() {
 				return
 			default:
 			}
-			why := fmt.Sprintf("%s link: %v", l.kind, err)
+			why, cause := fmt.Sprintf("%s link: %v", l.kind, err), cutBroken
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				why = fmt.Sprintf("%s link silent for %s", l.kind, silence)
+				why, cause = fmt.Sprintf("%s link silent for %s", l.kind, silence), cutSilent
 			}
 			if errors.Is(err, wire.ErrMalformed) || errors.Is(err, wire.ErrFrameTooLarge) {
 				l.f.warn.log(l.f.log, "cluster: bad frame on a node link: cut", "node", l.p.name, "err", err)
 			}
-			l.fail(why)
+			l.fail(cause, why)
 			return
 		}
 		l.stats.framesIn.Add(1)
@@ -570,11 +606,13 @@ func (l *link) writeLoop() {
 		select {
 		case <-l.out.Ready():
 			if _, err := l.out.Flush(); err != nil {
+				cause := cutBroken
 				if errors.Is(err, wire.ErrWriteStalled) {
+					cause = cutStalled
 					l.f.log.Warn("cluster: node link cut: the peer took nothing for the slow-consumer timeout", "node", l.p.name, "link", l.kind.String(), "timeout", l.f.cfg.SlowTimeout)
 				}
 				l.out.Close()
-				l.fail(fmt.Sprintf("%s link write: %v", l.kind, err))
+				l.fail(cause, fmt.Sprintf("%s link write: %v", l.kind, err))
 				return
 			}
 		case <-tick.C:
@@ -597,6 +635,9 @@ type countConn struct {
 	stats *linkCounters
 }
 
+// NetConn returns the connection counted.
+func (c *countConn) NetConn() net.Conn { return c.Conn }
+
 func (c *countConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.stats.bytesIn.Add(uint64(n))
@@ -611,11 +652,14 @@ func (c *countConn) Write(p []byte) (int, error) {
 
 // Send sends fr to node on the data link: FIFO with the other frames
 // Send gives that node. A publication or a request (RPUB, RREQ, REQUEST)
-// waits while the link's outbox is full, at most the slow-consumer
-// timeout; any other frame never waits. Past that, or for a frame that
-// does not wait, a full outbox fails with ErrLinkFull; a peer that takes
-// nothing for the slow-consumer timeout has its link cut (PeerDown) and
-// redialled. Send does not keep fr; the caller still owns it.
+// waits while the link's outbox is full, for as long as the link is up:
+// a peer that is slow but alive holds its producers back, as a slow
+// subscriber holds a publisher on one node, and a link is cut only when
+// its peer is silent for three link heartbeats or takes nothing for the
+// slow-consumer timeout (PeerDown, and the link is redialled), which
+// ends the wait with ErrNoLink. Any other frame never waits: past the
+// outbox's offer limit it fails with ErrLinkFull (counted in
+// LinkStats.Dropped). Send does not keep fr; the caller still owns it.
 func (f *Fabric) Send(node string, fr *wire.Frame) error { return f.send(node, fr, 1) }
 
 // waitsForRoom reports whether a data frame of type t waits for room in
@@ -657,14 +701,21 @@ func (f *Fabric) send(node string, fr *wire.Frame, i int) error {
 	}
 	var err error
 	if i == 1 && waitsForRoom(fr.Type) {
-		// Publications and requests wait for room, as a client's do for
-		// a slow subscriber: the link's own timeouts bound the wait.
-		err = l.out.Put(fr, mode, f.cfg.SlowTimeout)
+		// Publications and requests wait for room while the link lives,
+		// as a client's do for a slow subscriber: the link's own checks
+		// (silence, a stalled write) end it, and the wait with it. A
+		// timeout of its own would drop a publication, or cut a link,
+		// that is alive and only slow.
+		err = l.out.PutCancel(fr, mode, l.done)
+		if errors.Is(err, wire.ErrOutboxFull) {
+			err = wire.ErrOutboxClosed // l.done: the link went down
+		}
 	} else {
 		err = l.out.Offer(fr, mode)
 	}
 	switch {
 	case errors.Is(err, wire.ErrOutboxFull):
+		p.dropped.Add(1)
 		return fmt.Errorf("%w to %q: %w", ErrLinkFull, node, err)
 	case errors.Is(err, wire.ErrOutboxClosed):
 		return fmt.Errorf("%w %q: %w", ErrNoLink, node, err)

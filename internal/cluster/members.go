@@ -39,6 +39,30 @@ type LinkStats struct {
 	Control, Data LinkCounters
 	// RTT is the round trip of the last link heartbeat (0: none yet).
 	RTT time.Duration
+	// Cuts count the sessions with the peer that ended, by cause.
+	Cuts LinkCuts
+	// Dropped counts the frames Send refused because the link's outbox
+	// was past its offer limit (ErrLinkFull); publications and requests
+	// wait for room instead, and are never counted here.
+	Dropped uint64
+}
+
+// LinkCuts count the ends of a peer's sessions by cause, since this node
+// first met it.
+type LinkCuts struct {
+	// Silent: a link heard nothing, heartbeats included, for three link
+	// heartbeats.
+	Silent uint64
+	// Stalled: the peer took nothing written to a link for the
+	// slow-consumer timeout.
+	Stalled uint64
+	// Broken: a link's connection failed (reset, closed, a bad frame).
+	Broken uint64
+	// Declared: memberlist declared the node dead or gone.
+	Declared uint64
+	// Other: the peer dialled again (it found the session dead first),
+	// the broker cut it, or this node closed.
+	Other uint64
 }
 
 // LinkCounters count a link's frames and bytes each way. Bytes are those
@@ -97,6 +121,9 @@ func (p *peer) member(now time.Time) Member {
 	}
 	m.Link.Control = p.stats[0].read()
 	m.Link.Data = p.stats[1].read()
+	m.Link.Cuts = LinkCuts{Silent: p.cuts[cutSilent].Load(), Stalled: p.cuts[cutStalled].Load(),
+		Broken: p.cuts[cutBroken].Load(), Declared: p.cuts[cutDeclared].Load(), Other: p.cuts[cutOther].Load()}
+	m.Link.Dropped = p.dropped.Load()
 	return m
 }
 

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/courier-mq/courier/internal/auth"
@@ -53,6 +54,9 @@ type conn struct {
 	// abrupt is set by [conn.cut]: the read loop is not given time to
 	// see the peer close its end.
 	abrupt atomic.Bool
+	// ended is set once the connection's end was counted in one of the
+	// server's ConnEnds.
+	ended atomic.Bool
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed when the connection is to end
@@ -85,9 +89,13 @@ func newConn(s *Server, nc net.Conn) *conn {
 		Out:      c.out,
 		Interval: func() time.Duration { return time.Duration(c.heartbeat.Load()) },
 		Timeout:  func(hb time.Duration) time.Duration { return 3 * hb },
-		// A read loop held in the broker by backpressure is not silence.
-		Heard: func() bool { return c.seen.Swap(false) || c.handling.Load() },
+		// A read loop held in the broker by backpressure is not silence,
+		// and neither are bytes the client sent that wait in the socket
+		// for a read loop that is behind (see wire.Unread).
+		Heard: func() bool { return c.seen.Swap(false) || c.handling.Load() || wire.Unread(c.nc) > 0 },
 		Silent: func(timeout time.Duration) {
+			c.countEnd(&c.s.ends.heartbeat)
+			c.s.log.Warn("silent client disconnected: nothing received for the heartbeat timeout", "peer", c.peer, "timeout", timeout)
 			c.cut(wire.Errorf(wire.CodeHeartbeat, "nothing received for %s", timeout))
 		},
 		Done: c.closing,
@@ -121,6 +129,10 @@ var clientTypes = func() (t [256]bool) {
 	return t
 }()
 
+// testHookRead, when set, runs before each frame a read loop reads after
+// the handshake: tests hold the loop there, as a starved one would be.
+var testHookRead atomic.Pointer[func()]
+
 // serve runs the connection to its end.
 func (c *conn) serve() {
 	log := c.s.log.With("peer", c.peer)
@@ -135,6 +147,9 @@ func (c *conn) serve() {
 		}
 		if c.sess != nil {
 			c.sess.Close()
+			if vanished(ended, c.wentAway.Load(), c.abrupt.Load()) {
+				c.countEnd(&c.s.ends.vanished)
+			}
 			logClosed(log, c.sess.ID(), ended, c.wentAway.Load())
 		}
 	}()
@@ -152,6 +167,23 @@ func (c *conn) serve() {
 	}
 	log.Info("connection open", "conn", c.sess.ID(), "name", c.sess.Name(), "user", c.sess.User())
 	ended = c.readLoop()
+}
+
+// countEnd counts the connection's end in n, unless it was counted.
+func (c *conn) countEnd(n *atomic.Uint64) {
+	if c.ended.CompareAndSwap(false, true) {
+		n.Add(1)
+	}
+}
+
+// vanished reports whether a connection whose read loop ended with
+// ended was closed or reset by its client without CLOSE, rather than
+// cut by the server (abrupt) or ended by its going away.
+func vanished(ended error, wentAway, abrupt bool) bool {
+	if ended == nil || wentAway || abrupt {
+		return false
+	}
+	return errors.Is(ended, io.EOF) || errors.Is(ended, syscall.ECONNRESET)
 }
 
 // logClosed logs a connection's end in one line: a normal close (the
@@ -289,6 +321,9 @@ func (c *conn) readLoop() error {
 	for {
 		if !c.r.Buffered() {
 			batch.Flush()
+		}
+		if h := testHookRead.Load(); h != nil {
+			(*h)()
 		}
 		f := wire.NewFrame(0)
 		if err := c.r.Next(f); err != nil {
@@ -428,6 +463,7 @@ func (c *conn) Deliver(f *wire.Frame) {
 	switch {
 	case err == nil, errors.Is(err, wire.ErrOutboxClosed):
 	case errors.Is(err, wire.ErrOutboxFull):
+		c.countEnd(&c.s.ends.slow)
 		c.s.log.Warn("slow consumer disconnected", "peer", c.peer, "waited", c.s.cfg.SlowTimeout)
 		c.cut(wire.Errorf(wire.CodeSlowConsumer, "not reading for %s", c.s.cfg.SlowTimeout))
 	default:
@@ -511,6 +547,7 @@ func (c *conn) writeLoop() {
 			}
 			if _, err := c.out.Flush(); err != nil {
 				if errors.Is(err, wire.ErrWriteStalled) {
+					c.countEnd(&c.s.ends.slow)
 					c.s.log.Warn("slow consumer disconnected: it took nothing for the timeout", "peer", c.peer, "timeout", c.s.cfg.SlowTimeout)
 				}
 				// The peer is gone: producers waiting for room must not

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -194,6 +195,7 @@ type Server struct {
 	adm      admission
 	shutdown bool
 	wg       sync.WaitGroup
+	ends     endCounters
 }
 
 // New returns a server for b.
@@ -315,6 +317,34 @@ func refuse(nc net.Conn, e *wire.Error) {
 	nc.SetDeadline(time.Now().Add(time.Second))
 	nc.Write(p)
 	nc.Close()
+}
+
+// ConnEnds count the connections that ended otherwise than by the
+// client's CLOSE or the server's: each is a subscriber that lost what
+// was sent to it meanwhile, and a client that reconnects (the default)
+// shows as one of them and a new connection.
+type ConnEnds struct {
+	// Heartbeat counts the connections cut because nothing came from
+	// the client for the heartbeat timeout (three heartbeats).
+	Heartbeat uint64
+	// SlowConsumer counts the connections cut because the client did
+	// not read for the slow-consumer timeout.
+	SlowConsumer uint64
+	// Vanished counts the connections the client closed or reset
+	// without CLOSE: a process that died, or a client that gave up on
+	// the connection (its own heartbeat timeout) to reconnect.
+	Vanished uint64
+}
+
+// endCounters are a server's ConnEnds.
+type endCounters struct {
+	heartbeat, slow, vanished atomic.Uint64
+}
+
+// Ends returns the counts of connections that ended abnormally since
+// the server started.
+func (s *Server) Ends() ConnEnds {
+	return ConnEnds{Heartbeat: s.ends.heartbeat.Load(), SlowConsumer: s.ends.slow.Load(), Vanished: s.ends.vanished.Load()}
 }
 
 // Conns returns the number of open connections, in their handshake or
