@@ -68,10 +68,10 @@ func TestRestartRecovers(t *testing.T) {
 		}
 	}
 	declare(c.leader(), 20, 30)
-	if err := c.leader().Delete(ctx, "ex005"); err != nil {
+	if err := c.waitLeader(10*time.Second).Delete(ctx, "ex005"); err != nil {
 		t.Fatal(err)
 	}
-	want := c.leader().State().Exchanges
+	want := c.waitLeader(10 * time.Second).State().Exchanges
 
 	check := func(m *Meta) {
 		t.Helper()

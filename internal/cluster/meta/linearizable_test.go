@@ -254,7 +254,7 @@ func TestLinearizableUnderFaults(t *testing.T) {
 	c := newCluster(t, 3, nil)
 	// A user no client deletes: the last user cannot be deleted, and the
 	// model of each user name does not know the others.
-	if _, err := c.leader().PutUser(testutil.Context(t, 10*time.Second), "keeper", auth.UserChange{PasswordHash: linHash}); err != nil {
+	if _, err := c.waitLeader(10*time.Second).PutUser(testutil.Context(t, 10*time.Second), "keeper", auth.UserChange{PasswordHash: linHash}); err != nil {
 		t.Fatal(err)
 	}
 	rec := newLinRecorder()

@@ -50,7 +50,7 @@ func TestJoinAndRemove(t *testing.T) {
 	if v, nv := c.servers(t); !slices.Equal(v, []string{"n1", "n2", "n3"}) || len(nv) != 0 {
 		t.Fatalf("bootstrapped with voters %v, non-voters %v", v, nv)
 	}
-	if _, _, err := c.leader().Declare(ctx, "before-join", reqresp(""), DeclareOptions{}); err != nil {
+	if _, _, err := c.waitLeader(10*time.Second).Declare(ctx, "before-join", reqresp(""), DeclareOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	c.ids = append(c.ids, "n4")
@@ -100,7 +100,14 @@ func TestJoinAndRemove(t *testing.T) {
 	testutil.WaitForf(t, 10*time.Second, func() bool { return n5.raft.State() == raft.Shutdown }, "n5 stops its member")
 	// Once gone from the fabric, n5 may come back as a new node.
 	c.kill("n5")
-	testutil.WaitForf(t, 10*time.Second, func() bool { _, ok := c.leader().State().Removed["n5"]; return !ok }, "tombstone of n5 dropped")
+	testutil.WaitForf(t, 10*time.Second, func() bool {
+		l := c.leader() // nil between terms
+		if l == nil {
+			return false
+		}
+		_, ok := l.State().Removed["n5"]
+		return !ok
+	}, "tombstone of n5 dropped")
 
 	// Removing an unknown node is an error from the leader.
 	if err := from.Remove(ctx, "nobody"); !errors.Is(err, ErrUnknownNode) {

@@ -48,7 +48,7 @@ func TestDeclareOnFollowerReadsItsWrite(t *testing.T) {
 	if !errors.As(err, &we) || we.Code != wire.CodeClash {
 		t.Fatalf("clash on follower: %v, want a wire clash", err)
 	}
-	_, _, err = c.leader().Declare(ctx, "orders", wire.ExchangeConfig{Pattern: wire.PatternPubSub}, DeclareOptions{})
+	_, _, err = c.waitLeader(10*time.Second).Declare(ctx, "orders", wire.ExchangeConfig{Pattern: wire.PatternPubSub}, DeclareOptions{})
 	if !errors.As(err, &we) || we.Code != wire.CodeClash {
 		t.Fatalf("clash on leader: %v, want a wire clash", err)
 	}

@@ -50,7 +50,7 @@ func readAnswer(t *testing.T, conn net.Conn, closes bool) (byte, response) {
 
 func TestForwardProtocolRefusesBadFrames(t *testing.T) {
 	c := newCluster(t, 3, nil)
-	lead := c.leader().NodeID()
+	lead := c.waitLeader(10 * time.Second).NodeID()
 	header := func(version, typ byte, n uint32) []byte {
 		b := []byte{version, typ, 0, 0, 0, 0}
 		binary.BigEndian.PutUint32(b[2:], n)
