@@ -39,6 +39,10 @@ type Welcome struct {
 	// client may reconnect to: this server's own and, in a cluster, every
 	// node's. Clients bound what they take from it (see client.Options).
 	ConnectURLs []string `json:"connect_urls,omitempty"`
+	// Dedup says the server deduplicates SUBMITs by the pid and seq task
+	// options ([TaskOptions]); a client sends them only then, so that an
+	// older server does not refuse them.
+	Dedup bool `json:"dedup,omitempty"`
 }
 
 // Exchange patterns.

@@ -84,10 +84,31 @@ func TestParseTaskOptionsRanges(t *testing.T) {
 		{"due=4611686018427387904", TaskOptions{}, true},
 		{"due=-1", TaskOptions{}, true},
 		{"other=1", TaskOptions{}, true},
+		{"pid=app-1.a:b_c;seq=7", TaskOptions{Producer: "app-1.a:b_c", Seq: 7}, false},
+		{"ttl=5;pid=p;seq=9223372036854775807", TaskOptions{TTLMS: 5, Producer: "p", Seq: 1<<63 - 1}, false},
+		{"pid=p", TaskOptions{}, true},
+		{"seq=3", TaskOptions{}, true},
+		{"pid=p;seq=0", TaskOptions{}, true},
+		{"pid=;seq=1", TaskOptions{}, true},
+		{"pid=a b;seq=1", TaskOptions{}, true},
+		{"pid=" + strings.Repeat("x", MaxProducerLen+1) + ";seq=1", TaskOptions{}, true},
+		{"pid=p;seq=-1", TaskOptions{}, true},
 	} {
 		o, err := ParseTaskOptions(c.tag)
 		if (err != nil) != c.bad || !c.bad && o != c.want {
 			t.Errorf("%q: %+v, %v; want %+v, bad %v", c.tag, o, err, c.want, c.bad)
+		}
+	}
+}
+
+func TestTaskOptionsTagRoundTrip(t *testing.T) {
+	for _, o := range []TaskOptions{
+		{}, {DueMS: 1}, {TTLMS: 2}, {Producer: "p", Seq: 1},
+		{DueMS: 3, TTLMS: 4, Producer: strings.Repeat("z", MaxProducerLen), Seq: 1<<63 - 1},
+	} {
+		got, err := ParseTaskOptions(o.Tag())
+		if err != nil || got != o {
+			t.Errorf("%+v: tag %q parses as %+v, %v", o, o.Tag(), got, err)
 		}
 	}
 }
