@@ -84,6 +84,18 @@ type Options struct {
 	// OnConnEvent, if set, is called with every [courier.ConnEvent]:
 	// disconnected, reconnected, closed. See [courier.Conn.OnConnEvent].
 	OnConnEvent func(courier.ConnEvent)
+	// ProducerID names the Conn's confirmed submits for deduplication
+	// (see [courier.ConnOptions.ProducerID]): a submit resent after a
+	// reconnect carries the same (producer, seq) and is stored once.
+	// Set it, stable across restarts of the process, together with
+	// [courier.Task.Seq], for a producer that resends what its previous
+	// run may have submitted. At most 64 bytes of [A-Za-z0-9._:-].
+	// Default: a random id, new for each Dial. Against a server that
+	// does not deduplicate (its WELCOME lacks "dedup"), none is sent.
+	ProducerID string
+	// NoDedup sends no producer id: submits are not deduplicated.
+	// Default: false.
+	NoDedup bool
 }
 
 // Reconnect defaults; see [Options].
@@ -288,6 +300,9 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*courier.Conn, erro
 	if list.User != nil && opts.User == "" {
 		opts.User = list.User.Username()
 		opts.Password, _ = list.User.Password()
+	}
+	if opts.ProducerID != "" && !wire.ValidProducer(opts.ProducerID) {
+		return nil, fmt.Errorf("%w: producer id %.80q: want 1 to %d bytes of [A-Za-z0-9._:-]", courier.ErrBadOptions, opts.ProducerID, wire.MaxProducerLen)
 	}
 	opts.setDefaults()
 	t := newTransport(list, opts)

@@ -391,6 +391,7 @@ func taskMessage(f *wire.Frame) (queue.Message, error) {
 			m.DueAt = time.UnixMilli(o.DueMS)
 		}
 		m.TTL = msDuration(o.TTLMS)
+		m.Producer, m.Seq = o.Producer, o.Seq
 	}
 	return m, nil
 }

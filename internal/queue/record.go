@@ -38,12 +38,12 @@ import (
 const (
 	recordVersion      = 1
 	recordVersionDedup = 2
-	enqueueFixed    = 40
-	attemptSize     = 24
-	maxHeaderCount  = math.MaxUint16
-	maxHeaderName   = math.MaxUint16
-	maxKeyLen       = math.MaxUint16 // so that a snapshot entry holds it in a u16
-	maxHeaderValues = math.MaxUint32
+	enqueueFixed       = 40
+	attemptSize        = 24
+	maxHeaderCount     = math.MaxUint16
+	maxHeaderName      = math.MaxUint16
+	maxKeyLen          = math.MaxUint16 // so that a snapshot entry holds it in a u16
+	maxHeaderValues    = math.MaxUint32
 )
 
 // errBadRecord is wrapped by the decoders.
