@@ -2,8 +2,8 @@ package client
 
 import (
 	"cmp"
-	crand "crypto/rand"
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"math/rand/v2"
