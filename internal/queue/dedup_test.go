@@ -3,6 +3,7 @@ package queue
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -278,5 +279,26 @@ func TestDedupRefusesBadPairs(t *testing.T) {
 		if _, err := q.Enqueue(m, nil, nil); !errors.Is(err, ErrBadMessage) {
 			t.Fatalf("%q/%d: %v", m.Producer[:min(8, len(m.Producer))], m.Seq, err)
 		}
+	}
+}
+
+// BenchmarkDedupWindowBytes reports the heap a pair of the window costs:
+// the map entry, the FIFO slot and the entry, the producer id shared.
+func BenchmarkDedupWindowBytes(b *testing.B) {
+	const n = 100_000
+	p := "c-ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+	for range b.N {
+		var w dedupWindow
+		w.init(Config{})
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for i := range n {
+			w.insert(&dedupEntry{key: dedupKey{p, uint64(i + 1)}, id: uint64(i + 1), at: 1}, 1)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/pair")
+		runtime.KeepAlive(&w)
 	}
 }
