@@ -121,3 +121,24 @@ func TestMaxDurationFitsNanoseconds(t *testing.T) {
 		t.Fatal("MaxDurationMS in ns overflows after 2200")
 	}
 }
+
+// FuzzParseTaskOptions: a SUBMIT's Tag from the network never panics the
+// parser, and what parses is in range and survives a round trip.
+func FuzzParseTaskOptions(f *testing.F) {
+	for _, s := range []string{"", "due=1;ttl=2", "pid=p;seq=1", "ttl=5;pid=c-ABC;seq=9223372036854775807", "pid=;seq=0", "seq=1;pid=a:b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, tag string) {
+		o, err := ParseTaskOptions(tag)
+		if err != nil {
+			return
+		}
+		if o.Producer != "" && (!ValidProducer(o.Producer) || o.Seq == 0 || o.Seq > 1<<63-1) {
+			t.Fatalf("%q parsed to a bad pair %+v", tag, o)
+		}
+		back, err := ParseTaskOptions(o.Tag())
+		if err != nil || back != o {
+			t.Fatalf("%q: %+v re-encodes to %q: %+v, %v", tag, o, o.Tag(), back, err)
+		}
+	})
+}
