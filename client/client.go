@@ -517,6 +517,9 @@ func (l *link) send(ctx context.Context, f *wire.Frame) error {
 		if f.Type == wire.TypeRequest {
 			mode = wire.Urgent
 		}
+		if f.Type == wire.TypeSubmit && !l.welcome.Dedup && f.Tag != "" {
+			f.Tag = stripDedup(f.Tag)
+		}
 		waited := false
 		for l.avail.Add(-1) < 0 {
 			l.avail.Add(1)
@@ -704,4 +707,21 @@ func (l *link) writeLoop() {
 			return
 		}
 	}
+}
+
+// stripDedup removes the pid and seq task options from a SUBMIT's Tag,
+// for a server that does not deduplicate (a Conn that reconnected to an
+// older one): it would refuse them.
+func stripDedup(tag string) string {
+	if !strings.Contains(tag, "pid=") {
+		return tag
+	}
+	parts := strings.Split(tag, ";")
+	kept := parts[:0]
+	for _, p := range parts {
+		if !strings.HasPrefix(p, "pid=") && !strings.HasPrefix(p, "seq=") {
+			kept = append(kept, p)
+		}
+	}
+	return strings.Join(kept, ";")
 }

@@ -1,15 +1,18 @@
 package client_test
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/client"
 	"github.com/courier-mq/courier/internal/testutil"
+	"github.com/courier-mq/courier/wire"
 )
 
 // gatedProxy forwards TCP connections to a server; while held, what the
@@ -196,5 +199,76 @@ func TestProducerIDOption(t *testing.T) {
 	defer c.Close()
 	if c.ProducerID() != "" {
 		t.Fatal("a producer id with NoDedup")
+	}
+}
+
+// TestResendToOldServerWithoutPair: a Conn whose submits carry a pair,
+// reconnected to a server that does not deduplicate (its WELCOME lacks
+// "dedup"), sends the resend without pid and seq, which that server
+// would refuse, and gets its confirm.
+func TestResendToOldServerWithoutPair(t *testing.T) {
+	n := startNode(t, "127.0.0.1:0", t.TempDir())
+	p := newGatedProxy(t, n.Addr().String())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	tags := make(chan string, 1)
+	go func() { // an older server: no "dedup" in its WELCOME
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		r := wire.NewReader(nc, 1<<20)
+		var f wire.Frame
+		r.Next(&f)
+		body, _ := json.Marshal(wire.Welcome{Version: 1, Conn: "old/c1", HeartbeatMS: 1000, TimeoutMS: 3000, MaxFrame: 1 << 20, Credit: 100})
+		b, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeWelcome, Body: body}, 0)
+		nc.Write(b)
+		for r.Next(&f) == nil {
+			var ans *wire.Frame
+			switch f.Type {
+			case wire.TypeDeclare:
+				info, _ := json.Marshal(wire.ExchangeInfo{Name: f.Name, Pattern: wire.PatternTasks})
+				ans = &wire.Frame{Type: wire.TypeOK, Ref: f.Ref, Body: info}
+			case wire.TypeSubmit:
+				tags <- f.Tag
+				ans = &wire.Frame{Type: wire.TypeOK, Ref: f.Ref, Aux: 77}
+			default:
+				continue
+			}
+			b, _ := wire.AppendFrame(nil, ans, 0)
+			nc.Write(b)
+		}
+	}()
+	ctx := testutil.Context(t, 2*wait)
+	evs := newConnEvents()
+	c, err := client.Dial(ctx, p.url()+","+ln.Addr().String(), client.Options{Log: quiet(), OnConnEvent: evs.fn, IgnoreDiscoveredURLs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	jobs, err := c.Tasks(ctx, "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := n.Broker().Queue("old")
+	p.hold(true)
+	done := make(chan error, 1)
+	go func() {
+		_, err := jobs.Submit(ctx, courier.Task{Body: []byte("x"), TTL: time.Minute})
+		done <- err
+	}()
+	testutil.WaitForf(t, wait, func() bool { return q.Stats().Published == 1 }, "the first server to store the task")
+	p.ln.Close() // the first server is gone for good
+	p.cut()
+	p.hold(false)
+	if tag := testutil.Recv(t, tags, wait); tag != "ttl=60000" {
+		t.Fatalf("the resend to the old server has Tag %q, want ttl=60000 alone", tag)
+	}
+	if err := testutil.Recv(t, done, wait); err != nil {
+		t.Fatal(err)
 	}
 }
