@@ -62,6 +62,22 @@ func DeadLetter(exchange string) ExchangeOption {
 	return exchangeOptionFunc(func(e *ExchangeSpec) { e.DeadLetter = exchange })
 }
 
+// DedupWindow sets how long a task queue remembers the (producer, seq)
+// of a confirmed submit, so that a resend within it is stored once and
+// confirmed with the first task's id (docs/queues.md, "Deduplication").
+// 0 keeps the default (2 minutes); a negative d turns deduplication off.
+// It is kept to the millisecond.
+func DedupWindow(d time.Duration) ExchangeOption {
+	return exchangeOptionFunc(func(e *ExchangeSpec) {
+		switch {
+		case d < 0:
+			e.DedupWindowMS = -1
+		case d > 0:
+			e.DedupWindowMS = max(d.Milliseconds(), 1)
+		}
+	})
+}
+
 // MaxLength bounds a task queue to n tasks (ready, delayed and unacked);
 // a submit to a full queue fails with [ErrQueueFull] unless the queue
 // drops its head ([DropHead]).

@@ -116,6 +116,12 @@ func queueConfig(cfg wire.ExchangeConfig) (queue.Config, error) {
 		qc.BackoffMax = msDuration(cfg.BackoffMaxMS)
 	}
 	qc.SingleActive = cfg.Strategy == SingleActive
+	switch {
+	case cfg.DedupWindowMS < 0:
+		qc.DedupWindow = -1
+	case cfg.DedupWindowMS > 0:
+		qc.DedupWindow = msDuration(cfg.DedupWindowMS)
+	}
 	return qc, qc.Validate()
 }
 
@@ -330,7 +336,7 @@ func (tq *taskQueue) info() *wire.QueueInfo {
 		Messages: st.Messages(), Ready: st.Ready, Unacked: st.Unacked, Delayed: st.Delayed,
 		Consumers: st.Consumers, Bytes: st.Bytes,
 		Published: st.Published, Delivered: st.Delivered, Acked: st.Acked, DeadLettered: st.DeadLettered,
-		DeadLetterDropped: tq.dlDropped.Load(),
+		DeadLetterDropped: tq.dlDropped.Load(), Deduplicated: st.Deduplicated,
 	}
 }
 

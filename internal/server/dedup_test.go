@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/internal/testutil"
 	"github.com/courier-mq/courier/node"
 	"github.com/courier-mq/courier/wire"
@@ -99,5 +100,55 @@ func TestSubmitDeduplicated(t *testing.T) {
 	}
 	if depth(n) != 3 {
 		t.Fatalf("%d tasks after the restart and resends, want 3", depth(n))
+	}
+}
+
+// TestDedupWindowOption: dedup_window_ms -1 turns deduplication off for
+// a task exchange, a window is echoed in the exchange's info, and the
+// option is refused out of its range or on another pattern.
+func TestDedupWindowOption(t *testing.T) {
+	n := startNode(t, 0)
+	ctx := testutil.Context(t, 20*time.Second)
+	conn := n.Connect()
+	if _, err := conn.Tasks(ctx, "nodedup", courier.DedupWindow(-1)); err != nil {
+		t.Fatal(err)
+	}
+	short, err := conn.Tasks(ctx, "short", courier.DedupWindow(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms := short.Info().DedupWindowMS; ms != 5000 {
+		t.Fatalf("info says dedup_window_ms %d", ms)
+	}
+	c := dialRaw(t, n)
+	c.hello()
+	ids := map[uint64]bool{}
+	for ref := uint64(1); ref <= 2; ref++ {
+		c.send(&wire.Frame{Type: wire.TypeSubmit, Flags: wire.FlagReply, Ref: ref, Name: "nodedup", Tag: "pid=p;seq=1", Body: []byte("x")})
+		g := c.next()
+		for g != nil && g.Type == wire.TypeCredit {
+			g = c.next()
+		}
+		if g == nil || g.Type != wire.TypeOK {
+			t.Fatalf("submit: %+v", g)
+		}
+		ids[g.Aux] = true
+	}
+	if len(ids) != 2 || n.Broker().Queue("nodedup").Stats().Messages() != 2 {
+		t.Fatalf("with the window off: ids %v", ids)
+	}
+	for _, cfg := range []string{
+		`{"pattern":"tasks","dedup_window_ms":-2}`,
+		`{"pattern":"tasks","dedup_window_ms":315360000001}`,
+		`{"pattern":"pubsub","dedup_window_ms":1000}`,
+	} {
+		c.send(&wire.Frame{Type: wire.TypeDeclare, Ref: 9, Name: "bad", Body: []byte(cfg)})
+		g := c.next()
+		for g != nil && g.Type == wire.TypeCredit {
+			g = c.next()
+		}
+		if g == nil || g.Type != wire.TypeError || wire.Code(g.Aux) != wire.CodeBadOptions {
+			t.Errorf("declare %s: %+v, want code 6", cfg, g)
+		}
 	}
 }
