@@ -143,7 +143,8 @@ func TestDedupWindowAndCap(t *testing.T) {
 		t.Fatal("remembered beyond DedupMax")
 	}
 	off := e.queue(func(c *Config) { c.DedupWindow = -1 })
-	if enqueueDup(t, off, "p", 1, &c) == enqueueDup(t, off, "p", 1, &c) {
+	x := enqueueDup(t, off, "p", 1, &c)
+	if y := enqueueDup(t, off, "p", 1, &c); x == y {
 		t.Fatal("deduplicated with the window off")
 	}
 }
