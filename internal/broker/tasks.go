@@ -165,6 +165,12 @@ func checkTaskConfig(name string, cfg *wire.ExchangeConfig, spec Spec) error {
 	return nil
 }
 
+// bounded reports whether the queue has a max_length or max_bytes.
+func (tq *taskQueue) bounded() bool {
+	c := &tq.ex.cfg
+	return c.MaxLength > 0 || c.MaxBytes > 0
+}
+
 // full reports whether a task queue bounded by max_length or max_bytes
 // cannot take a task of size bytes; with overflow drop-head it first
 // drops ready tasks from its head to make room. Concurrent submits may
@@ -453,7 +459,9 @@ func (s *Session) submit(f *wire.Frame) {
 	if s.lastQueue.Load() != ex.tq {
 		s.lastQueue.Store(ex.tq)
 	}
-	if ex.tq.full(len(m.Body)) {
+	// A resend the queue holds already is answered, not refused nor
+	// made room for.
+	if ex.tq.bounded() && !ex.tq.q.Duplicate(m.Producer, m.Seq) && ex.tq.full(len(m.Body)) {
 		s.sendError(ref, wire.Errorf(wire.CodeQueueFull, "submit to %s: the queue is full (max_length %d, max_bytes %d)", ex.name, ex.cfg.MaxLength, ex.cfg.MaxBytes))
 		return
 	}

@@ -196,3 +196,16 @@ func (q *Queue) settled(id uint64, ev Event) {
 		m.dk = nil
 	}
 }
+
+// Duplicate reports whether an enqueue of (producer, seq) now would be
+// answered from the window, storing nothing: the broker asks before it
+// applies a bounded queue's overflow, so that a resend to a full queue
+// is confirmed rather than refused (or made room for).
+func (q *Queue) Duplicate(producer string, seq uint64) bool {
+	if producer == "" {
+		return false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.dedup.on() && q.dedup.lookup(dedupKey{producer, seq}, q.now()) != nil
+}

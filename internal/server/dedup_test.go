@@ -152,3 +152,39 @@ func TestDedupWindowOption(t *testing.T) {
 		}
 	}
 }
+
+// TestDedupFullQueue: a resend to a queue at its max_length is answered
+// with the stored task's id, not refused, and drops nothing from a
+// drop-head queue.
+func TestDedupFullQueue(t *testing.T) {
+	n := startNode(t, 0)
+	ctx := testutil.Context(t, 20*time.Second)
+	conn := n.Connect()
+	for _, name := range []string{"full.reject", "full.drop"} {
+		opts := []courier.ExchangeOption{courier.MaxLength(1)}
+		if name == "full.drop" {
+			opts = append(opts, courier.DropHead())
+		}
+		if _, err := conn.Tasks(ctx, name, opts...); err != nil {
+			t.Fatal(err)
+		}
+		c := dialRaw(t, n)
+		c.hello()
+		var ids []uint64
+		for ref := uint64(1); ref <= 2; ref++ {
+			c.send(&wire.Frame{Type: wire.TypeSubmit, Flags: wire.FlagReply, Ref: ref, Name: name, Tag: "pid=p;seq=1", Body: []byte("x")})
+			g := c.next()
+			for g != nil && g.Type == wire.TypeCredit {
+				g = c.next()
+			}
+			if g == nil || g.Type != wire.TypeOK {
+				t.Fatalf("%s: submit %d: %+v", name, ref, g)
+			}
+			ids = append(ids, g.Aux)
+		}
+		st := n.Broker().Queue(name).Stats()
+		if ids[0] != ids[1] || st.Messages() != 1 || st.DeadLettered != 0 {
+			t.Fatalf("%s: ids %v, %d tasks, %d dead-lettered", name, ids, st.Messages(), st.DeadLettered)
+		}
+	}
+}
