@@ -61,7 +61,7 @@ func TestDedupResendStoresOnce(t *testing.T) {
 	if c.n() != 4 {
 		t.Fatalf("%d confirms, want 4", c.n())
 	}
-	if s := q.Stats(); s.Deduplicated != 1 || s.DedupWindow != 3 || s.Published != 4 {
+	if s := q.Stats(); s.Deduplicated != 1 || s.DedupPairs != 3 || s.Published != 4 {
 		t.Fatalf("stats %+v", s)
 	}
 }
@@ -136,8 +136,8 @@ func TestDedupWindowAndCap(t *testing.T) {
 	for seq := uint64(2); seq <= 4; seq++ {
 		enqueueDup(t, q, "p", seq, &c)
 	}
-	if s := q.Stats(); s.DedupWindow != 3 {
-		t.Fatalf("window holds %d, want 3", s.DedupWindow)
+	if s := q.Stats(); s.DedupPairs != 3 {
+		t.Fatalf("window holds %d, want 3", s.DedupPairs)
 	}
 	if enqueueDup(t, q, "p", 1, &c) == b {
 		t.Fatal("remembered beyond DedupMax")
@@ -221,8 +221,8 @@ func TestDedupRecoverDropsExpiredPairs(t *testing.T) {
 	e.clk.Advance(DefaultDedupWindow + time.Second)
 	r, err := Recover("q", e.config(), e.j.Replay)
 	must(t, err)
-	if r.Stats().DedupWindow != 0 {
-		t.Fatalf("window holds %d after its time", r.Stats().DedupWindow)
+	if r.Stats().DedupPairs != 0 {
+		t.Fatalf("window holds %d after its time", r.Stats().DedupPairs)
 	}
 	if enqueueDup(t, r, "p", 1, &c) == a {
 		t.Fatal("deduplicated past the window")

@@ -30,7 +30,7 @@ type Stats struct {
 	DeadLettered uint64 // for any reason, expiries included
 	Expired      uint64 // dead-lettered for their TTL
 	Deduplicated uint64 // enqueues of a (producer, seq) the window held: not stored again
-	DedupWindow  int64  // (producer, seq) pairs the window holds
+	DedupPairs   int64  // (producer, seq) pairs the dedup window holds
 }
 
 // Messages is the queue's depth: ready, unacked and delayed.
@@ -128,7 +128,7 @@ func (q *Queue) Stats() Stats {
 		DeadLettered: k.deadLettered.Load(),
 		Expired:      k.expired.Load(),
 		Deduplicated: k.deduplicated.Load(),
-		DedupWindow:  k.dedupHeld.Load(),
+		DedupPairs:   k.dedupHeld.Load(),
 	}
 }
 
