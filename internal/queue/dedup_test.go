@@ -303,3 +303,43 @@ func BenchmarkDedupWindowBytes(b *testing.B) {
 		runtime.KeepAlive(&w)
 	}
 }
+
+// TestDedupConcurrentResends: resends of one pair from many goroutines,
+// while the journal confirms from another, store one message; every
+// one gets its id and exactly one confirm.
+func TestDedupConcurrentResends(t *testing.T) {
+	e := newEnv(t)
+	e.j.Manual = true
+	q := e.queue(nil)
+	const n = 16
+	var c confirms
+	ids := make(chan uint64, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ids <- enqueueDup(t, q, "p", 1, &c)
+		}()
+		go func() {
+			defer wg.Done()
+			e.j.Sync()
+		}()
+	}
+	wg.Wait()
+	e.j.Sync()
+	close(ids)
+	var first uint64
+	for id := range ids {
+		if first == 0 {
+			first = id
+		}
+		if id != first {
+			t.Fatalf("ids %d and %d for one pair", first, id)
+		}
+	}
+	if c.n() != n || q.Stats().Messages() != 1 {
+		t.Fatalf("%d confirms (want %d), %d messages (want 1)", c.n(), n, q.Stats().Messages())
+	}
+}
