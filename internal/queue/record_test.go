@@ -110,6 +110,7 @@ func FuzzDecodeEnqueue(f *testing.F) {
 
 func FuzzRebuilder(f *testing.F) {
 	f.Add(appendEnqueue(nil, &message{id: 1, body: []byte("x")}), appendAttempt(nil, 1, 1, 5), uint8(3))
+	f.Add(appendEnqueue(nil, &message{id: 1, body: []byte("x"), dk: &dedupEntry{key: dedupKey{"p", 3}}}), appendAttempt(nil, 1, 1, 5), uint8(5))
 	f.Fuzz(func(t *testing.T, enq, att []byte, ops uint8) {
 		// Arbitrary records and releases never make the Rebuilder panic
 		// or build an inconsistent queue.
