@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/courier-mq/courier/wire"
 )
@@ -67,6 +68,9 @@ type Conn struct {
 	t   Transport
 	id  atomic.Pointer[string] // changes when a transport reconnects
 	log *slog.Logger
+
+	producer string        // ConnOptions.ProducerID
+	pseq     atomic.Uint64 // the last seq given to a confirmed submit
 
 	nextAttach atomic.Uint32
 
@@ -115,6 +119,14 @@ type ConnOptions struct {
 	// OnConnEvent, if set, is called as [Conn.OnConnEvent] sets it, from
 	// the first event on.
 	OnConnEvent func(ConnEvent)
+	// ProducerID, if set, names the Conn's confirmed submits for
+	// deduplication: each carries (ProducerID, seq), seq counting up
+	// from a start taken from the clock (or [Task.Seq]), and a queue
+	// stores one task per pair within its window (docs/queues.md,
+	// "Deduplication"). At most wire.MaxProducerLen bytes of
+	// [A-Za-z0-9._:-]. The network client sets it (client.Options);
+	// empty: no deduplication.
+	ProducerID string
 }
 
 // NewConn returns a Conn over t. It is for transport implementations; use
@@ -128,6 +140,13 @@ func NewConn(t Transport, opts ConnOptions) *Conn {
 		closed: make(chan struct{}),
 	}
 	c.id.Store(&opts.ID)
+	if opts.ProducerID != "" {
+		c.producer = opts.ProducerID
+		// From the clock, so that a process that restarts with the same
+		// producer id does not reuse the numbers of its previous run:
+		// one submit a nanosecond would be needed to catch up.
+		c.pseq.Store(uint64(time.Now().UnixNano()))
+	}
 	if opts.OnConnEvent != nil {
 		c.onConnEvent.Store(&opts.OnConnEvent)
 	}
@@ -137,6 +156,10 @@ func NewConn(t Transport, opts ConnOptions) *Conn {
 	t.Start(c.receive)
 	return c
 }
+
+// ProducerID returns the id that names the Conn's confirmed submits for
+// deduplication ("" if they carry none): see [ConnOptions.ProducerID].
+func (c *Conn) ProducerID() string { return c.producer }
 
 // ID returns the broker's name for this connection, the prefix of its
 // attachments' member ids. It changes when a network connection is

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +60,22 @@ func Backoff(base, max time.Duration) ExchangeOption {
 // pub-sub exchange (they are published under their key).
 func DeadLetter(exchange string) ExchangeOption {
 	return exchangeOptionFunc(func(e *ExchangeSpec) { e.DeadLetter = exchange })
+}
+
+// DedupWindow sets how long a task queue remembers the (producer, seq)
+// of a confirmed submit, so that a resend within it is stored once and
+// confirmed with the first task's id (docs/queues.md, "Deduplication").
+// 0 keeps the default (2 minutes); a negative d turns deduplication off.
+// It is kept to the millisecond.
+func DedupWindow(d time.Duration) ExchangeOption {
+	return exchangeOptionFunc(func(e *ExchangeSpec) {
+		switch {
+		case d < 0:
+			e.DedupWindowMS = -1
+		case d > 0:
+			e.DedupWindowMS = max(d.Milliseconds(), 1)
+		}
+	})
 }
 
 // MaxLength bounds a task queue to n tasks (ready, delayed and unacked);
@@ -128,18 +145,39 @@ type Task struct {
 	DueAt time.Time
 	// TTL, if set, bounds how long the task may wait once due.
 	TTL time.Duration
+	// Seq, if not 0, is the task's sequence number for deduplication,
+	// from 1 to 2^63-1, instead of the one the Conn gives it: a process
+	// that restarts with a fixed producer id (client.Options.ProducerID)
+	// and resends what its previous run may have submitted gives each
+	// task the same Seq as before, so that a queue stores it once. Use
+	// it for all of a producer's submits or for none. It applies to
+	// confirmed submits (Submit, SubmitAsync, SubmitWatch) over a Conn
+	// with a producer id; otherwise it is ignored.
+	Seq uint64
 }
 
 func (t *Tasks) submitFrame(task *Task, flags wire.Flags) (*wire.Frame, error) {
 	if task.Priority < 0 || task.Priority > 9 {
 		return nil, fmt.Errorf("%w: priority %d not in 0..9", ErrBadOptions, task.Priority)
 	}
+	if task.Seq > math.MaxInt64 {
+		return nil, fmt.Errorf("%w: seq %d above 2^63-1", ErrBadOptions, task.Seq)
+	}
+	dedup := flags&wire.FlagReply != 0 && t.c.producer != ""
 	f := wire.NewFrame(wire.TypeSubmit)
 	f.Name, f.Key, f.Header, f.Body, f.Aux, f.Flags = t.name, task.Key, task.Header, task.Body, uint64(task.Priority), flags
-	if !task.DueAt.IsZero() || task.TTL > 0 {
+	if !task.DueAt.IsZero() || task.TTL > 0 || dedup {
 		o := wire.TaskOptions{TTLMS: task.TTL.Milliseconds()}
 		if !task.DueAt.IsZero() {
 			o.DueMS = max(task.DueAt.UnixMilli(), 1)
+		}
+		if dedup {
+			// The frame keeps the pair: a resend after a reconnect is
+			// this very frame again.
+			o.Producer, o.Seq = t.c.producer, task.Seq
+			if o.Seq == 0 {
+				o.Seq = t.c.pseq.Add(1)
+			}
 		}
 		f.Tag = o.Tag()
 	}

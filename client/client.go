@@ -84,6 +84,18 @@ type Options struct {
 	// OnConnEvent, if set, is called with every [courier.ConnEvent]:
 	// disconnected, reconnected, closed. See [courier.Conn.OnConnEvent].
 	OnConnEvent func(courier.ConnEvent)
+	// ProducerID names the Conn's confirmed submits for deduplication
+	// (see [courier.ConnOptions.ProducerID]): a submit resent after a
+	// reconnect carries the same (producer, seq) and is stored once.
+	// Set it, stable across restarts of the process, together with
+	// [courier.Task.Seq], for a producer that resends what its previous
+	// run may have submitted. At most 64 bytes of [A-Za-z0-9._:-].
+	// Default: a random id, new for each Dial. Against a server that
+	// does not deduplicate (its WELCOME lacks "dedup"), none is sent.
+	ProducerID string
+	// NoDedup sends no producer id: submits are not deduplicated.
+	// Default: false.
+	NoDedup bool
 }
 
 // Reconnect defaults; see [Options].
@@ -288,6 +300,9 @@ func Dial(ctx context.Context, rawURL string, opts Options) (*courier.Conn, erro
 	if list.User != nil && opts.User == "" {
 		opts.User = list.User.Username()
 		opts.Password, _ = list.User.Password()
+	}
+	if opts.ProducerID != "" && !wire.ValidProducer(opts.ProducerID) {
+		return nil, fmt.Errorf("%w: producer id %.80q: want 1 to %d bytes of [A-Za-z0-9._:-]", courier.ErrBadOptions, opts.ProducerID, wire.MaxProducerLen)
 	}
 	opts.setDefaults()
 	t := newTransport(list, opts)
@@ -502,6 +517,9 @@ func (l *link) send(ctx context.Context, f *wire.Frame) error {
 		if f.Type == wire.TypeRequest {
 			mode = wire.Urgent
 		}
+		if f.Type == wire.TypeSubmit && !l.welcome.Dedup && f.Tag != "" {
+			f.Tag = stripDedup(f.Tag)
+		}
 		waited := false
 		for l.avail.Add(-1) < 0 {
 			l.avail.Add(1)
@@ -699,4 +717,21 @@ func (l *link) writeLoop() {
 			return
 		}
 	}
+}
+
+// stripDedup removes the pid and seq task options from a SUBMIT's Tag,
+// for a server that does not deduplicate (a Conn that reconnected to an
+// older one): it would refuse them.
+func stripDedup(tag string) string {
+	if !strings.Contains(tag, "pid=") {
+		return tag
+	}
+	parts := strings.Split(tag, ";")
+	kept := parts[:0]
+	for _, p := range parts {
+		if !strings.HasPrefix(p, "pid=") && !strings.HasPrefix(p, "seq=") {
+			kept = append(kept, p)
+		}
+	}
+	return strings.Join(kept, ";")
 }

@@ -3,6 +3,7 @@ package client
 import (
 	"cmp"
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -78,12 +79,25 @@ func newTransport(list URLs, opts Options) *transport {
 func (t *transport) start(l *link) {
 	t.cur = l
 	t.up.Store(l)
-	t.conn = courier.NewConn(t, courier.ConnOptions{ID: l.welcome.Conn, Log: t.opts.Log, OnConnEvent: t.opts.OnConnEvent})
+	t.conn = courier.NewConn(t, courier.ConnOptions{ID: l.welcome.Conn, Log: t.opts.Log, OnConnEvent: t.opts.OnConnEvent, ProducerID: t.producerID(l)})
 	l.run()
 	go t.run(l)
 }
 
 func (t *transport) Start(recv func(*wire.Frame)) { t.recv = recv }
+
+// producerID returns the id for the Conn's submits over a first link l:
+// Options.ProducerID, or a random one; "" if deduplication is off or
+// the server does not offer it.
+func (t *transport) producerID(l *link) string {
+	if t.opts.NoDedup || !l.welcome.Dedup {
+		return ""
+	}
+	if t.opts.ProducerID != "" {
+		return t.opts.ProducerID
+	}
+	return "c-" + crand.Text() // 26 characters of base32: 130 random bits
+}
 
 // receive takes a frame from a link: an answer to a confirmed frame ends
 // its tracking.

@@ -47,6 +47,8 @@ func (c ExchangeConfig) Clash(name string, want ExchangeConfig) error {
 		return clash("max_bytes", c.MaxBytes, want.MaxBytes)
 	case want.Overflow != "" && want.Overflow != c.Overflow:
 		return clash("overflow", c.Overflow, want.Overflow)
+	case want.DedupWindowMS != 0 && want.DedupWindowMS != c.DedupWindowMS:
+		return clash("dedup_window_ms", c.DedupWindowMS, want.DedupWindowMS)
 	}
 	return nil
 }

@@ -39,6 +39,10 @@ type Welcome struct {
 	// client may reconnect to: this server's own and, in a cluster, every
 	// node's. Clients bound what they take from it (see client.Options).
 	ConnectURLs []string `json:"connect_urls,omitempty"`
+	// Dedup says the server deduplicates SUBMITs by the pid and seq task
+	// options ([TaskOptions]); a client sends them only then, so that an
+	// older server does not refuse them.
+	Dedup bool `json:"dedup,omitempty"`
 }
 
 // Exchange patterns.
@@ -95,6 +99,10 @@ type ExchangeConfig struct {
 	MaxLength int64  `json:"max_length,omitempty"`
 	MaxBytes  int64  `json:"max_bytes,omitempty"`
 	Overflow  string `json:"overflow,omitempty"`
+	// DedupWindowMS is how long, in milliseconds, the queue remembers a
+	// submit's pid and seq task options to store a resend once: 0 takes
+	// the default (120,000: 2 minutes), -1 turns deduplication off.
+	DedupWindowMS int64 `json:"dedup_window_ms,omitempty"`
 }
 
 // Overflow policies of a bounded task queue, as RabbitMQ names them.
@@ -120,15 +128,16 @@ type ExchangeInfo struct {
 	Transient bool `json:"transient,omitempty"`
 
 	// Task exchanges only.
-	MaxAttempts  int        `json:"max_attempts,omitempty"`
-	TTLMS        int64      `json:"ttl_ms,omitempty"`
-	BackoffMS    int64      `json:"backoff_ms,omitempty"`
-	BackoffMaxMS int64      `json:"backoff_max_ms,omitempty"`
-	DeadLetter   string     `json:"dead_letter,omitempty"`
-	MaxLength    int64      `json:"max_length,omitempty"`
-	MaxBytes     int64      `json:"max_bytes,omitempty"`
-	Overflow     string     `json:"overflow,omitempty"`
-	Queue        *QueueInfo `json:"queue,omitempty"`
+	MaxAttempts   int        `json:"max_attempts,omitempty"`
+	TTLMS         int64      `json:"ttl_ms,omitempty"`
+	BackoffMS     int64      `json:"backoff_ms,omitempty"`
+	BackoffMaxMS  int64      `json:"backoff_max_ms,omitempty"`
+	DeadLetter    string     `json:"dead_letter,omitempty"`
+	MaxLength     int64      `json:"max_length,omitempty"`
+	MaxBytes      int64      `json:"max_bytes,omitempty"`
+	Overflow      string     `json:"overflow,omitempty"`
+	DedupWindowMS int64      `json:"dedup_window_ms,omitempty"`
+	Queue         *QueueInfo `json:"queue,omitempty"`
 }
 
 // QueueInfo is the live state of a queue: a task exchange's, or a
@@ -150,6 +159,9 @@ type QueueInfo struct {
 	// to the dead_letter exchange: it did not exist, or the exchange's
 	// declarer no longer had write permission on it.
 	DeadLetterDropped uint64 `json:"dead_letter_dropped"`
+	// Deduplicated counts the resent submits answered from the
+	// deduplication window instead of being stored again.
+	Deduplicated uint64 `json:"deduplicated,omitempty"`
 }
 
 // Attachment roles, the Aux of ATTACH.

@@ -69,6 +69,9 @@ func (c *ExchangeConfig) Check() error {
 	if err := checkCount("max_length", c.MaxLength, 0, MaxCount); err != nil {
 		return err
 	}
+	if err := checkCount("dedup_window_ms", c.DedupWindowMS, -1, MaxDurationMS); err != nil {
+		return err
+	}
 	return checkCount("max_bytes", c.MaxBytes, 0, MaxCount)
 }
 

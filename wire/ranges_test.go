@@ -84,10 +84,31 @@ func TestParseTaskOptionsRanges(t *testing.T) {
 		{"due=4611686018427387904", TaskOptions{}, true},
 		{"due=-1", TaskOptions{}, true},
 		{"other=1", TaskOptions{}, true},
+		{"pid=app-1.a:b_c;seq=7", TaskOptions{Producer: "app-1.a:b_c", Seq: 7}, false},
+		{"ttl=5;pid=p;seq=9223372036854775807", TaskOptions{TTLMS: 5, Producer: "p", Seq: 1<<63 - 1}, false},
+		{"pid=p", TaskOptions{}, true},
+		{"seq=3", TaskOptions{}, true},
+		{"pid=p;seq=0", TaskOptions{}, true},
+		{"pid=;seq=1", TaskOptions{}, true},
+		{"pid=a b;seq=1", TaskOptions{}, true},
+		{"pid=" + strings.Repeat("x", MaxProducerLen+1) + ";seq=1", TaskOptions{}, true},
+		{"pid=p;seq=-1", TaskOptions{}, true},
 	} {
 		o, err := ParseTaskOptions(c.tag)
 		if (err != nil) != c.bad || !c.bad && o != c.want {
 			t.Errorf("%q: %+v, %v; want %+v, bad %v", c.tag, o, err, c.want, c.bad)
+		}
+	}
+}
+
+func TestTaskOptionsTagRoundTrip(t *testing.T) {
+	for _, o := range []TaskOptions{
+		{}, {DueMS: 1}, {TTLMS: 2}, {Producer: "p", Seq: 1},
+		{DueMS: 3, TTLMS: 4, Producer: strings.Repeat("z", MaxProducerLen), Seq: 1<<63 - 1},
+	} {
+		got, err := ParseTaskOptions(o.Tag())
+		if err != nil || got != o {
+			t.Errorf("%+v: tag %q parses as %+v, %v", o, o.Tag(), got, err)
 		}
 	}
 }
@@ -99,4 +120,25 @@ func TestMaxDurationFitsNanoseconds(t *testing.T) {
 	if int64(MaxDurationMS)*1_000_000 > 1<<63-1-year2200 {
 		t.Fatal("MaxDurationMS in ns overflows after 2200")
 	}
+}
+
+// FuzzParseTaskOptions: a SUBMIT's Tag from the network never panics the
+// parser, and what parses is in range and survives a round trip.
+func FuzzParseTaskOptions(f *testing.F) {
+	for _, s := range []string{"", "due=1;ttl=2", "pid=p;seq=1", "ttl=5;pid=c-ABC;seq=9223372036854775807", "pid=;seq=0", "seq=1;pid=a:b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, tag string) {
+		o, err := ParseTaskOptions(tag)
+		if err != nil {
+			return
+		}
+		if o.Producer != "" && (!ValidProducer(o.Producer) || o.Seq == 0 || o.Seq > 1<<63-1) {
+			t.Fatalf("%q parsed to a bad pair %+v", tag, o)
+		}
+		back, err := ParseTaskOptions(o.Tag())
+		if err != nil || back != o {
+			t.Fatalf("%q: %+v re-encodes to %q: %+v, %v", tag, o, o.Tag(), back, err)
+		}
+	})
 }

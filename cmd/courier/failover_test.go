@@ -56,11 +56,21 @@ type failoverClient struct {
 	h      *courier.Attachment
 	got    chan string // keys delivered to the subscriber
 	done   chan string // bodies of the tasks the worker handled
+
+	mu  sync.Mutex
+	ids map[string]map[courier.TaskID]bool // task ids the worker saw, by body
+}
+
+// taskIDs returns the ids of the tasks the worker handled with body.
+func (fc *failoverClient) taskIDs(body string) int {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	return len(fc.ids[body])
 }
 
 func newFailoverClient(t *testing.T, ctx context.Context, url string) *failoverClient {
 	t.Helper()
-	fc := &failoverClient{got: make(chan string, 1024), done: make(chan string, 1024)}
+	fc := &failoverClient{got: make(chan string, 1024), done: make(chan string, 1024), ids: map[string]map[courier.TaskID]bool{}}
 	var fn func(courier.ConnEvent)
 	fc.events, fn = connEventsOf()
 	var err error
@@ -89,7 +99,17 @@ func newFailoverClient(t *testing.T, ctx context.Context, url string) *failoverC
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := jobs.Work(ctx, func(j *courier.Job) error { fc.done <- string(j.Body); return nil }, courier.Prefetch(8)); err != nil {
+	work := func(j *courier.Job) error {
+		fc.mu.Lock()
+		if fc.ids[string(j.Body)] == nil {
+			fc.ids[string(j.Body)] = map[courier.TaskID]bool{}
+		}
+		fc.ids[string(j.Body)][j.ID] = true
+		fc.mu.Unlock()
+		fc.done <- string(j.Body)
+		return nil
+	}
+	if _, err := jobs.Work(ctx, work, courier.Prefetch(8)); err != nil {
 		t.Fatal(err)
 	}
 	return fc
@@ -203,7 +223,9 @@ func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
 // TestRestartSIGKILL kills a `courier server` (SIGKILL) and restarts it
 // on the same port and data directory: a request in flight fails at
 // once with ErrConnectionLost, submits not yet confirmed are sent again
-// (every task is handled; none fails), and the client's handler,
+// (every task is handled; none fails) and stored once (a task whose
+// confirm was lost with the server is deduplicated by its producer and
+// seq: its resend gets the same task id), and the client's handler,
 // subscriber and worker serve again.
 func TestRestartSIGKILL(t *testing.T) {
 	addr, dir := "127.0.0.1:"+cliFreePort(t), t.TempDir()
@@ -290,6 +312,21 @@ func TestRestartSIGKILL(t *testing.T) {
 	for len(seen) < tasks {
 		seen[testutil.Recv(t, fc.done, cliWait)] = true
 	}
+	// A task stored twice would be behind the last of them in the queue:
+	// a last task, submitted now and handled after them, flushes it out.
+	if _, err := jobs.Submit(ctx, courier.Task{Body: []byte("last")}); err != nil {
+		t.Fatal(err)
+	}
+	for testutil.Recv(t, fc.done, cliWait) != "last" {
+	}
+	dups := 0
+	for i := range tasks {
+		if n := fc.taskIDs("t" + strconv.Itoa(i)); n != 1 {
+			dups++
+			t.Errorf("task t%d stored %d times (distinct task ids)", i, n)
+		}
+	}
+	t.Logf("%d tasks through the kill: %d stored twice", tasks, dups)
 	fc.check(t, ctx, addr, "restarted")
 }
 

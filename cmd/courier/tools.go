@@ -511,6 +511,7 @@ func exchangesCmd() *cobra.Command {
 	cc.Flags().Int64Var(&spec.MaxLength, "max-length", 0, "tasks: most tasks the queue holds (0: no bound)")
 	cc.Flags().Int64Var(&spec.MaxBytes, "max-bytes", 0, "tasks: most body bytes the queue holds (0: no bound)")
 	cc.Flags().StringVar(&spec.Overflow, "overflow", "", "tasks: at the bound, reject-publish (default) or drop-head")
+	cc.Flags().Int64Var(&spec.DedupWindowMS, "dedup-window-ms", 0, "tasks: how long a resent submit (same producer and seq) is stored once, in ms (0: default 120000, -1: off)")
 	cc.Flags().StringVar(&spec.KeyExpr, "key-expr", "", "sticky-fun key expression (CEL, docs/protocol.md §5.1)")
 	cc.Flags().StringVar(&spec.RouteExpr, "route-expr", "", "fun routing expression (CEL, docs/protocol.md §5.1)")
 	cc.Flags().BoolVar(&spec.Controlled, "controlled", false, "pub-sub: a controller decides on subscriptions")

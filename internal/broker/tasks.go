@@ -116,6 +116,12 @@ func queueConfig(cfg wire.ExchangeConfig) (queue.Config, error) {
 		qc.BackoffMax = msDuration(cfg.BackoffMaxMS)
 	}
 	qc.SingleActive = cfg.Strategy == SingleActive
+	switch {
+	case cfg.DedupWindowMS < 0:
+		qc.DedupWindow = -1
+	case cfg.DedupWindowMS > 0:
+		qc.DedupWindow = msDuration(cfg.DedupWindowMS)
+	}
 	return qc, qc.Validate()
 }
 
@@ -157,6 +163,12 @@ func checkTaskConfig(name string, cfg *wire.ExchangeConfig, spec Spec) error {
 		return wire.Errorf(wire.CodeBadOptions, "exchange %q: unknown overflow %q (%s or %s)", name, cfg.Overflow, wire.OverflowReject, wire.OverflowDropHead)
 	}
 	return nil
+}
+
+// bounded reports whether the queue has a max_length or max_bytes.
+func (tq *taskQueue) bounded() bool {
+	c := &tq.ex.cfg
+	return c.MaxLength > 0 || c.MaxBytes > 0
 }
 
 // full reports whether a task queue bounded by max_length or max_bytes
@@ -330,7 +342,7 @@ func (tq *taskQueue) info() *wire.QueueInfo {
 		Messages: st.Messages(), Ready: st.Ready, Unacked: st.Unacked, Delayed: st.Delayed,
 		Consumers: st.Consumers, Bytes: st.Bytes,
 		Published: st.Published, Delivered: st.Delivered, Acked: st.Acked, DeadLettered: st.DeadLettered,
-		DeadLetterDropped: tq.dlDropped.Load(),
+		DeadLetterDropped: tq.dlDropped.Load(), Deduplicated: st.Deduplicated,
 	}
 }
 
@@ -391,6 +403,7 @@ func taskMessage(f *wire.Frame) (queue.Message, error) {
 			m.DueAt = time.UnixMilli(o.DueMS)
 		}
 		m.TTL = msDuration(o.TTLMS)
+		m.Producer, m.Seq = o.Producer, o.Seq
 	}
 	return m, nil
 }
@@ -446,7 +459,9 @@ func (s *Session) submit(f *wire.Frame) {
 	if s.lastQueue.Load() != ex.tq {
 		s.lastQueue.Store(ex.tq)
 	}
-	if ex.tq.full(len(m.Body)) {
+	// A resend the queue holds already is answered, not refused nor
+	// made room for.
+	if ex.tq.bounded() && !ex.tq.q.Duplicate(m.Producer, m.Seq) && ex.tq.full(len(m.Body)) {
 		s.sendError(ref, wire.Errorf(wire.CodeQueueFull, "submit to %s: the queue is full (max_length %d, max_bytes %d)", ex.name, ex.cfg.MaxLength, ex.cfg.MaxBytes))
 		return
 	}

@@ -87,6 +87,19 @@ type Config struct {
 	// the queue's lock and in order. Default: nil.
 	OnActive func(consumer string)
 
+	// DedupWindow is how long the queue remembers the (producer, seq)
+	// of a message ([Message.Producer]) after its enqueue: a message
+	// with the same pair within it is not stored again, and
+	// [Queue.Enqueue] returns the first one's id. 0 means the default,
+	// 2 minutes (JetStream's duplicate window); negative turns
+	// deduplication off. See the package doc, "Deduplication".
+	DedupWindow time.Duration
+
+	// DedupMax bounds how many (producer, seq) pairs the window holds:
+	// past it the oldest are forgotten before their time. 0 means the
+	// default, 100,000.
+	DedupMax int
+
 	// Logger receives rare events: a journal that failed, a body that
 	// could not be read back. Default: a logger that discards.
 	Logger *slog.Logger
@@ -112,6 +125,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: negative BackoffBase %v", ErrBadConfig, c.BackoffBase)
 	case c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("%w: BackoffMax %v below BackoffBase %v", ErrBadConfig, c.BackoffMax, c.BackoffBase)
+	case c.DedupMax < 0:
+		return fmt.Errorf("%w: negative DedupMax %d", ErrBadConfig, c.DedupMax)
 	case !(c.BackoffJitter >= 0 && c.BackoffJitter <= 1): // also refuses NaN
 		return fmt.Errorf("%w: BackoffJitter %v not in [0, 1]", ErrBadConfig, c.BackoffJitter)
 	}

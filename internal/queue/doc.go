@@ -68,6 +68,17 @@
 // behind an indirection (in memory, or only in the journal and read back
 // on delivery), so that paging can evict them.
 //
+// # Deduplication
+//
+// A message may carry a producer id and a sequence number
+// ([Message.Producer], [Message.Seq]): the queue stores one message per
+// pair within [Config.DedupWindow] (2 minutes by default, at most
+// [Config.DedupMax] pairs), and an enqueue of a pair it holds returns the
+// first message's id, is confirmed once the first is durable, and stores
+// nothing. The pair is in the enqueue record, so that [Recover] rebuilds
+// the window, and in a snapshot, so that it outlives the records of
+// settled messages. dedup.go says why a time-bounded map with a cap.
+//
 // # Memory and paging
 //
 // Every queue accounts what it keeps in RAM (about [MessageOverhead]

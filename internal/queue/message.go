@@ -23,6 +23,12 @@ type Message struct {
 	// TTL, if not zero, bounds how long the message may wait once due; the
 	// queue's [Config.TTL] applies if it is shorter.
 	TTL time.Duration
+	// Producer and Seq, if Producer is not empty, name the message for
+	// deduplication (see [Config.DedupWindow]): an enqueue of a pair the
+	// window holds returns the first message's id and stores nothing.
+	// Producer is at most [MaxProducerLen] bytes; Seq is not 0.
+	Producer string
+	Seq      uint64
 }
 
 // Delivery is a message handed to a consumer, or to a dead-letter sink.
@@ -53,6 +59,9 @@ const (
 	ReasonRejected    Reason = "rejected"
 	// ReasonUnreadable: the body could not be read back from the journal.
 	ReasonUnreadable Reason = "unreadable"
+	// ReasonSettledUnknown: on the event a resend's watcher gets when the
+	// first message was settled before a restart, its outcome not kept.
+	ReasonSettledUnknown Reason = "settled earlier, outcome unknown"
 )
 
 // DeadLetter is a message leaving a queue without being acked.
@@ -131,13 +140,14 @@ type message struct {
 	prio     uint8
 	st       state
 	attempts uint32
-	enqueued int64 // unix ns
-	due      int64 // unix ns; when a delayed or backing-off message is due
-	expires  int64 // unix ns; 0: never
-	at       int64 // timer heap key: min(due, expires) or expires
-	hidx     int32 // index in the timer heap; -1 if not in it
-	ref      Ref   // the enqueue record
-	aref     Ref   // the latest attempt record
+	enqueued int64       // unix ns
+	due      int64       // unix ns; when a delayed or backing-off message is due
+	expires  int64       // unix ns; 0: never
+	at       int64       // timer heap key: min(due, expires) or expires
+	hidx     int32       // index in the timer heap; -1 if not in it
+	ref      Ref         // the enqueue record
+	aref     Ref         // the latest attempt record
+	dk       *dedupEntry // its (producer, seq) in the window, or nil
 
 	ks         *keyState // the key it belongs to (in its waiting list, or busy), or nil
 	owner      *Consumer // stInflight: who has it

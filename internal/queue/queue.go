@@ -57,6 +57,7 @@ type Queue struct {
 	enc       []byte                // record encoding buffer
 	relBuf    []Ref
 	rand      func() float64 // jitter source
+	dedup     dedupWindow    // (producer, seq) pairs: dedup.go
 
 	// Memory accounting and paging (memory.go, spill.go).
 	resident    int64                 // bytes in RAM, as accounted
@@ -99,6 +100,7 @@ func New(name string, cfg Config) (*Queue, error) {
 		watchers: make(map[uint64][]*watcher),
 		rand:     rand.Float64,
 	}
+	q.dedup.init(cfg)
 	if q.sched == nil {
 		q.sched = defaultScheduler()
 	}
@@ -179,6 +181,9 @@ func (q *Queue) Enqueue(msg Message, confirm func(error), watch WatchFunc) (uint
 			return 0, fmt.Errorf("enqueue: %w", err)
 		}
 	}
+	if len(msg.Producer) > MaxProducerLen || msg.Producer != "" && msg.Seq == 0 {
+		return 0, fmt.Errorf("enqueue: %w: producer of %d bytes, seq %d", ErrBadMessage, len(msg.Producer), msg.Seq)
+	}
 	if q.admit != nil {
 		if err := q.admit.Admit(context.Background()); err != nil {
 			return 0, fmt.Errorf("enqueue: %w", err)
@@ -190,6 +195,20 @@ func (q *Queue) Enqueue(msg Message, confirm func(error), watch WatchFunc) (uint
 		return 0, ErrClosed
 	}
 	now := q.now()
+	var dk *dedupEntry
+	if msg.Producer != "" && q.dedup.on() {
+		k := dedupKey{msg.Producer, msg.Seq}
+		if e := q.dedup.lookup(k, now); e != nil {
+			q.duplicate(e, confirm, watch)
+			id := e.id
+			q.finish(now)
+			return id, nil
+		}
+		dk = &dedupEntry{key: k, id: q.nextID, at: now, pending: q.journal != nil}
+		if q.journal != nil {
+			confirm = q.dedup.confirmed(dk, confirm)
+		}
+	}
 	m := q.alloc()
 	m.id = q.nextID
 	m.body, m.size, m.headers, m.key, m.prio = msg.Body, len(msg.Body), msg.Headers, msg.Key, msg.Priority
@@ -208,6 +227,7 @@ func (q *Queue) Enqueue(msg Message, confirm func(error), watch WatchFunc) (uint
 	if ttl > 0 {
 		m.expires = start + int64(ttl)
 	}
+	m.dk = dk // appendEnqueue records its pair
 	if q.journal != nil {
 		q.enc = appendEnqueue(q.enc[:0], m)
 		ref, err := q.journal.Append(KindEnqueue, q.enc, confirm)
@@ -222,6 +242,10 @@ func (q *Queue) Enqueue(msg Message, confirm func(error), watch WatchFunc) (uint
 	}
 	q.nextID++
 	q.index[m.id] = m
+	if dk != nil {
+		q.dedup.insert(dk, now)
+		q.cold.dedupHeld.Store(int64(q.dedup.len()))
+	}
 	q.charge(m, 1)
 	q.stats.published.Add(1)
 	q.cold.bytes.Add(int64(m.size))
@@ -733,6 +757,9 @@ func (q *Queue) dispatch(now int64) {
 // notify queues ev for the watchers of id; last forgets them. q.mu is
 // held.
 func (q *Queue) notify(id uint64, ev Event, last bool) {
+	if last && q.dedup.len() > 0 {
+		q.settled(id, ev)
+	}
 	ws, ok := q.watchers[id]
 	if !ok {
 		return

@@ -20,6 +20,11 @@ import (
 //	+--------------------------------------------------------------------------------+
 //	times are unix nanoseconds; due and expires are 0 when unset
 //
+//	version 2, written when the message has a (producer, seq) for
+//	deduplication, has them between the fixed part and the key:
+//	| pidLen u8 | producer (pidLen bytes, 1 to 255) | seq u64 |
+//	version 1 records, without them, are written and read as before.
+//
 //	KindAttempt:
 //	+------+------+-------+--------------+--------+---------+
 //	| v u8 | 0 u8 | 0 u16 | attempts u32 | id u64 | due i64 |  24 bytes
@@ -27,16 +32,18 @@ import (
 //	attempts: failed attempts so far; due: when the message is ready
 //	again (the failure's time plus the backoff)
 //
-// v is recordVersion; a reader refuses other versions.
+// v is recordVersion (recordVersionDedup for an enqueue with a pair); a
+// reader refuses other versions.
 
 const (
-	recordVersion   = 1
-	enqueueFixed    = 40
-	attemptSize     = 24
-	maxHeaderCount  = math.MaxUint16
-	maxHeaderName   = math.MaxUint16
-	maxKeyLen       = math.MaxUint16 // so that a snapshot entry holds it in a u16
-	maxHeaderValues = math.MaxUint32
+	recordVersion      = 1
+	recordVersionDedup = 2
+	enqueueFixed       = 40
+	attemptSize        = 24
+	maxHeaderCount     = math.MaxUint16
+	maxHeaderName      = math.MaxUint16
+	maxKeyLen          = math.MaxUint16 // so that a snapshot entry holds it in a u16
+	maxHeaderValues    = math.MaxUint32
 )
 
 // errBadRecord is wrapped by the decoders.
@@ -50,12 +57,17 @@ type enqueueRecord struct {
 	key                    string
 	headers                map[string]string
 	body                   []byte // aliases the payload
+	producer               string // version 2: the dedup pair
+	seq                    uint64
 }
 
 // appendEnqueue encodes m's record onto dst.
 func appendEnqueue(dst []byte, m *message) []byte {
 	var h [enqueueFixed]byte
 	h[0], h[1] = recordVersion, m.prio
+	if m.dk != nil {
+		h[0] = recordVersionDedup
+	}
 	binary.LittleEndian.PutUint16(h[2:], uint16(len(m.headers)))
 	binary.LittleEndian.PutUint32(h[4:], uint32(len(m.key)))
 	binary.LittleEndian.PutUint64(h[8:], m.id)
@@ -63,6 +75,11 @@ func appendEnqueue(dst []byte, m *message) []byte {
 	binary.LittleEndian.PutUint64(h[24:], uint64(m.due))
 	binary.LittleEndian.PutUint64(h[32:], uint64(m.expires))
 	dst = append(dst, h[:]...)
+	if m.dk != nil {
+		dst = append(dst, uint8(len(m.dk.key.producer)))
+		dst = append(dst, m.dk.key.producer...)
+		dst = binary.LittleEndian.AppendUint64(dst, m.dk.key.seq)
+	}
 	dst = append(dst, m.key...)
 	for k, v := range m.headers {
 		dst = binary.LittleEndian.AppendUint16(dst, uint16(len(k)))
@@ -96,7 +113,7 @@ func decodeEnqueue(p []byte) (enqueueRecord, error) {
 	if len(p) < enqueueFixed {
 		return r, fmt.Errorf("%w: enqueue record of %d bytes", errBadRecord, len(p))
 	}
-	if p[0] != recordVersion {
+	if p[0] != recordVersion && p[0] != recordVersionDedup {
 		return r, fmt.Errorf("%w: version %d", errBadRecord, p[0])
 	}
 	if p[1] > MaxPriority {
@@ -112,7 +129,20 @@ func decodeEnqueue(p []byte) (enqueueRecord, error) {
 	if r.id == 0 {
 		return r, fmt.Errorf("%w: id 0", errBadRecord)
 	}
+	v := p[0]
 	p = p[enqueueFixed:]
+	if v == recordVersionDedup {
+		if len(p) < 1 || p[0] == 0 || int(p[0])+9 > len(p) {
+			return r, fmt.Errorf("%w: producer runs past the end", errBadRecord)
+		}
+		n := int(p[0])
+		r.producer = string(p[1 : 1+n])
+		r.seq = binary.LittleEndian.Uint64(p[1+n:])
+		p = p[1+n+8:]
+		if r.seq == 0 {
+			return r, fmt.Errorf("%w: seq 0", errBadRecord)
+		}
+	}
 	if keyLen > uint64(len(p)) {
 		return r, fmt.Errorf("%w: key runs past the end", errBadRecord)
 	}

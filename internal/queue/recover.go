@@ -41,6 +41,58 @@ type Rebuilder struct {
 	runReleased map[Ref]struct{}      // released refs of messages in runs
 	runAttempts map[uint64]runAttempt // latest failed attempt of messages in runs
 	attemptRefs map[Ref]uint64        // attempt records of runAttempts, to ids
+
+	pairs map[dedupKey]recoveredPair // the dedup window: from records and the snapshot
+}
+
+// recoveredPair is a (producer, seq) pair being rebuilt.
+type recoveredPair struct {
+	id uint64
+	at int64
+}
+
+// addPair records a dedup pair; the same pair seen twice keeps its
+// first message (an enqueue record replayed after the snapshot that
+// holds it).
+func (r *Rebuilder) addPair(k dedupKey, id uint64, at int64) {
+	if r.pairs == nil {
+		r.pairs = make(map[dedupKey]recoveredPair)
+	}
+	if p, ok := r.pairs[k]; ok && p.id <= id {
+		return
+	}
+	r.pairs[k] = recoveredPair{id: id, at: at}
+}
+
+// installPairs puts the pairs still within the window into q's, oldest
+// first, at most its max; messages held get theirs. q.mu is held.
+func (r *Rebuilder) installPairs(q *Queue, now int64) {
+	w := &q.dedup
+	if !w.on() || len(r.pairs) == 0 {
+		return
+	}
+	es := make([]*dedupEntry, 0, len(r.pairs))
+	for k, p := range r.pairs {
+		if now-p.at <= w.window {
+			es = append(es, &dedupEntry{key: k, id: p.id, at: p.at})
+		}
+	}
+	slices.SortFunc(es, func(a, b *dedupEntry) int {
+		if c := cmp.Compare(a.at, b.at); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.id, b.id)
+	})
+	if len(es) > w.max {
+		es = es[len(es)-w.max:]
+	}
+	for _, e := range es {
+		w.insert(e, now)
+		if m := q.index[e.id]; m != nil {
+			m.dk = e
+		}
+	}
+	q.cold.dedupHeld.Store(int64(w.len()))
 }
 
 // recovered is a message being rebuilt.
@@ -71,6 +123,9 @@ func (r *Rebuilder) Apply(e Entry) error {
 			return fmt.Errorf("replay %v: %w", e.Ref, err)
 		}
 		r.maxID = max(r.maxID, rec.id)
+		if rec.producer != "" {
+			r.addPair(dedupKey{rec.producer, rec.seq}, rec.id, rec.enqueued)
+		}
 		if r.msgs[rec.id] != nil {
 			return nil
 		}
@@ -341,9 +396,10 @@ func (r *Rebuilder) Build(name string, cfg Config) (*Queue, error) {
 		q.stats.ready.Add(1)
 		q.makeReady(m, true)
 	}
+	r.installPairs(q, now)
 	r.msgs = nil
 	r.refs = nil
-	r.runs, r.runReleased, r.runAttempts = nil, nil, nil
+	r.runs, r.runReleased, r.runAttempts, r.pairs = nil, nil, nil, nil
 	// The messages replayed may be many (what a fast publisher wrote
 	// since the checkpoint): page them out now, not one run an operation.
 	for q.report(); q.balance(now); q.report() {

@@ -44,7 +44,14 @@ import (
 //	nattempts x: | id u64 | attempts u32 | due i64 | aref (12) |   32 bytes
 //	  failed attempts of messages in runs
 //
-// The last two lists are empty but after a restart from a checkpoint
+//	version 3 goes on (version 2 ends here: no dedup window):
+//	+-----------+
+//	| npairs u32|
+//	+-----------+
+//	npairs x, oldest first: the (producer, seq) window (dedup.go)
+//	| pidLen u8 | producer | seq u64 | id u64 | at i64 |
+//
+// The runs' last two lists are empty but after a restart from a checkpoint
 // that named runs: records replayed for messages that were then in a run
 // (read back, delivered and acked or failed before the crash) wait there
 // until their run entry is read back.
@@ -54,7 +61,8 @@ var snapMagic = [4]byte{'C', 'Q', 'S', 'N'}
 const (
 	snapHeaderSize  = 24
 	snapEntrySize   = 68
-	snapVersion     = 2
+	snapVersion     = 3
+	snapVersionRuns = 2
 	snapSectionSize = 16
 	snapRunSize     = 48
 	snapAttemptSize = 32
@@ -158,7 +166,72 @@ func (q *Queue) appendSnapshot(dst []byte) []byte {
 		putRef(b[20:], a.aref)
 		dst = append(dst, b[:]...)
 	}
+	return q.appendSnapDedup(dst)
+}
+
+// appendSnapDedup appends the version 3 section: the window's pairs,
+// oldest first. q.mu is held.
+func (q *Queue) appendSnapDedup(dst []byte) []byte {
+	w := &q.dedup
+	live := w.fifo[w.head:]
+	at := len(dst)
+	dst = binary.LittleEndian.AppendUint32(dst, 0)
+	n := uint32(0)
+	for _, e := range live {
+		if w.m[e.key] != e {
+			continue
+		}
+		w.mu.Lock()
+		failed := e.failed
+		w.mu.Unlock()
+		if failed {
+			continue
+		}
+		dst = append(dst, uint8(len(e.key.producer)))
+		dst = append(dst, e.key.producer...)
+		dst = binary.LittleEndian.AppendUint64(dst, e.key.seq)
+		dst = binary.LittleEndian.AppendUint64(dst, e.id)
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(e.at))
+		n++
+	}
+	binary.LittleEndian.PutUint32(dst[at:], n)
 	return dst
+}
+
+// snapPair is a dedup pair of a snapshot.
+type snapPair struct {
+	k  dedupKey
+	id uint64
+	at int64
+}
+
+// decodeSnapDedup decodes the version 3 section and returns the rest of
+// p.
+func decodeSnapDedup(p []byte, nextID uint64) ([]snapPair, []byte, error) {
+	if len(p) < 4 {
+		return nil, p, fmt.Errorf("%w: no dedup section", errBadRecord)
+	}
+	n := uint64(binary.LittleEndian.Uint32(p))
+	p = p[4:]
+	if n > uint64(len(p)/26) {
+		return nil, p, fmt.Errorf("%w: %d dedup pairs in %d bytes", errBadRecord, n, len(p))
+	}
+	pairs := make([]snapPair, 0, n)
+	for range n {
+		if len(p) < 1 || p[0] == 0 || int(p[0])+25 > len(p) {
+			return nil, p, fmt.Errorf("%w: dedup pair truncated", errBadRecord)
+		}
+		l := int(p[0])
+		k := dedupKey{string(p[1 : 1+l]), binary.LittleEndian.Uint64(p[1+l:])}
+		id := binary.LittleEndian.Uint64(p[9+l:])
+		at := int64(binary.LittleEndian.Uint64(p[17+l:]))
+		p = p[25+l:]
+		if k.seq == 0 || id == 0 || id >= nextID {
+			return nil, p, fmt.Errorf("%w: bad dedup pair for message %d", errBadRecord, id)
+		}
+		pairs = append(pairs, snapPair{k, id, at})
+	}
+	return pairs, p, nil
 }
 
 func putRef(b []byte, r Ref) {
@@ -178,7 +251,7 @@ func getRef(b []byte) Ref {
 // Call it first, at most once; it returns an error, and loads nothing,
 // if the snapshot does not decode.
 func (r *Rebuilder) LoadSnapshot(b []byte) error {
-	if len(b) < snapHeaderSize || [4]byte(b[:4]) != snapMagic || b[4] != recordVersion && b[4] != snapVersion {
+	if len(b) < snapHeaderSize || [4]byte(b[:4]) != snapMagic || b[4] < 1 || b[4] > snapVersion {
 		return fmt.Errorf("load snapshot: %w: bad header", errBadRecord)
 	}
 	version := b[4]
@@ -220,14 +293,24 @@ func (r *Rebuilder) LoadSnapshot(b []byte) error {
 		msgs[m.id] = &recovered{m: m, join: join, tail: tail}
 	}
 	var sec snapRuns
-	if version == snapVersion {
+	if version >= snapVersionRuns {
 		var err error
-		if sec, p, err = decodeSnapRuns(p, nextID); err != nil {
+		if sec, p, err = decodeSnapRuns(p, nextID, version == snapVersionRuns); err != nil {
+			return fmt.Errorf("load snapshot: %w", err)
+		}
+	}
+	var pairs []snapPair
+	if version >= 3 {
+		var err error
+		if pairs, p, err = decodeSnapDedup(p, nextID); err != nil {
 			return fmt.Errorf("load snapshot: %w", err)
 		}
 	}
 	if len(p) != 0 {
 		return fmt.Errorf("load snapshot: %w: %d bytes after the entries", errBadRecord, len(p))
+	}
+	for _, sp := range pairs {
+		r.addPair(sp.k, sp.id, sp.at)
 	}
 	r.runs = sec.runs
 	r.runReleased = sec.released
@@ -272,7 +355,8 @@ type snapRun struct {
 
 // decodeSnapRuns decodes the runs, released refs and attempts of a
 // version 2 snapshot, and returns the rest of p.
-func decodeSnapRuns(p []byte, nextID uint64) (snapRuns, []byte, error) {
+// last says the section ends the snapshot (version 2).
+func decodeSnapRuns(p []byte, nextID uint64, last bool) (snapRuns, []byte, error) {
 	var s snapRuns
 	if len(p) < snapSectionSize {
 		return s, p, fmt.Errorf("%w: no run section", errBadRecord)
@@ -281,7 +365,7 @@ func decodeSnapRuns(p []byte, nextID uint64) (snapRuns, []byte, error) {
 	nrel := uint64(binary.LittleEndian.Uint32(p[4:]))
 	natt := uint64(binary.LittleEndian.Uint32(p[8:]))
 	p = p[snapSectionSize:]
-	if nruns*snapRunSize+nrel*12+natt*snapAttemptSize != uint64(len(p)) {
+	if size := nruns*snapRunSize + nrel*12 + natt*snapAttemptSize; size > uint64(len(p)) || last && size != uint64(len(p)) {
 		return s, p, fmt.Errorf("%w: run section of %d bytes", errBadRecord, len(p))
 	}
 	seen := map[uint32]bool{}

@@ -80,6 +80,9 @@ func FuzzLoadSnapshot(f *testing.F) {
 	mustEnqueue(f, q, Message{Body: []byte("x"), Key: "k", Priority: 3, DueAt: epoch.Add(time.Hour)})
 	mustEnqueue(f, q, Message{Body: []byte("y")})
 	f.Add(q.AppendSnapshot(nil))
+	mustEnqueue(f, q, Message{Body: []byte("z"), Producer: "p", Seq: 1})
+	mustEnqueue(f, q, Message{Body: []byte("z"), Producer: "other", Seq: 9})
+	f.Add(q.AppendSnapshot(nil))
 	// A queue that spilled: the snapshot names runs.
 	smallRuns(f)
 	sq := e.queue(func(c *Config) { c.Memory = NewMemory(8 << 10) })

@@ -29,6 +29,8 @@ type Stats struct {
 	Acked        uint64
 	DeadLettered uint64 // for any reason, expiries included
 	Expired      uint64 // dead-lettered for their TTL
+	Deduplicated uint64 // enqueues of a (producer, seq) the window held: not stored again
+	DedupPairs   int64  // (producer, seq) pairs the dedup window holds
 }
 
 // Messages is the queue's depth: ready, unacked and delayed.
@@ -64,6 +66,8 @@ type Counters struct {
 type coldCounters struct {
 	keys, bytes, pagedOut, spilled     atomic.Int64
 	redelivered, deadLettered, expired atomic.Uint64
+	deduplicated                       atomic.Uint64
+	dedupHeld                          atomic.Int64
 }
 
 // cacheLine is the cache line size the layout of [Counters] assumes.
@@ -123,6 +127,8 @@ func (q *Queue) Stats() Stats {
 		Acked:        c.acked.Load(),
 		DeadLettered: k.deadLettered.Load(),
 		Expired:      k.expired.Load(),
+		Deduplicated: k.deduplicated.Load(),
+		DedupPairs:   k.dedupHeld.Load(),
 	}
 }
 

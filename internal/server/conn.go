@@ -301,6 +301,7 @@ func (c *conn) handshake() error {
 		Version: wire.Version, Server: c.s.cfg.Version, Node: c.s.b.Node(), Conn: c.sess.ID(),
 		HeartbeatMS: int(heartbeat / time.Millisecond), TimeoutMS: int(3 * heartbeat / time.Millisecond),
 		MaxFrame: maxFrame, Credit: c.granted.Load(), ConnectURLs: c.s.cfg.connectURLs(),
+		Dedup: true,
 	}
 	body, _ := json.Marshal(w)
 	c.out.Put(&wire.Frame{Type: wire.TypeWelcome, Body: body}, wire.Control, 0)

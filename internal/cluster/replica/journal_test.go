@@ -274,3 +274,68 @@ func TestJournalPowerCut(t *testing.T) {
 		t.Fatalf("%d tasks after the power cut, want %d", got, n)
 	}
 }
+
+// TestJournalDedupAfterFailover: the (producer, seq) of a task travels in
+// its replicated enqueue record, so the new leader's queue, rebuilt from
+// its replica, answers a resend of a task the old leader confirmed with
+// the same task id and stores nothing.
+func TestJournalDedupAfterFailover(t *testing.T) {
+	sched := queue.NewScheduler(queue.SchedulerOptions{})
+	defer sched.Close()
+	c := newJournalCluster(t)
+	lead, q := c.leaderQueue(t, sched)
+
+	const n = 20
+	ids := map[uint64]uint64{} // seq -> task id
+	var nconf atomic.Int32
+	for seq := uint64(1); seq <= n; seq++ {
+		id, err := q.Enqueue(queue.Message{Body: fmt.Appendf(nil, "task-%d", seq), Producer: "p1", Seq: seq}, func(err error) {
+			if err == nil {
+				nconf.Add(1)
+			}
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[seq] = id
+	}
+	testutil.WaitForf(t, wait, func() bool { return nconf.Load() == n }, "%d confirms", n)
+	for id, st := range c.states {
+		testutil.WaitForf(t, wait, func() bool { return st.Live() == n }, "replica %d has the tasks", id)
+	}
+
+	c.net.Remove(lead)
+	_ = c.hosts[lead].Close()
+	delete(c.groups, lead)
+	delete(c.states, lead)
+	_, q2 := c.leaderQueue(t, sched)
+
+	// The producer lost its confirms with the old leader and resends.
+	var resent atomic.Int32
+	for seq := uint64(1); seq <= n; seq++ {
+		id, err := q2.Enqueue(queue.Message{Body: fmt.Appendf(nil, "task-%d", seq), Producer: "p1", Seq: seq}, func(err error) {
+			if err == nil {
+				resent.Add(1)
+			}
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id != ids[seq] {
+			t.Fatalf("resend of seq %d on the new leader: task %d, want %d", seq, id, ids[seq])
+		}
+	}
+	testutil.WaitForf(t, wait, func() bool { return resent.Load() == n }, "the resends' confirms")
+	if s := q2.Stats(); s.Messages() != n || s.Deduplicated != n {
+		t.Fatalf("new leader: %d tasks, %d deduplicated; want %d and %d", s.Messages(), s.Deduplicated, n, n)
+	}
+	// A new seq is a new task.
+	done := make(chan error, 1)
+	id, err := q2.Enqueue(queue.Message{Body: []byte("new"), Producer: "p1", Seq: n + 1}, func(err error) { done <- err }, nil)
+	if err != nil || id <= ids[n] {
+		t.Fatalf("new seq: task %d, %v", id, err)
+	}
+	if err := testutil.Recv(t, done, wait); err != nil {
+		t.Fatal(err)
+	}
+}
