@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -21,22 +19,6 @@ import (
 	"github.com/courier-mq/courier/node"
 )
 
-// chromium finds Debian's chromium; without it the test skips, unless
-// CI=true, where it fails.
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"/usr/bin/chromium", "chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("chromium is not installed and CI=true: install it with `apt-get install -y chromium`")
-	}
-	t.Skip("chromium is not installed (apt-get install -y chromium)")
-	return ""
-}
-
 // TestChromium runs clients/js/browsertest in headless Chromium: the
 // page, served from another origin than the server's (which ws_origins
 // allows), loads courier.js as an ES module with no build step and
@@ -46,7 +28,7 @@ func TestChromium(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the browser test is not short")
 	}
-	bin := chromium(t)
+	bin := testutil.Chromium(t)
 	pages := httptest.NewServer(http.FileServer(http.Dir(".")))
 	defer pages.Close()
 	pu, _ := url.Parse(pages.URL)

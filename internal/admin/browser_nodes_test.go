@@ -24,7 +24,7 @@ func TestDashboardNodesInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the browser test is not short")
 	}
-	bin := chromium(t)
+	bin := testutil.Chromium(t)
 	dir := os.Getenv(ScreenshotDirEnv)
 	if dir == "" {
 		dir = t.TempDir()

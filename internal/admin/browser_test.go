@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -31,22 +30,6 @@ import (
 // its screenshots; without it they go to the test's temporary directory.
 const ScreenshotDirEnv = "COURIER_SCREENSHOT_DIR"
 
-// chromium finds Debian's chromium. Without it the browser test skips,
-// unless CI=true, where it fails: CI must install it (.ci/run does).
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"/usr/bin/chromium", "chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("chromium is not installed and CI=true: install it with `apt-get install -y chromium` (.ci/run does)")
-	}
-	t.Skip("chromium is not installed (apt-get install -y chromium); skipping the dashboard's browser test")
-	return ""
-}
-
 // TestDashboardInBrowser loads the dashboard in headless chromium against
 // a node under load, and checks that live figures appear and change, that
 // the lists show the exchanges and connections, and that sorting works.
@@ -54,7 +37,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the browser test is not short")
 	}
-	bin := chromium(t)
+	bin := testutil.Chromium(t)
 	dir := os.Getenv(ScreenshotDirEnv)
 	if dir == "" {
 		dir = t.TempDir()
