@@ -181,49 +181,12 @@ func (c peerConn) PeerNode() string { return c.peer }
 // metaCatalog is the metadata group as the broker's catalog.
 type metaCatalog struct{ m *meta.Meta }
 
-// Declare and Delete are idempotent, so when the group cannot say
-// whether a call was applied (meta.ErrNoQuorum: its leader changed while
-// it committed, or the node it was forwarded to went away), they try
-// again, a few times while the call's context lasts: a declare that was
-// applied matches the second time, and a delete that was applied finds
-// the exchange gone, which then counts as done. A leader election in the
-// middle of a call is then not the caller's problem. Without a quorum
-// the group answers at once each time, and the error comes back.
 func (c metaCatalog) Declare(ctx context.Context, name string, cfg wire.ExchangeConfig, user string, _ bool) error {
-	return retryUnknown(ctx, func(bool) error {
-		_, _, err := c.m.Declare(ctx, name, cfg, meta.DeclareOptions{By: user})
-		return err
-	})
-}
-
-func (c metaCatalog) Delete(ctx context.Context, name string) error {
-	return retryUnknown(ctx, func(again bool) error { return deleted(again, c.m.Delete(ctx, name)) })
-}
-
-// deleted is the outcome of a delete: not found on a second attempt
-// means the first one was applied.
-func deleted(again bool, err error) error {
-	if again && errors.Is(err, &wire.Error{Code: wire.CodeNotFound}) {
-		return nil
-	}
+	_, _, err := c.m.Declare(ctx, name, cfg, meta.DeclareOptions{By: user})
 	return err
 }
 
-// unknownAttempts bounds the attempts of retryUnknown.
-const unknownAttempts = 3
-
-// retryUnknown calls op until it returns anything but meta.ErrNoQuorum,
-// at most unknownAttempts times while ctx lasts; op is told whether an
-// attempt came before.
-func retryUnknown(ctx context.Context, op func(again bool) error) error {
-	var err error
-	for i := range unknownAttempts {
-		if err = op(i > 0); !errors.Is(err, meta.ErrNoQuorum) || ctx.Err() != nil {
-			return err
-		}
-	}
-	return err
-}
+func (c metaCatalog) Delete(ctx context.Context, name string) error { return c.m.Delete(ctx, name) }
 
 func (c metaCatalog) Sync(ctx context.Context) error { return c.m.Sync(ctx) }
 
