@@ -36,7 +36,10 @@ func startSecureAPI(t *testing.T, edit func(*node.Config)) *secureAPI {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Close() })
-	return &secureAPI{t: t, n: n, url: n.HTTPURL(), hc: &http.Client{Timeout: 10 * time.Second}}
+	// Every request with a password checks an argon2id hash, which
+	// takes seconds under the race detector on a loaded machine: the
+	// timeout only catches a server that never answers.
+	return &secureAPI{t: t, n: n, url: n.HTTPURL(), hc: &http.Client{Timeout: 60 * time.Second}}
 }
 
 // call sends a request as user (none when ""), and returns the status,
