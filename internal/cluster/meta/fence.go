@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -220,8 +221,10 @@ type voterFence struct {
 // backed waits for the marks on ch (at most n of them) until the
 // leader's answer b is backed by a majority of its voters that recorded
 // the heartbeat with a fence no later than its term, and reports
-// whether it is. The leader's own mark counts, with b.Fence.
-func backed(ctx context.Context, leader string, b beatReply, ch <-chan voterFence, n int) bool {
+// whether it is, and whether a voter refused the mark as a frame it
+// does not know (a voter of the version before marks). The leader's own
+// mark counts, with b.Fence.
+func backed(ctx context.Context, leader string, b beatReply, ch <-chan voterFence, n int) (ok, old bool) {
 	voters := make(map[string]bool, len(b.Voters))
 	for _, v := range b.Voters {
 		voters[v] = true
@@ -237,11 +240,14 @@ func backed(ctx context.Context, leader string, b beatReply, ch <-chan voterFenc
 			if vf.err == nil && voters[string(vf.voter)] && vf.fence <= b.Term {
 				got++
 			}
+			if errors.Is(vf.err, ErrBadFrame) {
+				old = true
+			}
 		case <-ctx.Done():
-			return false
+			return false, old
 		}
 	}
-	return got >= need
+	return got >= need, old
 }
 
 // sawRenewal notes when this node applied a renewal of node: the

@@ -109,8 +109,17 @@ func (m *Meta) heartbeat(sent time.Time) {
 		m.renew(sent)
 		return
 	}
-	if b.Config != config || !backed(ctx, string(id), b, marks, cap(marks)) {
-		m.log.Debug("meta: heartbeat not marked by a majority of voters", "node", m.cfg.NodeID, "config", config, "leader_config", b.Config)
+	if b.Config != config {
+		return // the voter set changed: the next heartbeat carries it
+	}
+	if ok, old := backed(ctx, string(id), b, marks, cap(marks)); !ok {
+		if old {
+			// Voters of the version before marks, during a rolling
+			// upgrade: a renewal through the log binds every leader.
+			m.renew(sent)
+			return
+		}
+		m.log.Debug("meta: heartbeat not marked by a majority of voters", "node", m.cfg.NodeID)
 		return
 	}
 	m.extend(sent, epoch)

@@ -322,11 +322,16 @@ func TestBacked(t *testing.T) {
 		{"a non-voter's mark", "a", reply, []voterFence{{voter: "d", fence: 1}}, false},
 		{"failed marks", "a", reply, []voterFence{{voter: "b", err: ErrNoQuorum}, {voter: "c", err: ErrNoQuorum}}, false},
 		{"five voters need three", "a", beatReply{Term: 5, Voters: []string{"a", "b", "c", "d", "e"}}, []voterFence{{voter: "b"}, {voter: "c", fence: 9}}, false},
+		{"a voter of the version before", "a", reply, []voterFence{{voter: "b", err: ErrBadFrame}, {voter: "c", err: ErrNoQuorum}}, false},
 		{"five voters, three", "a", beatReply{Term: 5, Voters: []string{"a", "b", "c", "d", "e"}}, []voterFence{{voter: "b"}, {voter: "c", fence: 9}, {voter: "e", fence: 2}}, true},
 	} {
 		ch, n := marks(tc.marks...)
-		if got := backed(ctx, tc.leader, tc.reply, ch, n); got != tc.want {
+		if got, _ := backed(ctx, tc.leader, tc.reply, ch, n); got != tc.want {
 			t.Errorf("%s: backed %v, want %v", tc.name, got, tc.want)
 		}
+	}
+	ch, n := marks(voterFence{voter: "b", err: ErrBadFrame}, voterFence{voter: "c", err: ErrNoQuorum})
+	if ok, old := backed(ctx, "a", reply, ch, n); ok || !old {
+		t.Errorf("a mark refused as an unknown frame: backed %v, old %v; want false, true", ok, old)
 	}
 }
