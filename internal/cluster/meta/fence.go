@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -177,14 +178,25 @@ func (m *Meta) fenceRound(ctx context.Context, term uint64) (seen map[string]tim
 }
 
 // markVoters marks the heartbeat on every voter of this node's
-// configuration but leader (whose heartbeat marks it), on this node
-// itself directly, and sends each answer's fence, by voter, on the
-// returned channel.
-func (m *Meta) markVoters(ctx context.Context, leader string, config uint64) <-chan voterFence {
+// configuration but leader (whose heartbeat marks it; "" marks every
+// voter), on this node itself directly, and sends each answer's fence,
+// by voter, on the returned channel. The marks run until deadline, or
+// until every voter answered, whether or not the caller still reads the
+// answers: a voter that records a mark late still keeps the node's
+// receipts fresh for the next fencing round.
+func (m *Meta) markVoters(deadline time.Time, leader string, config uint64) <-chan voterFence {
 	f := m.raft.GetConfiguration()
 	if f.Error() != nil {
 		return nil
 	}
+	ctx, cancel := context.WithDeadline(m.ctx, deadline)
+	var wg sync.WaitGroup
+	defer func() {
+		go func() {
+			wg.Wait()
+			cancel()
+		}()
+	}()
 	voters := slices.DeleteFunc(voterServers(f.Configuration()), func(s raft.Server) bool { return string(s.ID) == leader })
 	ch := make(chan voterFence, len(voters))
 	for _, v := range voters {
@@ -192,7 +204,9 @@ func (m *Meta) markVoters(ctx context.Context, leader string, config uint64) <-c
 			ch <- voterFence{v.ID, m.mark(m.cfg.NodeID, config).Fence, nil}
 			continue
 		}
+		wg.Add(1)
 		go func() {
+			defer wg.Done()
 			var resp response
 			err := m.pool.call(ctx, string(v.ID), string(v.Address), typeMark, &request{Node: m.cfg.NodeID, Config: config}, &resp)
 			if err == nil {

@@ -76,15 +76,19 @@ func (m *Meta) heartbeat(sent time.Time) {
 	}
 	ctx, cancel := context.WithDeadline(m.ctx, sent.Add(2*m.cfg.RenewInterval))
 	defer cancel()
-	addr, id := m.raft.LeaderWithID()
-	if id == "" {
-		m.failed(ErrNotLeader, "heartbeat")
-		return
-	}
 	m.rmu.Lock()
 	config := m.beatConfig
 	m.rmu.Unlock()
-	marks := m.markVoters(ctx, string(id), config)
+	addr, id := m.raft.LeaderWithID()
+	marks := m.markVoters(sent.Add(2*m.cfg.RenewInterval), string(id), config)
+	if id == "" {
+		// No leader (an election): the marks alone keep this node's
+		// receipts fresh on the voters, so that the next leader's
+		// fencing round counts it as seen now, not before the
+		// election. They extend nothing.
+		m.failed(ErrNotLeader, "heartbeat")
+		return
+	}
 	b, err := m.beat(ctx, string(id), string(addr), config)
 	if errors.Is(err, ErrBadFrame) {
 		// A leader of a version without heartbeats: renew through the

@@ -335,3 +335,43 @@ func TestBacked(t *testing.T) {
 		t.Errorf("a mark refused as an unknown frame: backed %v, old %v; want false, true", ok, old)
 	}
 }
+
+// TestLeaderLossKeepsSurvivors: when the metadata leader is killed, the
+// new leader expires it, and only it: the surviving nodes keep marking
+// their heartbeats on the voters during the election, so the new
+// leader's fencing round counts them as seen then, not at their last
+// heartbeat to the old leader (which would expire a survivor whose
+// first heartbeat to the new leader came more than a lease after the
+// kill). Raft's timeouts are 2 s here, so that every election ends more
+// than a lease (1.2 s) after the kill.
+func TestLeaderLossKeepsSurvivors(t *testing.T) {
+	c := newCluster(t, 3, func(cfg *Config) {
+		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 2*time.Second, 2*time.Second, time.Second
+	})
+	for round := range 3 {
+		lead := c.waitLeader(30 * time.Second)
+		for _, m := range c.running() {
+			testutil.WaitForf(t, 30*time.Second, m.LeaseValid, "round %d: %s holds a lease", round, m.NodeID())
+		}
+		epochs := map[string]uint64{}
+		for _, m := range c.running() {
+			epochs[m.NodeID()], _ = m.Lease()
+		}
+		victim := lead.NodeID()
+		c.kill(victim)
+		var next *Meta
+		testutil.WaitForf(t, 30*time.Second, func() bool {
+			next = c.leader()
+			return next != nil && next.State().Nodes[victim].Expired
+		}, "round %d: the new leader expires %s", round, victim)
+		for id, e := range epochs {
+			if id == victim {
+				continue
+			}
+			if n := next.State().Nodes[id]; n.Expired || n.Epoch != e {
+				t.Errorf("round %d: survivor %s expired by the new leader %s: %+v, epoch was %d", round, id, next.NodeID(), n, e)
+			}
+		}
+		c.start(victim, 0)
+	}
+}
