@@ -197,8 +197,9 @@ func (m *Meta) extend(sent time.Time, epoch uint64) {
 }
 
 // beatReply is the leader's answer to a heartbeat: the node's record as
-// the leader has it, the leader's term, its configuration (index and
-// voters), and its fence when it recorded the heartbeat as a voter.
+// the leader has it, the leader's term, its voters and their
+// fingerprint (voterSet), and its fence when it recorded the heartbeat
+// as a voter.
 type beatReply struct {
 	Epoch  uint64   `json:"epoch"`
 	Live   bool     `json:"live"`
