@@ -79,6 +79,13 @@ func (m *Meta) heartbeat(sent time.Time) {
 	m.rmu.Lock()
 	config := m.beatConfig
 	m.rmu.Unlock()
+	if config == 0 {
+		// No leader answered yet: this node's own voter set, which
+		// the leader's answer confirms or corrects.
+		if f := m.raft.GetConfiguration(); f.Error() == nil {
+			_, config = voterSet(f.Configuration())
+		}
+	}
 	addr, id := m.raft.LeaderWithID()
 	marks := m.markVoters(sent.Add(2*m.cfg.RenewInterval), string(id), config)
 	if id == "" {
