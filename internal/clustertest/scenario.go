@@ -78,7 +78,7 @@ func Scenarios() []Scenario {
 			Nemeses: []Nemesis{Kill{Node: Random}}, Hold: 5 * time.Second, Gap: 10 * time.Second, Grace: 5 * time.Second},
 		{Name: "cluster-meta-leader", Doc: "3-node cluster: kill -9 of the metadata leader", Cluster: true, Workload: clustered,
 			Nemeses: []Nemesis{KillMetaLeader{}}, Hold: 5 * time.Second, Gap: 10 * time.Second, Grace: 5 * time.Second},
-		{Name: "cluster-pause", Doc: "3-node cluster: SIGSTOP of a random node for 3–6 s, past its 4.5 s lease", Cluster: true, Workload: clustered,
+		{Name: "cluster-pause", Doc: "3-node cluster: SIGSTOP of a random node for 3–6 s, past its 1.2 s liveness lease", Cluster: true, Workload: clustered,
 			Nemeses: []Nemesis{Pause{Node: Random}}, Hold: 6 * time.Second, Gap: 10 * time.Second, Grace: 5 * time.Second},
 		{Name: "cluster-partition", Doc: "3-node cluster: one node isolated, a minority split off, a bridge, flapping every 5 s", Cluster: true, Workload: clustered,
 			Nemeses: []Nemesis{Isolate{Node: Random}, Split{}, Bridge{}, Flap{Period: 5 * time.Second}}, Hold: 8 * time.Second, Gap: 10 * time.Second, Grace: 5 * time.Second},

@@ -82,7 +82,10 @@ type fsm struct {
 	// onRenew, if set, runs when a renewal is applied (the leader's
 	// liveness monitor notes when it saw each node).
 	onRenew func(node string)
-	maxSnap int64
+	// onRestore, if set, runs when a snapshot was restored (renewals
+	// in it were applied without onRenew).
+	onRestore func()
+	maxSnap   int64
 
 	mu      sync.RWMutex
 	st      State
@@ -475,6 +478,9 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.mu.Unlock()
 	if f.obs != nil {
 		f.obs.Restore(st.clone())
+	}
+	if f.onRestore != nil {
+		f.onRestore()
 	}
 	f.advance(st.Index)
 	return nil

@@ -14,14 +14,41 @@ func FuzzReadFrame(f *testing.F) {
 	writeFrame(&ok, typeApply, request{TimeoutMS: 10, Command: &command{V: 1, Op: opDeclare, Name: "x"}})
 	f.Add(ok.Bytes())
 	var beat bytes.Buffer
-	writeFrame(&beat, typeBeat, request{TimeoutMS: 500, Node: "n1"})
+	writeFrame(&beat, typeBeat, request{TimeoutMS: 500, Node: "n1", Config: 9, Marks: true})
 	f.Add(beat.Bytes())
+	var mark, fence bytes.Buffer
+	writeFrame(&mark, typeMark, request{TimeoutMS: 500, Node: "n1", Config: 9})
+	f.Add(mark.Bytes())
+	writeFrame(&fence, typeFence, request{TimeoutMS: 500, Term: 4})
+	f.Add(fence.Bytes())
 	f.Add([]byte{protoVersion, typeApply, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{2, typeRead, 0, 0, 0, 2, '{', '}'})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var req request
 		if _, err := readFrame(bytes.NewReader(b), &req, nil); err == nil && len(b) > frameHeader+maxFrame {
 			t.Fatalf("a frame of %d bytes read", len(b))
+		}
+	})
+}
+
+// FuzzReadResponse: any bytes a peer answers with give a response or
+// an error, never a panic or an allocation past maxFrame; a fencing
+// reply's receipts stay within the frame.
+func FuzzReadResponse(f *testing.F) {
+	for _, r := range []response{
+		{Beat: &beatReply{Epoch: 2, Live: true, Term: 3, Config: 9, Voters: []string{"n1", "n2", "n3"}, Fence: 3}},
+		{Mark: &markReply{Fence: 3}},
+		{Fence: &fenceReply{Receipts: map[string]fenceAge{"n1": {AgeNS: 1e8, Config: 9}, "n2": {AgeNS: -1}}}},
+		{Err: &errInfo{Kind: "stale", Msg: "meta: stale"}},
+	} {
+		var b bytes.Buffer
+		writeFrame(&b, typeOK, r)
+		f.Add(b.Bytes())
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var resp response
+		if _, err := readFrame(bytes.NewReader(b), &resp, nil); err == nil && resp.Fence != nil && len(resp.Fence.Receipts) > maxFrame {
+			t.Fatalf("%d receipts in a frame", len(resp.Fence.Receipts))
 		}
 	})
 }

@@ -10,17 +10,19 @@ import (
 )
 
 // LeaseValid reports whether this node holds a valid liveness lease:
-// its last heartbeat answered by a leader (or renewal applied by the
-// group) was sent less than LeaseDuration-LeaseMargin ago, on this node's
+// its last heartbeat that the leader answered live in its epoch, and a
+// majority of the leader's voters marked under a fence no later than the
+// leader's term (see fence.go), or its last renewal the group applied,
+// was sent less than LeaseDuration-LeaseMargin ago, on this node's
 // monotonic clock. The leader that answered expires the node no earlier
 // than LeaseDuration after it received that heartbeat, which came after
-// the node sent it; it answered only after a quorum confirmed it still
-// led, so any later leader was elected after the receipt, and it
-// expires no one before LeaseDuration has passed in its own term. So a
-// node that cannot reach the leader stops trusting its lease at least
-// LeaseMargin before anyone else may act on its expiry (given clock
-// rates within that margin). Whatever the node does with the lease's
-// authority carries [Meta.Lease]'s epoch.
+// the node sent it; a later leader counts the node as seen no earlier
+// than the latest receipt among a majority of voters, which includes
+// one of the voters that marked it. So a node that cannot reach the
+// leader stops trusting its lease at least LeaseMargin before anyone
+// else may act on its expiry (given clock rates within that margin).
+// Whatever the node does with the lease's authority carries
+// [Meta.Lease]'s epoch.
 func (m *Meta) LeaseValid() bool {
 	_, ok := m.Lease()
 	return ok
@@ -58,10 +60,12 @@ func (m *Meta) renewLoop() {
 	}
 }
 
-// heartbeat sends one heartbeat; the lease is extended from sent if the
-// leader, confirmed by a quorum, found the record live in this node's
-// epoch. A record that is not (none yet, or expired) is renewed through
-// the log instead.
+// heartbeat sends one heartbeat to the leader and marks it on every
+// voter (see fence.go); the lease is extended from sent if the leader,
+// confirmed by a quorum, found the record live in this node's epoch, and
+// a majority of its voters recorded the heartbeat before any later
+// leader fenced them. A record that is not live (none yet, or expired),
+// or a leader of an older version, is renewed through the log instead.
 func (m *Meta) heartbeat(sent time.Time) {
 	m.lmu.Lock()
 	epoch := m.epoch
@@ -72,7 +76,27 @@ func (m *Meta) heartbeat(sent time.Time) {
 	}
 	ctx, cancel := context.WithDeadline(m.ctx, sent.Add(2*m.cfg.RenewInterval))
 	defer cancel()
-	b, err := m.beat(ctx)
+	m.rmu.Lock()
+	config := m.beatConfig
+	m.rmu.Unlock()
+	if config == 0 {
+		// No leader answered yet: this node's own voter set, which
+		// the leader's answer confirms or corrects.
+		if f := m.raft.GetConfiguration(); f.Error() == nil {
+			_, config = voterSet(f.Configuration())
+		}
+	}
+	addr, id := m.raft.LeaderWithID()
+	marks := m.markVoters(sent.Add(2*m.cfg.RenewInterval), string(id), config)
+	if id == "" {
+		// No leader (an election): the marks alone keep this node's
+		// receipts fresh on the voters, so that the next leader's
+		// fencing round counts it as seen now, not before the
+		// election. They extend nothing.
+		m.failed(ErrNotLeader, "heartbeat")
+		return
+	}
+	b, err := m.beat(ctx, string(id), string(addr), config)
 	if errors.Is(err, ErrBadFrame) {
 		// A leader of a version without heartbeats: renew through the
 		// log, as it expects.
@@ -83,25 +107,43 @@ func (m *Meta) heartbeat(sent time.Time) {
 		m.failed(err, "heartbeat")
 		return
 	}
+	if b.Term == 0 {
+		// A leader of a version without fencing rounds: its answer
+		// alone does not bind the leaders after it.
+		m.renew(sent)
+		return
+	}
+	m.rmu.Lock()
+	m.beatConfig = b.Config
+	m.rmu.Unlock()
 	if !b.Live || b.Epoch != epoch {
 		m.renew(sent)
+		return
+	}
+	if b.Config != config {
+		return // the voter set changed: the next heartbeat carries it
+	}
+	if ok, old := backed(ctx, string(id), b, marks, cap(marks)); !ok {
+		if old {
+			// Voters of the version before marks, during a rolling
+			// upgrade: a renewal through the log binds every leader.
+			m.renew(sent)
+			return
+		}
+		m.log.Debug("meta: heartbeat not marked by a majority of voters", "node", m.cfg.NodeID)
 		return
 	}
 	m.extend(sent, epoch)
 }
 
-// beat sends a heartbeat to the leader, or takes it here if this node
-// leads.
-func (m *Meta) beat(ctx context.Context) (beatReply, error) {
-	addr, id := m.raft.LeaderWithID()
-	switch {
-	case id == "":
-		return beatReply{}, ErrNotLeader
-	case string(id) == m.cfg.NodeID:
-		return m.beatLeader(ctx, m.cfg.NodeID)
+// beat sends a heartbeat to the leader id at addr, or takes it here if
+// this node leads.
+func (m *Meta) beat(ctx context.Context, id, addr string, config uint64) (beatReply, error) {
+	if id == m.cfg.NodeID {
+		return m.beatLeader(ctx, m.cfg.NodeID, config)
 	}
 	var resp response
-	if err := m.pool.call(ctx, string(id), string(addr), typeBeat, &request{Node: m.cfg.NodeID}, &resp); err != nil {
+	if err := m.pool.call(ctx, id, addr, typeBeat, &request{Node: m.cfg.NodeID, Config: config, Marks: true}, &resp); err != nil {
 		return beatReply{}, err
 	}
 	if err := resp.Err.err(); err != nil {
@@ -162,20 +204,27 @@ func (m *Meta) extend(sent time.Time, epoch uint64) {
 }
 
 // beatReply is the leader's answer to a heartbeat: the node's record as
-// the leader has it.
+// the leader has it, the leader's term, its voters and their
+// fingerprint (voterSet), and its fence when it recorded the heartbeat
+// as a voter.
 type beatReply struct {
-	Epoch uint64 `json:"epoch"`
-	Live  bool   `json:"live"`
+	Epoch  uint64   `json:"epoch"`
+	Live   bool     `json:"live"`
+	Term   uint64   `json:"term,omitempty"`
+	Config uint64   `json:"config,omitempty"`
+	Voters []string `json:"voters,omitempty"`
+	Fence  uint64   `json:"fence,omitempty"`
 }
 
-// beatLeader takes a heartbeat of node on this node, which must lead in
-// a term whose start it has applied (see startTerm). It notes the
-// receipt on this node's monotonic clock, then confirms with a quorum
-// that it still leads (Raft's heartbeats, no write): a leader elected
-// later was elected after this receipt, and it expires no one before a
-// whole lease has passed in its term. A node whose expiry is under way
-// gets no answer.
-func (m *Meta) beatLeader(ctx context.Context, node string) (beatReply, error) {
+// beatLeader takes a heartbeat of node, sent with the configuration
+// index config, on this node, which must lead in a term whose start it
+// has applied (see startTerm). It marks the heartbeat as a voter, notes
+// the receipt on this node's monotonic clock, then confirms with a
+// quorum that it still leads (Raft's heartbeats, no write), so that what
+// it answers is the state of the current leader. A node whose expiry is
+// under way gets no answer.
+func (m *Meta) beatLeader(ctx context.Context, node string, config uint64) (beatReply, error) {
+	mark := m.mark(node, config)
 	if m.raft.State() != raft.Leader {
 		return beatReply{}, ErrNotLeader
 	}
@@ -208,17 +257,13 @@ func (m *Meta) beatLeader(ctx context.Context, node string) (beatReply, error) {
 	if removed {
 		return beatReply{}, fmt.Errorf("%w: %q", ErrRemoved, node)
 	}
-	return beatReply{Epoch: n.Epoch, Live: ok && !n.Expired}, nil
-}
-
-// sawRenewal notes when this node applied a renewal of node: the leader
-// expires node LeaseDuration after that at the earliest.
-func (m *Meta) sawRenewal(node string) {
-	m.smu.Lock()
-	if now := time.Now(); now.After(m.seen[node]) {
-		m.seen[node] = now
+	f := m.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return beatReply{}, mapRaftErr(err)
 	}
-	m.smu.Unlock()
+	b := beatReply{Epoch: n.Epoch, Live: ok && !n.Expired, Term: term, Fence: mark.Fence}
+	b.Voters, b.Config = voterSet(f.Configuration())
+	return b, nil
 }
 
 // leaderLoop runs the leader's liveness duties while this node leads:
@@ -261,27 +306,28 @@ func (m *Meta) memberLoop() {
 	}
 }
 
-// startTerm readies a term this node leads, once: every node counts as
-// seen now (the receipts of the leaders before it are not known here),
-// and the state is brought up to the log with a barrier, so that what it
-// answers heartbeats with includes every expiry committed before, and
-// any expiry a former leader left in the log is decided. It reports
-// whether the term is ready.
+// startTerm readies a term this node leads, once. The state is brought
+// up to the log with a barrier, so that what it answers heartbeats with
+// includes every expiry committed before, and any expiry a former leader
+// left in the log is decided. Then one fencing round (fence.go) tells
+// when each node's last heartbeat was received by the voters: a node
+// counts as seen then, or when this node last applied its renewal if
+// that is later, but no later than the term's start. A node without a
+// receipt of this configuration, or every node if no majority answered,
+// counts as seen at the term's start: any heartbeat a former leader
+// answered was received before this term's election. It reports whether
+// the term is ready.
 func (m *Meta) startTerm() bool {
 	term := m.raft.CurrentTerm()
 	m.smu.Lock()
 	ready := m.readyTerm == term
 	if !ready && m.startingTerm != term {
 		m.readyTerm, m.startingTerm = 0, term
-		now := time.Now()
+		m.termStart = time.Now()
 		m.seen = map[string]time.Time{}
-		m.fsm.read(func(st *State) {
-			for name := range st.Nodes {
-				m.seen[name] = now
-			}
-		})
 		m.expiring = map[string]bool{}
 	}
+	start := m.termStart
 	m.smu.Unlock()
 	if ready {
 		return true
@@ -289,11 +335,49 @@ func (m *Meta) startTerm() bool {
 	if err := m.raft.Barrier(m.cfg.LeaseDuration).Error(); err != nil || m.raft.CurrentTerm() != term {
 		return false
 	}
+	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.LeaseDuration)
+	fenced, ok := m.fenceRound(ctx, term)
+	cancel()
+	if m.raft.CurrentTerm() != term {
+		return false
+	}
+	var nodes []string
+	m.fsm.read(func(st *State) {
+		for name := range st.Nodes {
+			nodes = append(nodes, name)
+		}
+	})
 	m.smu.Lock()
+	for _, name := range nodes {
+		if seen := termSeen(start, fenced, name, m.lastRenewal(name)); seen.After(m.seen[name]) {
+			// (A renewal this leader applied since its term started
+			// is noted in seen already, and may be later.)
+			m.seen[name] = seen
+		}
+	}
 	m.readyTerm = term
 	m.smu.Unlock()
-	m.log.Debug("meta: leading", "node", m.cfg.NodeID, "term", term)
+	m.log.Debug("meta: leading", "node", m.cfg.NodeID, "term", term, "fenced", ok)
 	return true
+}
+
+// termSeen returns when a leader whose term started at start counts
+// node as seen: its latest receipt among the voters of a fencing round
+// (fenced), or when the leader last applied its renewal (renewed) if
+// that is later, but no later than start; start if the round gave no
+// receipt of the node.
+func termSeen(start time.Time, fenced map[string]time.Time, node string, renewed time.Time) time.Time {
+	at, ok := fenced[node]
+	if !ok {
+		return start
+	}
+	if renewed.After(at) {
+		at = renewed
+	}
+	if at.After(start) {
+		return start
+	}
+	return at
 }
 
 // expireNodes bumps the epoch of every node whose last heartbeat this

@@ -75,11 +75,13 @@ type Config struct {
 	CommitTimeout time.Duration
 	// RenewInterval, LeaseDuration and LeaseMargin time the liveness
 	// leases (defaults 200 ms, 1.2 s, 0.4 s): a node sends the leader a
-	// heartbeat every RenewInterval (not through the log); the leader
-	// expires a record LeaseDuration after it received the last one, or
-	// after its term started if none came since; the node itself stops
+	// heartbeat every RenewInterval (not through the log), and marks it
+	// on every voter; the leader expires a record LeaseDuration after it
+	// received the last one, or, if none came in its term, after the
+	// latest receipt a majority of voters reported when its term started
+	// (after the term's start if they knew none); the node itself stops
 	// trusting its lease LeaseDuration-LeaseMargin after it sent the
-	// last heartbeat the leader answered.
+	// last heartbeat the leader answered and a majority marked.
 	RenewInterval, LeaseDuration, LeaseMargin time.Duration
 	// SnapshotThreshold and SnapshotInterval: a snapshot is taken when
 	// this many entries were written since the last one, checked every
@@ -172,11 +174,24 @@ type Meta struct {
 	// dmu is held by each round of the leader's liveness duties
 	// (leaderLoop): tests hold it to run them by hand.
 	dmu          sync.Mutex
-	smu          sync.Mutex // guards seen, expiring, readyTerm, startingTerm
+	smu          sync.Mutex // guards seen, expiring, readyTerm, startingTerm, termStart
 	seen         map[string]time.Time
 	expiring     map[string]bool
-	readyTerm    uint64 // the term this node leads and has started, or 0
-	startingTerm uint64 // the last term startTerm began
+	readyTerm    uint64    // the term this node leads and has started, or 0
+	startingTerm uint64    // the last term startTerm began
+	termStart    time.Time // when startTerm began startingTerm
+
+	// rmu guards this node's record as a voter of the heartbeats it
+	// received (receipts), the highest term whose fencing round it
+	// answered (fence), when it applied each node's last renewal
+	// (renewedAt, or restoredAt for a snapshot), and the configuration
+	// index of the last leader answer this node had (beatConfig).
+	rmu        sync.Mutex
+	receipts   map[string]receipt
+	fence      uint64
+	renewedAt  map[string]time.Time
+	restoredAt time.Time
+	beatConfig uint64
 
 	mmu     sync.Mutex // guards members
 	members []Member
@@ -200,7 +215,7 @@ func New(cfg Config) (*Meta, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("meta: %w", err)
 	}
-	m := &Meta{cfg: cfg, log: cfg.Log, done: make(chan struct{}), conns: map[net.Conn]struct{}{}, seen: map[string]time.Time{}, expiring: map[string]bool{}, started: time.Now(), nudge: make(chan struct{}, 1)}
+	m := &Meta{cfg: cfg, log: cfg.Log, done: make(chan struct{}), conns: map[net.Conn]struct{}{}, seen: map[string]time.Time{}, receipts: map[string]receipt{}, renewedAt: map[string]time.Time{}, expiring: map[string]bool{}, started: time.Now(), nudge: make(chan struct{}, 1)}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.pool.m = m
 	hl := hclog.New(&hclog.LoggerOptions{Name: "meta-raft", Level: hclog.Warn, Output: slogWriter{cfg.Log}, DisableTime: true})
@@ -216,6 +231,7 @@ func New(cfg Config) (*Meta, error) {
 	m.store = store
 	m.fsm = newFSM(cfg.Observer, cfg.MaxSnapshotBytes)
 	m.fsm.onRenew = m.sawRenewal
+	m.fsm.onRestore = m.sawRestore
 	m.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: cfg.Stream, MaxPool: 3, Timeout: 5 * time.Second, Logger: hl,
 	})

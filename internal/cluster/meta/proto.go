@@ -41,7 +41,9 @@ const (
 	typeRead   byte = 2 // body: request{}; answer: response{Index} (the read index)
 	typeStatus byte = 3 // body: request{Node: the asker}; answer: response{Status}
 	typeRemove byte = 4 // body: request{Node}; answer: response{Index}
-	typeBeat   byte = 5 // body: request{Node: the sender}; answer: response{Beat}
+	typeBeat   byte = 5 // body: request{Node: the sender, Config, Marks}; answer: response{Beat}
+	typeMark   byte = 6 // body: request{Node: the sender, Config}; answer: response{Mark}
+	typeFence  byte = 7 // body: request{Term}; answer: response{Fence}
 	typeOK     byte = 0x80
 	typeError  byte = 0x81
 )
@@ -64,14 +66,24 @@ type request struct {
 	TimeoutMS int64    `json:"timeout_ms"`
 	Command   *command `json:"command,omitempty"`
 	Node      string   `json:"node,omitempty"`
+	// Config is, in a heartbeat or mark, the configuration index of
+	// the last leader answer the sender had.
+	Config uint64 `json:"config,omitempty"`
+	// Marks is set on a heartbeat whose sender also marks it on every
+	// voter (see markVoters); a leader refuses a heartbeat without.
+	Marks bool `json:"marks,omitempty"`
+	// Term is the term of a fencing round.
+	Term uint64 `json:"term,omitempty"`
 }
 
 type response struct {
-	Index  uint64     `json:"index,omitempty"`
-	Result *result    `json:"result,omitempty"`
-	Status *Status    `json:"status,omitempty"`
-	Beat   *beatReply `json:"beat,omitempty"`
-	Err    *errInfo   `json:"error,omitempty"`
+	Index  uint64      `json:"index,omitempty"`
+	Result *result     `json:"result,omitempty"`
+	Status *Status     `json:"status,omitempty"`
+	Beat   *beatReply  `json:"beat,omitempty"`
+	Mark   *markReply  `json:"mark,omitempty"`
+	Fence  *fenceReply `json:"fence,omitempty"`
+	Err    *errInfo    `json:"error,omitempty"`
 }
 
 // Status is what a node says of itself to a peer deciding whether to
@@ -323,11 +335,28 @@ func (m *Meta) handle(typ byte, req *request, peer string) response {
 		if req.Node == "" || peer != "" && req.Node != peer {
 			return response{Err: encodeError(fmt.Errorf("%w: node %q may not send a heartbeat for %q", ErrBadFrame, peer, req.Node))}
 		}
-		b, err := m.beatLeader(ctx, req.Node)
+		if !req.Marks {
+			// A node of an older version, which trusts this answer
+			// alone: it falls back to renewals through the log.
+			return response{Err: encodeError(fmt.Errorf("%w: heartbeat without marks", ErrBadFrame))}
+		}
+		b, err := m.beatLeader(ctx, req.Node, req.Config)
 		if err != nil {
 			return response{Err: encodeError(err)}
 		}
 		return response{Beat: &b}
+	case typeMark:
+		if req.Node == "" || peer != "" && req.Node != peer {
+			return response{Err: encodeError(fmt.Errorf("%w: node %q may not mark a heartbeat for %q", ErrBadFrame, peer, req.Node))}
+		}
+		r := m.mark(req.Node, req.Config)
+		return response{Mark: &r}
+	case typeFence:
+		f, err := m.answerFence(req.Term, peer)
+		if err != nil {
+			return response{Err: encodeError(err)}
+		}
+		return response{Fence: &f}
 	}
 	return response{Err: encodeError(fmt.Errorf("%w: unknown type %d", ErrBadFrame, typ))}
 }

@@ -162,19 +162,47 @@ func TestPeerIdentityLimitsCommands(t *testing.T) {
 		}
 	}
 	// A heartbeat too: only for the sender's own record, once the
-	// leader has started its term.
+	// leader has started its term, and only from a node that marks it
+	// on the voters (one of an older version renews through the log).
 	n1 := lead.cfg.NodeID
-	testutil.WaitForf(t, 15*time.Second, func() bool {
-		return lead.handle(typeBeat, &request{TimeoutMS: 5000, Node: n1}, n1).Err == nil
-	}, "the leader answers heartbeats")
-	if resp := lead.handle(typeBeat, &request{TimeoutMS: 5000, Node: "n1"}, "n9"); resp.Err == nil || !errors.Is(resp.Err.err(), ErrBadFrame) {
+	beat := func(node, peer string) response {
+		return lead.handle(typeBeat, &request{TimeoutMS: 5000, Node: node, Marks: true}, peer)
+	}
+	testutil.WaitForf(t, 15*time.Second, func() bool { return beat(n1, n1).Err == nil }, "the leader answers heartbeats")
+	if resp := beat("n1", "n9"); resp.Err == nil || !errors.Is(resp.Err.err(), ErrBadFrame) {
 		t.Errorf("heartbeat for n1 from n9: %+v", resp.Err)
 	}
-	if resp := lead.handle(typeBeat, &request{TimeoutMS: 5000, Node: "n9"}, "n9"); resp.Err != nil || resp.Beat == nil || !resp.Beat.Live {
+	if resp := lead.handle(typeBeat, &request{TimeoutMS: 5000, Node: "n9"}, "n9"); resp.Err == nil || !errors.Is(resp.Err.err(), ErrBadFrame) {
+		t.Errorf("heartbeat without marks: %+v", resp.Err)
+	}
+	if resp := beat("n9", "n9"); resp.Err != nil || resp.Beat == nil || !resp.Beat.Live || resp.Beat.Term != lead.raft.CurrentTerm() || len(resp.Beat.Voters) != 3 {
 		t.Errorf("heartbeat of n9 (renewed above) from n9: %+v %+v", resp.Err, resp.Beat)
 	}
-	resp := lead.handle(typeBeat, &request{TimeoutMS: 5000, Node: n1}, n1)
+	resp := beat(n1, n1)
 	if e, _ := lead.Lease(); resp.Err != nil || resp.Beat == nil || !resp.Beat.Live || resp.Beat.Epoch != e {
 		t.Errorf("heartbeat of the leader %s from itself: %+v %+v, epoch %d", n1, resp.Err, resp.Beat, e)
+	}
+
+	// Marks: only of the sender's own heartbeats.
+	f := c.follower()
+	if resp := f.handle(typeMark, &request{TimeoutMS: 5000, Node: "n1"}, "n9"); resp.Err == nil || !errors.Is(resp.Err.err(), ErrBadFrame) {
+		t.Errorf("mark for n1 from n9: %+v", resp.Err)
+	}
+	if resp := f.handle(typeMark, &request{TimeoutMS: 5000, Node: "n9", Config: 7}, "n9"); resp.Err != nil || resp.Mark == nil {
+		t.Errorf("mark of n9 from n9: %+v", resp.Err)
+	}
+	// Fencing rounds: only from the leader the voter follows, in its
+	// term; a node that is not the leader cannot fence the heartbeats
+	// the leader answers.
+	term := f.raft.CurrentTerm()
+	if resp := f.handle(typeFence, &request{TimeoutMS: 5000, Term: term}, "n9"); resp.Err == nil || !errors.Is(resp.Err.err(), ErrNotLeader) {
+		t.Errorf("fencing round from n9, not the leader: %+v", resp.Err)
+	}
+	if resp := f.handle(typeFence, &request{TimeoutMS: 5000, Term: term + 1}, n1); resp.Err == nil || !errors.Is(resp.Err.err(), ErrStale) {
+		t.Errorf("fencing round of a term to come: %+v", resp.Err)
+	}
+	resp = f.handle(typeFence, &request{TimeoutMS: 5000, Term: term}, n1)
+	if resp.Err != nil || resp.Fence == nil || resp.Fence.Receipts["n9"].Config != 7 {
+		t.Errorf("fencing round from the leader %s: %+v %+v", n1, resp.Err, resp.Fence)
 	}
 }
