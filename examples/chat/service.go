@@ -27,7 +27,7 @@ import (
 const (
 	roomPrefix     = "room."
 	presencePrefix = "presence."
-	userPrefix = "user."
+	userPrefix     = "user."
 	// SayExchange is the pub-sub exchange pages send lines to, under
 	// the room's name.
 	SayExchange = "chat.say"
