@@ -573,7 +573,9 @@ func checkChat(t *testing.T, cfg bench.Config) *bench.UsersResult {
 	return res
 }
 
-func TestUsersChatEcho(t *testing.T) { checkChat(t, tinyChat(bench.Target{Kind: bench.KindEcho}, false)) }
+func TestUsersChatEcho(t *testing.T) {
+	checkChat(t, tinyChat(bench.Target{Kind: bench.KindEcho}, false))
+}
 
 func TestUsersChatEmbedded(t *testing.T) {
 	checkChat(t, tinyChat(bench.Target{Kind: bench.KindEmbedded}, false))

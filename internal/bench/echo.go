@@ -25,7 +25,7 @@ type echoDriver struct {
 
 	mu     sync.Mutex // guards pong, subs, users, queues, done
 	pong   []byte
-	subs   []*echoSub       // by subscriber
+	subs   []*echoSub            // by subscriber
 	users  map[string][]*echoSub // by routing key
 	queues map[string]*echoQueue
 	done   bool

@@ -101,13 +101,13 @@ type UsersResult struct {
 	PublishRate float64 `json:"publish_rate_per_user"`
 	// RoomSize, RoomsPerUser and Rooms (how many there were) describe a
 	// chat run; RoomSize is 0 for messages from user to user.
-	RoomSize     int  `json:"room_size,omitempty"`
-	RoomsPerUser int  `json:"rooms_per_user,omitempty"`
-	Rooms        int  `json:"rooms,omitempty"`
-	WS           bool `json:"websocket,omitempty"`
-	Workers     int     `json:"workers"`
-	Duration    float64 `json:"duration_s"`
-	ThresholdMs float64 `json:"threshold_ms"`
+	RoomSize     int     `json:"room_size,omitempty"`
+	RoomsPerUser int     `json:"rooms_per_user,omitempty"`
+	Rooms        int     `json:"rooms,omitempty"`
+	WS           bool    `json:"websocket,omitempty"`
+	Workers      int     `json:"workers"`
+	Duration     float64 `json:"duration_s"`
+	ThresholdMs  float64 `json:"threshold_ms"`
 	// Connected is the number of users that connected; ConnectErrors of
 	// those that could not.
 	Connected      int64   `json:"connected"`
@@ -146,7 +146,7 @@ type usersRun struct {
 	end   time.Time
 	ping  []byte
 
-	ready                             []atomic.Bool // by user: connected and subscribed
+	ready                             []atomic.Bool  // by user: connected and subscribed
 	rooms                             [][]int        // by user, with RoomSize: its rooms
 	members                           []atomic.Int64 // by room: users connected and subscribed
 	expected                          atomic.Int64   // deliveries the publishes so far should make
