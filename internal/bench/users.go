@@ -375,9 +375,7 @@ func assignRooms(users, size, perUser int, rnd *rand.Rand) ([][]int, int) {
 	rooms := make([][]int, users)
 	for i, c := range counts {
 		c = min(c, n)
-		for _, r := range rnd.Perm(n)[:c] {
-			rooms[i] = append(rooms[i], r)
-		}
+		rooms[i] = rnd.Perm(n)[:c]
 	}
 	return rooms, n
 }
