@@ -496,5 +496,12 @@ func (res *UsersResult) Metrics() []Metric {
 
 // Timeline returns the run's samples.
 func (res *UsersResult) Timeline() Timeline {
-	return Timeline{Title: fmt.Sprintf("users: %s, %d users", res.Target, res.Users), Samples: res.Samples}
+	title := fmt.Sprintf("users: %s, %d users", res.Target, res.Users)
+	if res.RoomSize > 0 {
+		title += fmt.Sprintf(" in rooms of %d", res.RoomSize)
+	}
+	if res.WS {
+		title += ", over WebSocket"
+	}
+	return Timeline{Title: title, Samples: res.Samples}
 }

@@ -35,3 +35,12 @@ func TestAssignRooms(t *testing.T) {
 		t.Errorf("3 users: %d rooms, %v", n, rooms)
 	}
 }
+
+// TestUsersTimelineTitle: the chart says a chat over WebSocket.
+func TestUsersTimelineTitle(t *testing.T) {
+	res := &UsersResult{Users: 10, RoomSize: 5, WS: true}
+	res.Target = "embedded"
+	if got, want := res.Timeline().Title, "users: embedded, 10 users in rooms of 5, over WebSocket"; got != want {
+		t.Errorf("title %q, want %q", got, want)
+	}
+}
