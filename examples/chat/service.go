@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/courier-mq/courier"
 )
@@ -145,15 +146,9 @@ func (s *Service) relay(d *courier.Delivery) {
 	if !ok {
 		return
 	}
-	var l Line
-	if err := json.Unmarshal(d.Body, &l); err != nil || !validName(l.From) || s.banned[l.From] {
+	l, ok := parseLine(d.Body)
+	if !ok || s.banned[l.From] {
 		return
-	}
-	if len(l.Text) > maxText {
-		l.Text = l.Text[:maxText]
-	}
-	if l.TS == 0 {
-		l.TS = time.Now().UnixMilli()
 	}
 	s.record(d.Key, l)
 	body, _ := json.Marshal(l)
@@ -164,6 +159,27 @@ func (s *Service) relay(d *courier.Delivery) {
 
 // maxText bounds a line's text, in bytes.
 const maxText = 2000
+
+// parseLine reads a line a page sent: JSON with a valid author. Its
+// text is cut to maxText bytes (on a rune boundary), and a missing
+// time is now.
+func parseLine(body []byte) (Line, bool) {
+	var l Line
+	if len(body) > 4*maxText || json.Unmarshal(body, &l) != nil || !validName(l.From) {
+		return Line{}, false
+	}
+	if len(l.Text) > maxText {
+		cut := maxText
+		for cut > 0 && !utf8.RuneStart(l.Text[cut]) {
+			cut--
+		}
+		l.Text = l.Text[:cut]
+	}
+	if l.TS <= 0 {
+		l.TS = time.Now().UnixMilli()
+	}
+	return l, true
+}
 
 // moderate is the rooms' controller: it refuses a banned user's
 // subscription, and any subscription to patterns other than the room's

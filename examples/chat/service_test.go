@@ -189,3 +189,40 @@ func TestValidName(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayAfterRestart: lines sent while the service is away wait in
+// its durable subscription to chat.say and are relayed and kept when it
+// comes back.
+func TestRelayAfterRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n, err := node.Start(node.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	cfg := Config{Rooms: []string{"lobby"}}
+	first := n.Connect()
+	if _, err := Start(ctx, first, cfg); err != nil {
+		t.Fatal(err)
+	}
+	first.Close() // the service goes away
+	c := dial(t, n, "alice")
+	say, err := c.PubSub(ctx, SayExchange, courier.Passive())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := say.PublishSync(ctx, courier.Message{Key: "lobby", Body: []byte(`{"from":"alice","text":"anyone?","ts":7}`)}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Start(ctx, n.Connect(), cfg)
+	if err != nil {
+		t.Fatalf("the service again: %v", err)
+	}
+	if !testutil.Eventually(10*time.Second, func() bool {
+		h := s.History("lobby")
+		return len(h) == 1 && h[0].Text == "anyone?"
+	}) {
+		t.Fatalf("history after the restart: %+v, want the line sent meanwhile", s.History("lobby"))
+	}
+}
