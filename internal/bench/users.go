@@ -247,9 +247,10 @@ func runUsers(ctx context.Context, cfg *Config, res *UsersResult) error {
 	stop()
 	cancel()
 
-	// Deliveries still on their way get a second to arrive.
+	// Deliveries still on their way (all those expected: in a chat,
+	// more than the messages) get a second to arrive.
 	smp.setStage("drain")
-	awaitDeliveries(ctx, st.delivered.Load, st.published.Load(), start, time.Second)
+	awaitDeliveries(ctx, st.delivered.Load, st.expected.Load(), start, time.Second)
 	res.Connected = st.connected.Load()
 	res.ConnectErrors = st.connectErrs.Load()
 	lat := newHist()
