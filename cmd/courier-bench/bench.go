@@ -207,6 +207,10 @@ func addScenarioFlags(fs *pflag.FlagSet, f *benchFlags, sc bench.Scenario) {
 		fs.Float64Var(&u.PublishRate, "publish-rate", 1, "messages per second of each user, each to another user (0 for none)")
 		fs.DurationVar(&u.Threshold, "threshold", 100*time.Millisecond, "latency p99 over which the server counts as falling behind")
 		fs.DurationVar(&u.RequestTimeout, "request-timeout", 5*time.Second, "bound on each request; one that times out is an error")
+		fs.IntVar(&u.RoomSize, "room-size", 0, "a chat: users in rooms of about this many, each message to one of its sender's rooms (0: each message to another user)")
+		fs.IntVar(&u.RoomsPerUser, "rooms-per-user", 3, "with --room-size: each user is in 1 to this many rooms")
+		fs.BoolVar(&u.WS, "ws", false, "Courier: each user connects over WebSocket (ws://HTTP/ws) instead of TCP")
+		fs.StringVar(&u.WSURL, "ws-url", "", "with --ws: the WebSocket endpoint (default: the embedded node's, or ws://<target host>:7480/ws)")
 	case "mgmt":
 		m := &f.mgmt
 		fs.IntVar(&m.Queues, "queues", 10000, "queues (durable task exchanges) to create")

@@ -48,6 +48,8 @@ func TestBenchFlags(t *testing.T) {
 			[]string{"Pub-sub fan-in:", "3 publisher(s), 1 subscriber(s), 90 messages", "Lost 0 of 90 deliveries"}},
 		{"users", []string{"users", "--users", "4", "--ramp", "40", "--duration", "500ms", "--interval", "100ms", "--request-rate", "10", "--publish-rate", "0"},
 			[]string{"4 users ramped at 40/s, each 10 requests/s and 0 messages/s", "Connected 4 of 4 users"}},
+		{"users-chat-ws", []string{"users", "--ws", "--room-size", "3", "--rooms-per-user", "2", "--users", "6", "--ramp", "60", "--duration", "600ms", "--interval", "100ms", "--request-rate", "0", "--publish-rate", "10"},
+			[]string{"6 users ramped at 60/s, each 0 requests/s and 10 messages/s", "rooms of about 3 users, each user in 1 to 2", "Each user over WebSocket", "Connected 6 of 6 users"}},
 		{"mgmt", []string{"mgmt", "--queues", "120", "--hot", "2", "--idle", "20", "--trickle", "200", "--poll", "50ms", "--duration", "500ms", "--publishers", "1", "--workers", "1", "--size", "32"},
 			[]string{"120 queues: 2 hot (1 producers as fast as confirmed, 1 workers, 32-byte tasks), 20 idle with known depths, 98 with a trickle of 200/s", "/api/queues?columns=name,messages_ready every 50ms", "Figures exact: "}},
 		{"echo", []string{"echo", "--count", "50", "--parallel", "4"},

@@ -538,3 +538,78 @@ func TestCompare(t *testing.T) {
 		t.Errorf("an unknown case did not fail")
 	}
 }
+
+// tinyChat is tinyUsers as a chat: 8 users in rooms of about 4, each in
+// one or two rooms.
+func tinyChat(target bench.Target, ws bool) bench.Config {
+	cfg := tinyUsers(target)
+	cfg.Users.RoomSize, cfg.Users.RoomsPerUser, cfg.Users.WS = 4, 2, ws
+	return cfg
+}
+
+// checkChat runs a chat and checks that every message reached every user
+// of its room that was there: more deliveries than publishes, none lost.
+func checkChat(t *testing.T, cfg bench.Config) *bench.UsersResult {
+	t.Helper()
+	res, err := bench.RunUsers(ctxFor(t), cfg)
+	if err != nil {
+		t.Fatalf("RunUsers: %v", err)
+	}
+	var out bytes.Buffer
+	res.WriteText(&out)
+	t.Logf("output:\n%s", out.String())
+	if res.Connected != 8 || res.ConnectErrors != 0 {
+		t.Errorf("connected %d, %d failed; want 8, 0", res.Connected, res.ConnectErrors)
+	}
+	if res.Rooms < 2 || res.RoomSize != 4 {
+		t.Errorf("%d rooms of %d, want at least 2 of 4", res.Rooms, res.RoomSize)
+	}
+	if res.Published == 0 || res.PublishErrors != 0 || res.Delivered <= res.Published || res.Lost != 0 {
+		t.Errorf("published %d (%d failed), delivered %d, lost %d: want each message to its whole room", res.Published, res.PublishErrors, res.Delivered, res.Lost)
+	}
+	if !strings.Contains(out.String(), "Chat: ") {
+		t.Errorf("no chat line")
+	}
+	return res
+}
+
+func TestUsersChatEcho(t *testing.T) {
+	checkChat(t, tinyChat(bench.Target{Kind: bench.KindEcho}, false))
+}
+
+func TestUsersChatEmbedded(t *testing.T) {
+	checkChat(t, tinyChat(bench.Target{Kind: bench.KindEmbedded}, false))
+}
+
+// TestUsersChatWebSocket: with WS every user dials the embedded node's
+// WebSocket endpoint.
+func TestUsersChatWebSocket(t *testing.T) {
+	res := checkChat(t, tinyChat(bench.Target{Kind: bench.KindEmbedded}, true))
+	if !res.WS {
+		t.Errorf("the result does not say WebSocket")
+	}
+}
+
+// TestUsersWebSocketURL: with WS and a URL, users dial that URL (here
+// nothing listens there, so all of them fail), not the target.
+func TestUsersWebSocketURL(t *testing.T) {
+	cfg := tinyChat(bench.Target{Kind: bench.KindEmbedded}, true)
+	cfg.Users.WSURL = "ws://127.0.0.1:1/ws"
+	res, _ := bench.RunUsers(ctxFor(t), cfg)
+	if res.Connected != 0 || res.ConnectErrors == 0 {
+		t.Fatalf("connected %d, %d failed: want every user refused at ws://127.0.0.1:1", res.Connected, res.ConnectErrors)
+	}
+	if !strings.Contains(strings.Join(res.Notes, "\n"), "127.0.0.1:1") {
+		t.Errorf("notes %q do not name the URL", res.Notes)
+	}
+}
+
+// TestUsersChatServerWebSocket: against a server, users dial its
+// WebSocket endpoint (--ws-url), which the server counts as its
+// connections.
+func TestUsersChatServerWebSocket(t *testing.T) {
+	n, target := startNode(t, "127.0.0.1:0")
+	cfg := tinyChat(target, true)
+	cfg.Users.WSURL = "ws://" + n.HTTPAddr().String() + "/ws"
+	checkChat(t, cfg)
+}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -63,7 +65,15 @@ func newCourierDriver(ctx context.Context, cfg *Config) (*courierDriver, error) 
 		}
 		return d, nil
 	}
-	n, err := node.Start(node.Config{Name: "bench", DataDir: dir, Log: cfg.Log, HTTP: cfg.embeddedHTTP})
+	nc := node.Config{Name: "bench", DataDir: dir, Log: cfg.Log, HTTP: cfg.embeddedHTTP}
+	if cfg.Users.WS {
+		// The WebSocket endpoint needs both listeners.
+		nc.Listen = "127.0.0.1:0"
+		if nc.HTTP == "" {
+			nc.HTTP = "127.0.0.1:0"
+		}
+	}
+	n, err := node.Start(nc)
 	if err != nil {
 		d.close()
 		return nil, fmt.Errorf("bench: embedded node: %w", err)
@@ -125,6 +135,43 @@ func (d *courierDriver) connect(ctx context.Context, name string) (*courier.Conn
 	return d.connectTo(ctx, d.cfg.Target.URL, name)
 }
 
+// connectUser opens a simulated user's Conn: over WebSocket with
+// Users.WS (even to an embedded node), else as connect does.
+func (d *courierDriver) connectUser(ctx context.Context, name string) (*courier.Conn, error) {
+	if !d.cfg.Users.WS {
+		return d.connect(ctx, name)
+	}
+	u, err := d.wsURL()
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.Dial(ctx, u, client.Options{Name: name, Log: d.cfg.Log})
+	if err != nil {
+		return nil, fmt.Errorf("bench: connect to %s: %w", redact(u), err)
+	}
+	return d.track(c, name), nil
+}
+
+// wsURL is the WebSocket endpoint users dial: Users.WSURL, else the
+// embedded node's, else the target's host on the HTTP listener's
+// default port, 7480.
+func (d *courierDriver) wsURL() (string, error) {
+	switch {
+	case d.cfg.Users.WSURL != "":
+		return d.cfg.Users.WSURL, nil
+	case d.node != nil:
+		if d.node.HTTPAddr() == nil {
+			return "", fmt.Errorf("bench: the embedded node has no HTTP listener for WebSocket")
+		}
+		return "ws://" + d.node.HTTPAddr().String() + "/ws", nil
+	}
+	u, err := url.Parse(d.cfg.Target.URL)
+	if err != nil || u.Hostname() == "" {
+		return "", fmt.Errorf("bench: no WebSocket URL for target %s: give one (--ws-url)", redact(d.cfg.Target.URL))
+	}
+	return "ws://" + net.JoinHostPort(u.Hostname(), "7480") + "/ws", nil
+}
+
 // handlerNode is the url connectTo takes for the second embedded node.
 const handlerNode = "embedded:bench-b"
 
@@ -143,6 +190,12 @@ func (d *courierDriver) connectTo(ctx context.Context, url, name string) (*couri
 			return nil, fmt.Errorf("bench: connect to %s: %w", redact(url), err)
 		}
 	}
+	return d.track(c, name), nil
+}
+
+// track counts c's asynchronous errors and lost connections for the
+// report, and closes it with the driver.
+func (d *courierDriver) track(c *courier.Conn, name string) *courier.Conn {
 	c.OnError(func(err error) {
 		d.mu.Lock()
 		if len(d.async) < 10 {
@@ -167,7 +220,7 @@ func (d *courierDriver) connectTo(ctx context.Context, url, name string) (*couri
 	d.mu.Lock()
 	d.conns = append(d.conns, c)
 	d.mu.Unlock()
-	return c, nil
+	return c
 }
 
 func (d *courierDriver) serve(ctx context.Context, n int, pong []byte) error {
@@ -304,11 +357,11 @@ type courierUser struct {
 
 var _ userDriver = (*courierDriver)(nil)
 
-func (d *courierDriver) user(ctx context.Context, i int, fn func([]byte)) (userConn, error) {
+func (d *courierDriver) user(ctx context.Context, i int, keys []string, fn func([]byte)) (userConn, error) {
 	d.mu.Lock()
 	pong := d.pong
 	d.mu.Unlock()
-	c, err := d.connect(ctx, fmt.Sprintf("bench-user-%d", i))
+	c, err := d.connectUser(ctx, fmt.Sprintf("bench-user-%d", i))
 	if err != nil {
 		return nil, err
 	}
@@ -319,7 +372,7 @@ func (d *courierDriver) user(ctx context.Context, i int, fn func([]byte)) (userC
 	if u.ps, err = c.PubSub(ctx, names("users")); err != nil {
 		return nil, fmt.Errorf("bench: user %d: %w", i, err)
 	}
-	if _, err := u.ps.Subscribe(ctx, userKey(i), func(m *courier.Delivery) { fn(m.Body) }); err != nil {
+	if _, err := u.ps.Subscribe(ctx, keys[0], func(m *courier.Delivery) { fn(m.Body) }, courier.Patterns(keys[1:]...)); err != nil {
 		return nil, fmt.Errorf("bench: user %d: subscribe: %w", i, err)
 	}
 	return u, nil
@@ -332,8 +385,8 @@ func (u *courierUser) request(ctx context.Context, body []byte) error {
 	return (&courierRequester{rr: u.rr, pong: u.pong}).request(ctx, body)
 }
 
-func (u *courierUser) publish(ctx context.Context, to int, body []byte) error {
-	return u.ps.Publish(ctx, userKey(to), body)
+func (u *courierUser) publish(ctx context.Context, key string, body []byte) error {
+	return u.ps.Publish(ctx, key, body)
 }
 
 func (u *courierUser) close() error { return u.c.Close() }

@@ -51,17 +51,18 @@ type publisher interface {
 type userDriver interface {
 	// user connects simulated user i on a connection of its own, able
 	// to request from serve's handlers, and subscribes it to the
-	// messages published to it; fn is called with each, from one
-	// goroutine per user. Safe for concurrent use.
-	user(ctx context.Context, i int, fn func(body []byte)) (userConn, error)
+	// messages published under keys (its own key, or its rooms'); fn is
+	// called with each, from one goroutine per user. Safe for
+	// concurrent use.
+	user(ctx context.Context, i int, keys []string, fn func(body []byte)) (userConn, error)
 }
 
 // userConn is one simulated user's connection, used from one goroutine.
 type userConn interface {
 	// request sends body to the handlers and waits for the response.
 	request(ctx context.Context, body []byte) error
-	// publish sends body to user to.
-	publish(ctx context.Context, to int, body []byte) error
+	// publish sends body under key (a user's or a room's).
+	publish(ctx context.Context, key string, body []byte) error
 	close() error
 }
 

@@ -25,8 +25,8 @@ type echoDriver struct {
 
 	mu     sync.Mutex // guards pong, subs, users, queues, done
 	pong   []byte
-	subs   []*echoSub       // by subscriber
-	users  map[int]*echoSub // by user
+	subs   []*echoSub            // by subscriber
+	users  map[string][]*echoSub // by routing key
 	queues map[string]*echoQueue
 	done   bool
 }
@@ -55,7 +55,7 @@ type echoRequest struct {
 }
 
 func newEchoDriver(cfg *Config) *echoDriver {
-	return &echoDriver{cfg: cfg, quit: make(chan struct{}), reqs: make(chan echoRequest, 1024), users: map[int]*echoSub{}}
+	return &echoDriver{cfg: cfg, quit: make(chan struct{}), reqs: make(chan echoRequest, 1024), users: map[string][]*echoSub{}}
 }
 
 // errEchoClosed is returned by an echo driver's calls after close.
@@ -156,26 +156,28 @@ type echoUser struct {
 	req *echoRequester
 }
 
-func (d *echoDriver) user(ctx context.Context, i int, fn func([]byte)) (userConn, error) {
+func (d *echoDriver) user(ctx context.Context, i int, keys []string, fn func([]byte)) (userConn, error) {
 	r, err := d.requester(ctx)
 	if err != nil {
 		return nil, err
 	}
 	d.mu.Lock()
-	d.users[i] = &echoSub{fn: fn}
+	for _, k := range keys {
+		d.users[k] = append(d.users[k], &echoSub{fn: fn})
+	}
 	d.mu.Unlock()
 	return &echoUser{d: d, req: r.(*echoRequester)}, nil
 }
 
 func (u *echoUser) request(ctx context.Context, body []byte) error { return u.req.request(ctx, body) }
 
-// publish hands body to user to's callback, and drops it if that user
-// is not there, as a broker drops a message no subscriber matches.
-func (u *echoUser) publish(ctx context.Context, to int, body []byte) error {
+// publish hands body to the callbacks of the users of key, and drops it
+// if there are none, as a broker drops a message no subscriber matches.
+func (u *echoUser) publish(ctx context.Context, key string, body []byte) error {
 	u.d.mu.Lock()
-	s := u.d.users[to]
+	subs := u.d.users[key]
 	u.d.mu.Unlock()
-	if s != nil {
+	for _, s := range subs {
 		s.deliver(body)
 	}
 	return nil

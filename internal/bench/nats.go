@@ -174,7 +174,7 @@ type natsUser struct {
 
 var _ userDriver = (*natsDriver)(nil)
 
-func (d *natsDriver) user(ctx context.Context, i int, fn func([]byte)) (userConn, error) {
+func (d *natsDriver) user(ctx context.Context, i int, keys []string, fn func([]byte)) (userConn, error) {
 	d.mu.Lock()
 	pong := d.pong
 	d.mu.Unlock()
@@ -182,8 +182,10 @@ func (d *natsDriver) user(ctx context.Context, i int, fn func([]byte)) (userConn
 	if err != nil {
 		return nil, err
 	}
-	if _, err := nc.Subscribe(names("users")+"."+userKey(i), func(m *nats.Msg) { fn(m.Data) }); err != nil {
-		return nil, fmt.Errorf("bench: user %d: subscribe: %w", i, err)
+	for _, k := range keys {
+		if _, err := nc.Subscribe(names("users")+"."+k, func(m *nats.Msg) { fn(m.Data) }); err != nil {
+			return nil, fmt.Errorf("bench: user %d: subscribe: %w", i, err)
+		}
 	}
 	if err := nc.FlushWithContext(ctx); err != nil {
 		return nil, fmt.Errorf("bench: user %d: flush: %w", i, err)
@@ -193,8 +195,8 @@ func (d *natsDriver) user(ctx context.Context, i int, fn func([]byte)) (userConn
 
 func (u *natsUser) request(ctx context.Context, body []byte) error { return u.req.request(ctx, body) }
 
-func (u *natsUser) publish(ctx context.Context, to int, body []byte) error {
-	return u.nc.Publish(names("users")+"."+userKey(to), body)
+func (u *natsUser) publish(ctx context.Context, key string, body []byte) error {
+	return u.nc.Publish(names("users")+"."+key, body)
 }
 
 func (u *natsUser) close() error { u.nc.Close(); return nil }

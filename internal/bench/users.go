@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,21 @@ type UsersConfig struct {
 	// RequestTimeout bounds each request; one that times out counts as
 	// an error. Default: 5s.
 	RequestTimeout time.Duration
+	// RoomSize, if not 0, makes it a chat: users are in rooms of about
+	// this many users, and each message goes to a room the sender is in
+	// (every user of the room, the sender too, receives it) instead of
+	// to another user.
+	RoomSize int
+	// RoomsPerUser is the most rooms a user is in, with RoomSize: each
+	// is in 1 to RoomsPerUser rooms, picked at random. Default: 3.
+	RoomsPerUser int
+	// WS, on a Courier target, connects each user over WebSocket
+	// (ws://, the HTTP listener's /ws) instead of the target's own
+	// protocol; an embedded node then listens on loopback for it.
+	WS bool
+	// WSURL is the WebSocket endpoint with WS. Default: the embedded
+	// node's, or ws://<the target's host>:7480/ws.
+	WSURL string
 }
 
 func (u UsersConfig) withDefaults() UsersConfig {
@@ -54,6 +70,9 @@ func (u UsersConfig) withDefaults() UsersConfig {
 	if u.RequestTimeout == 0 {
 		u.RequestTimeout = 5 * time.Second
 	}
+	if u.RoomSize > 0 && u.RoomsPerUser == 0 {
+		u.RoomsPerUser = 3
+	}
 	return u
 }
 
@@ -65,6 +84,10 @@ func (u UsersConfig) validate() error {
 		return fmt.Errorf("bench: ramp must be positive, got %g", u.Ramp)
 	case u.Threshold < 0 || u.RequestTimeout < 0:
 		return fmt.Errorf("bench: threshold and request timeout must be positive")
+	case u.RoomSize < 0 || u.RoomsPerUser < 0 || u.RoomsPerUser > 100:
+		return fmt.Errorf("bench: room size must be positive, and rooms per user between 1 and 100")
+	case u.WSURL != "" && !u.WS:
+		return fmt.Errorf("bench: a WebSocket URL without WS")
 	}
 	return nil
 }
@@ -76,9 +99,15 @@ type UsersResult struct {
 	Ramp        float64 `json:"ramp_per_s"`
 	RequestRate float64 `json:"request_rate_per_user"`
 	PublishRate float64 `json:"publish_rate_per_user"`
-	Workers     int     `json:"workers"`
-	Duration    float64 `json:"duration_s"`
-	ThresholdMs float64 `json:"threshold_ms"`
+	// RoomSize, RoomsPerUser and Rooms (how many there were) describe a
+	// chat run; RoomSize is 0 for messages from user to user.
+	RoomSize     int     `json:"room_size,omitempty"`
+	RoomsPerUser int     `json:"rooms_per_user,omitempty"`
+	Rooms        int     `json:"rooms,omitempty"`
+	WS           bool    `json:"websocket,omitempty"`
+	Workers      int     `json:"workers"`
+	Duration     float64 `json:"duration_s"`
+	ThresholdMs  float64 `json:"threshold_ms"`
 	// Connected is the number of users that connected; ConnectErrors of
 	// those that could not.
 	Connected      int64   `json:"connected"`
@@ -88,8 +117,10 @@ type UsersResult struct {
 	Requests       int64   `json:"requests"`
 	RequestErrors  int64   `json:"request_errors"`
 	RequestLatency Latency `json:"request_latency_us"`
-	// Published messages, Delivered to their users, Lost (published to
-	// a user but not delivered by the end, after a second's wait).
+	// Published messages, Delivered to their users, Lost (deliveries
+	// expected but not made by the end, after a second's wait: one per
+	// message to a user; in a chat, one per user of the room subscribed
+	// when the message was sent).
 	Published       int64   `json:"published"`
 	PublishErrors   int64   `json:"publish_errors"`
 	Delivered       int64   `json:"delivered"`
@@ -115,7 +146,10 @@ type usersRun struct {
 	end   time.Time
 	ping  []byte
 
-	ready                             []atomic.Bool // by user: connected and subscribed
+	ready                             []atomic.Bool  // by user: connected and subscribed
+	rooms                             [][]int        // by user, with RoomSize: its rooms
+	members                           []atomic.Int64 // by room: users connected and subscribed
+	expected                          atomic.Int64   // deliveries the publishes so far should make
 	connected, connectErrs            atomic.Int64
 	requests, requestErrs             atomic.Int64
 	published, publishErrs, delivered atomic.Int64
@@ -145,6 +179,7 @@ func RunUsers(ctx context.Context, cfg Config) (*UsersResult, error) {
 	res := &UsersResult{
 		Report: newReport("users", &cfg), Users: u.Users, Ramp: u.Ramp,
 		RequestRate: max(u.RequestRate, 0), PublishRate: max(u.PublishRate, 0), Workers: cfg.Workers,
+		RoomSize: u.RoomSize, RoomsPerUser: u.RoomsPerUser, WS: u.WS,
 		Duration: cfg.Duration.Seconds(), ThresholdMs: float64(u.Threshold) / 1e6,
 	}
 	err := runUsers(ctx, &cfg, res)
@@ -172,6 +207,10 @@ func runUsers(ctx context.Context, cfg *Config, res *UsersResult) error {
 		cfg: cfg, ud: ud, epoch: time.Now(), ping: body("ping", cfg.Size),
 		ready:  make([]atomic.Bool, u.Users),
 		reqLat: newRecorder(maxShards), delLat: newRecorder(maxShards), connLat: newRecorder(maxShards),
+	}
+	if u.RoomSize > 0 {
+		st.rooms, res.Rooms = assignRooms(u.Users, u.RoomSize, u.RoomsPerUser, rand.New(rand.NewPCG(1, 2)))
+		st.members = make([]atomic.Int64, res.Rooms)
 	}
 	meter := newCPUMeter(cfg)
 	perUser := max(u.RequestRate, 0) + max(u.PublishRate, 0)
@@ -208,9 +247,10 @@ func runUsers(ctx context.Context, cfg *Config, res *UsersResult) error {
 	stop()
 	cancel()
 
-	// Deliveries still on their way get a second to arrive.
+	// Deliveries still on their way (all those expected: in a chat,
+	// more than the messages) get a second to arrive.
 	smp.setStage("drain")
-	awaitDeliveries(ctx, st.delivered.Load, st.published.Load(), start, time.Second)
+	awaitDeliveries(ctx, st.delivered.Load, st.expected.Load(), start, time.Second)
 	res.Connected = st.connected.Load()
 	res.ConnectErrors = st.connectErrs.Load()
 	lat := newHist()
@@ -219,7 +259,7 @@ func runUsers(ctx context.Context, cfg *Config, res *UsersResult) error {
 	res.Requests, res.RequestErrors = st.requests.Load(), st.requestErrs.Load()
 	res.Published, res.PublishErrors = st.published.Load(), st.publishErrs.Load()
 	res.Delivered = st.delivered.Load()
-	res.Lost = res.Published - res.Delivered
+	res.Lost = max(st.expected.Load()-res.Delivered, 0)
 	st.errMu.Lock()
 	res.Notes = append(res.Notes, st.firstErrs...)
 	st.errMu.Unlock()
@@ -243,7 +283,7 @@ func (st *usersRun) fail(what string, err error) {
 func (st *usersRun) user(runCtx, ctx context.Context, i int) {
 	u := st.cfg.Users
 	t0 := time.Now()
-	conn, err := st.ud.user(runCtx, i, func(b []byte) {
+	conn, err := st.ud.user(runCtx, i, st.keys(i), func(b []byte) {
 		if len(b) >= 8 {
 			st.delLat.record(i, time.Since(st.epoch)-time.Duration(binary.BigEndian.Uint64(b)))
 		}
@@ -259,6 +299,11 @@ func (st *usersRun) user(runCtx, ctx context.Context, i int) {
 	st.connLat.record(i, time.Since(t0))
 	st.ready[i].Store(true)
 	st.connected.Add(1)
+	if st.rooms != nil {
+		for _, r := range st.rooms[i] {
+			st.members[r].Add(1)
+		}
+	}
 
 	// Each user's schedules start at a random phase, so that users do
 	// not act in step.
@@ -301,19 +346,63 @@ func (st *usersRun) request(ctx context.Context, conn userConn, i int, due time.
 	}
 }
 
-// publish sends a message stamped with when it was due to a random
-// connected user (itself if it picked one not yet there).
+// keys are the routing keys user i subscribes to: its rooms', or its
+// own.
+func (st *usersRun) keys(i int) []string {
+	if st.rooms == nil {
+		return []string{userKey(i)}
+	}
+	keys := make([]string, len(st.rooms[i]))
+	for j, r := range st.rooms[i] {
+		keys[j] = roomKey(r)
+	}
+	return keys
+}
+
+// roomKey is the routing key (or subject) of room r's messages.
+func roomKey(r int) string { return "room." + strconv.Itoa(r) }
+
+// assignRooms puts each of users in 1 to perUser rooms, picked at random
+// among enough rooms for an average of size users each; it returns the
+// rooms of each user and how many rooms there are.
+func assignRooms(users, size, perUser int, rnd *rand.Rand) ([][]int, int) {
+	counts := make([]int, users)
+	total := 0
+	for i := range counts {
+		counts[i] = 1 + rnd.IntN(perUser)
+		total += counts[i]
+	}
+	n := max((total+size-1)/size, 1)
+	rooms := make([][]int, users)
+	for i, c := range counts {
+		c = min(c, n)
+		rooms[i] = rnd.Perm(n)[:c]
+	}
+	return rooms, n
+}
+
+// publish sends a message stamped with when it was due: to a random
+// connected user (itself if it picked one not yet there), or in a chat
+// to one of the sender's rooms, whose every subscribed user receives it.
 func (st *usersRun) publish(ctx context.Context, conn userConn, i int, due time.Time) {
-	to := rand.IntN(len(st.ready))
-	if !st.ready[to].Load() {
-		to = i
+	key, want := "", int64(1)
+	if st.rooms != nil {
+		r := st.rooms[i][rand.IntN(len(st.rooms[i]))]
+		key, want = roomKey(r), st.members[r].Load()
+	} else {
+		to := rand.IntN(len(st.ready))
+		if !st.ready[to].Load() {
+			to = i
+		}
+		key = userKey(to)
 	}
 	b := make([]byte, max(st.cfg.Size, 8))
 	copy(b[8:], "message")
 	binary.BigEndian.PutUint64(b, uint64(due.Sub(st.epoch)))
-	switch err := conn.publish(ctx, to, b); {
+	switch err := conn.publish(ctx, key, b); {
 	case err == nil:
 		st.published.Add(1)
+		st.expected.Add(want)
 	case ctx.Err() == nil:
 		st.publishErrs.Add(1)
 		st.fail(fmt.Sprintf("user %d: publish", i), err)
@@ -351,6 +440,13 @@ func (res *UsersResult) WriteText(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Users: %s, %d users ramped at %g/s, each %g requests/s and %g messages/s of %d bytes, %d handler(s), %gs\n",
 		res.Target, res.Users, res.Ramp, res.RequestRate, res.PublishRate, res.Size, res.Workers, res.Duration)
+	if res.RoomSize > 0 {
+		fmt.Fprintf(&b, "Chat: %d rooms of about %d users, each user in 1 to %d; a message goes to one of its sender's rooms\n",
+			res.Rooms, res.RoomSize, res.RoomsPerUser)
+	}
+	if res.WS {
+		b.WriteString("Each user over WebSocket\n")
+	}
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "t s\tusers\toffered/s\treq/s\treq p50 ms\treq p99 ms\tpub/s\tdeliv/s\tdeliv p99 ms\terrors\tserver cores\tserver RSS MB\t\n")
 	for _, s := range res.Samples {
@@ -401,5 +497,12 @@ func (res *UsersResult) Metrics() []Metric {
 
 // Timeline returns the run's samples.
 func (res *UsersResult) Timeline() Timeline {
-	return Timeline{Title: fmt.Sprintf("users: %s, %d users", res.Target, res.Users), Samples: res.Samples}
+	title := fmt.Sprintf("users: %s, %d users", res.Target, res.Users)
+	if res.RoomSize > 0 {
+		title += fmt.Sprintf(" in rooms of %d", res.RoomSize)
+	}
+	if res.WS {
+		title += ", over WebSocket"
+	}
+	return Timeline{Title: title, Samples: res.Samples}
 }
