@@ -23,9 +23,15 @@ import (
 // a queue that does not exist drops it, as RabbitMQ does.
 const refDefault = 1 << 47
 
-// maxPrefetch is the largest worker credit Courier allows; prefetch 0
-// (no limit in AMQP) takes it.
-const maxPrefetch = 65535
+// The worker credit of consumers without a prefetch: prefetch 0 (no
+// limit in AMQP), and no-ack consumers, whose deliveries are acked once
+// written to the socket. They bound what the broker hands a consumer
+// ahead of its socket, so that a fast reader is not cut off as a slow
+// consumer by a burst of the whole queue.
+const (
+	unlimitedPrefetch = 1000
+	noAckPrefetch     = 256
+)
 
 // consumer is one basic.consume: a worker attachment of the session.
 type consumer struct {
@@ -335,8 +341,11 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 		return methodError(NotAllowed, m, fmt.Sprintf("NOT_ALLOWED - attempt to reuse consumer tag '%s'", tag))
 	}
 	prefetch := ch.prefetch
-	if prefetch == 0 || m.NoAck {
-		prefetch = maxPrefetch
+	switch {
+	case m.NoAck:
+		prefetch = noAckPrefetch
+	case prefetch == 0:
+		prefetch = unlimitedPrefetch
 	}
 	c.nextAttach++
 	cs := &consumer{tag: tag, queue: m.Queue, attach: c.nextAttach, noAck: m.NoAck, ch: ch}
@@ -469,31 +478,35 @@ func (c *conn) deliverTask(f *wire.Frame) {
 func (c *conn) sendTask(cs *consumer, t task) {
 	tag := cs.ch.tags.add(held{attach: cs.attach, task: t.id}, !cs.noAck)
 	d := &BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag, Redelivered: t.attempts > 0, RoutingKey: cs.queue}
-	if err := c.sendContent(cs.ch.id, d, headersToProps(t.header), t.body); err != nil {
-		c.s.log.Debug("amqp delivery failed", "peer", c.peer, "err", err)
-		c.close()
-		return
-	}
+	var after func()
 	if cs.noAck {
-		a := wire.NewFrame(wire.TypeAck)
-		a.Attach, a.Ref = cs.attach, t.id
-		c.gw.sess.Handle(a)
+		// Acked once written: until then the task counts against the
+		// consumer's credit, so a client that does not read is sent no
+		// more than noAckPrefetch.
+		after = func() {
+			a := wire.NewFrame(wire.TypeAck)
+			a.Attach, a.Ref = cs.attach, t.id
+			c.gw.sess.Handle(a)
+		}
+	}
+	if err := c.sendContent(cs.ch.id, d, headersToProps(t.header), t.body, after); err != nil {
+		// Cut off (a slow consumer) or closed: the broker gives the
+		// consumer's tasks to others when its session closes.
+		c.s.log.Debug("amqp delivery failed", "peer", c.peer, "err", err)
 	}
 }
 
-// sendContent writes a method with content (deliver, get-ok, return).
-func (c *conn) sendContent(channel uint16, m Method, props *Properties, body []byte) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	b, err := AppendMethod(c.wbuf[:0], channel, m)
-	if err == nil {
-		b, err = AppendContent(b, channel, props, body, c.frameMax)
-	}
-	if err != nil {
-		return err
-	}
-	c.wbuf = b
-	return c.writeLocked(b)
+// sendContent queues a method with content (deliver, get-ok, return) as
+// data: it never waits, and a client with more than the outbox limit
+// waiting for it is cut off.
+func (c *conn) sendContent(channel uint16, m Method, props *Properties, body []byte, after func()) error {
+	return c.put(func(b []byte) ([]byte, error) {
+		b, err := AppendMethod(b, channel, m)
+		if err == nil {
+			b, err = AppendContent(b, channel, props, body, c.frameMax)
+		}
+		return b, err
+	}, true, after)
 }
 
 // headersToProps is propsToHeaders backwards: the headers named for

@@ -43,8 +43,15 @@ type Config struct {
 	// HandshakeTimeout bounds the time from accept to connection.open.
 	// Default: 10s, RabbitMQ's.
 	HandshakeTimeout time.Duration
-	// WriteTimeout bounds every write to a client. Default: 10s.
+	// WriteTimeout bounds every write to a client: a client that takes
+	// nothing of what waits for it (256 KiB at a time) for this long is
+	// cut off as a slow consumer. Default: 10s.
 	WriteTimeout time.Duration
+	// OutboxLimit bounds the bytes waiting to be written to one client:
+	// a delivery that would take it past the limit cuts the client off
+	// as a slow consumer (one message always passes an empty buffer);
+	// other frames may take it to twice the limit. Default: 16 MiB.
+	OutboxLimit int
 	// MaxHandshakes bounds the connections still in their handshake; one
 	// more is closed at once. Default: 1024.
 	MaxHandshakes int
@@ -74,6 +81,7 @@ func DefaultConfig() Config {
 		Heartbeat:        60 * time.Second,
 		HandshakeTimeout: 10 * time.Second,
 		WriteTimeout:     10 * time.Second,
+		OutboxLimit:      16 << 20,
 		MaxHandshakes:    1024,
 		MaxConns:         65536,
 		MaxMessage:       4<<20 - 64<<10,
@@ -100,6 +108,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = d.WriteTimeout
+	}
+	if c.OutboxLimit <= 0 {
+		c.OutboxLimit = d.OutboxLimit
 	}
 	if c.MaxHandshakes <= 0 {
 		c.MaxHandshakes = d.MaxHandshakes
