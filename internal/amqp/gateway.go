@@ -68,6 +68,7 @@ func (c *conn) openSession() {
 func (c *conn) closeSession() {
 	if c.gw != nil {
 		c.gw.sess.Close()
+		c.deleteOwned()
 	}
 }
 

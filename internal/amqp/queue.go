@@ -213,10 +213,7 @@ func randomName(prefix string) string {
 
 // queueDeclare maps queue.declare onto a DECLARE of a task exchange.
 func (c *conn) queueDeclare(ch *channel, m *QueueDeclare) error {
-	switch {
-	case m.Exclusive:
-		return methodError(NotImplemented, m, "exclusive queues are not built yet in Courier's AMQP gateway")
-	case m.AutoDelete:
+	if m.AutoDelete {
 		return methodError(NotImplemented, m, "auto-delete queues are not built yet in Courier's AMQP gateway")
 	}
 	name := m.Queue
@@ -224,6 +221,18 @@ func (c *conn) queueDeclare(ch *channel, m *QueueDeclare) error {
 		name = randomName("amq.gen-")
 	} else if !m.Passive && len(name) >= 4 && name[:4] == "amq." {
 		return c.closeChannel(ch, methodError(AccessRefused, m, fmt.Sprintf("ACCESS_REFUSED - queue name '%s' contains reserved prefix 'amq.*'", name)))
+	}
+	if c.lockedBy(name) {
+		return c.closeChannel(ch, locked(m, name))
+	}
+	exclusive := m.Exclusive && !m.Passive
+	if exclusive && c.s.owners.owner(name) != c {
+		// An existing queue that is not ours is locked to us.
+		if r, err := c.queueExists(name); err != nil {
+			return err
+		} else if r {
+			return c.closeChannel(ch, locked(m, name))
+		}
 	}
 	f := wire.NewFrame(wire.TypeDeclare)
 	f.Name = name
@@ -234,13 +243,34 @@ func (c *conn) queueDeclare(ch *channel, m *QueueDeclare) error {
 		if e != nil {
 			return c.channelError(ch, e)
 		}
+		cfg.Transient = cfg.Transient || exclusive
 		f.Body, _ = json.Marshal(cfg)
+	}
+	fresh := false
+	if exclusive {
+		var ok bool
+		if ok, fresh = c.s.owners.claim(name, c); !ok {
+			return c.closeChannel(ch, locked(m, name))
+		}
 	}
 	r, err := c.gw.call(f)
 	if err != nil {
+		if fresh {
+			c.s.owners.release(name, c)
+		}
 		return err
 	}
 	defer r.Release()
+	if fresh {
+		if r.Type == wire.TypeError {
+			c.s.owners.release(name, c)
+		} else {
+			if c.owned == nil {
+				c.owned = make(map[string]bool)
+			}
+			c.owned[name] = true
+		}
+	}
 	if r.Type == wire.TypeError {
 		e := fromWire(wire.Code(r.Aux), r.Tag)
 		if e.Code == NotFound {
@@ -264,10 +294,29 @@ func (c *conn) queueDeclare(ch *channel, m *QueueDeclare) error {
 	return c.send(ch.id, ok)
 }
 
+// queueExists reports whether queue exists, with a passive DECLARE.
+func (c *conn) queueExists(queue string) (bool, error) {
+	f := wire.NewFrame(wire.TypeDeclare)
+	f.Name, f.Aux = queue, 1
+	r, err := c.gw.call(f)
+	if err != nil {
+		return false, err
+	}
+	defer r.Release()
+	return r.Type != wire.TypeError, nil
+}
+
 // queueDelete maps queue.delete onto a DELETE of the queue.
 func (c *conn) queueDelete(ch *channel, m *QueueDelete) error {
 	if m.IfUnused || m.IfEmpty {
 		return methodError(NotImplemented, m, "queue.delete if-unused and if-empty are not built yet in Courier's AMQP gateway")
+	}
+	if c.lockedBy(m.Queue) {
+		return c.closeChannel(ch, locked(m, m.Queue))
+	}
+	if c.owned[m.Queue] {
+		delete(c.owned, m.Queue)
+		defer c.s.owners.release(m.Queue, c)
 	}
 	f := wire.NewFrame(wire.TypeDelete)
 	f.Name, f.Aux = m.Queue, 1
@@ -290,6 +339,9 @@ func (c *conn) queueDelete(ch *channel, m *QueueDelete) error {
 // queuePurge drops the queue's ready messages, with the read permission
 // on it, as RabbitMQ asks.
 func (c *conn) queuePurge(ch *channel, m *QueuePurge) error {
+	if c.lockedBy(m.Queue) {
+		return c.closeChannel(ch, locked(m, m.Queue))
+	}
 	if u := c.s.cfg.Users; u != nil && u.Perms(c.user, m.Queue)&auth.Read == 0 {
 		return c.closeChannel(ch, methodError(AccessRefused, m, fmt.Sprintf("ACCESS_REFUSED - access to queue '%s' in vhost '/' refused for user '%s'", m.Queue, c.user)))
 	}
@@ -332,6 +384,9 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 		return methodError(NotImplemented, m, "exclusive consumers are not built yet in Courier's AMQP gateway")
 	case len(m.Arguments) > 0:
 		return methodError(NotImplemented, m, "consumer arguments are not supported by Courier's AMQP gateway")
+	}
+	if c.lockedBy(m.Queue) {
+		return c.closeChannel(ch, locked(m, m.Queue))
 	}
 	tag := m.ConsumerTag
 	if tag == "" {

@@ -148,6 +148,7 @@ type Server struct {
 	mu          sync.Mutex // guards ln, conns, handshaking, open, shutdown
 	ln          net.Listener
 	conns       map[*conn]struct{}
+	owners      owners // exclusive queues
 	handshaking int
 	open        int
 	shutdown    bool
