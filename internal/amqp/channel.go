@@ -216,6 +216,10 @@ func (c *conn) brokerMethod(ch *channel, m Method) (bool, error) {
 		return true, c.queueDelete(ch, m)
 	case *QueuePurge:
 		return true, c.queuePurge(ch, m)
+	case *QueueBind:
+		return true, c.queueBind(ch, m)
+	case *QueueUnbind:
+		return true, c.queueUnbind(ch, m)
 	case *BasicQos:
 		return true, c.basicQos(ch, m)
 	case *BasicConsume:

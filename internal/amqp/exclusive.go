@@ -66,6 +66,7 @@ func (c *conn) lockedBy(queue string) bool {
 // deleteOwned deletes the exclusive queues of a connection that closes.
 func (c *conn) deleteOwned() {
 	for q := range c.owned {
+		c.dropBindings(q)
 		if err := c.s.cfg.Broker.Delete(q); err != nil {
 			c.s.log.Debug("amqp exclusive queue not deleted", "queue", q, "err", err)
 		}

@@ -248,6 +248,9 @@ func (c *conn) exchangeDeclare(ch *channel, m *ExchangeDeclare) error {
 		e.ClassID, e.MethodID = m.ClassMethod()
 		return c.channelError(ch, e)
 	}
+	if !m.Passive {
+		c.s.kinds.set(m.Exchange, m.Type)
+	}
 	if m.NoWait {
 		return nil
 	}
@@ -409,6 +412,13 @@ func (g *gateway) addConsumer(cs *consumer) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.consumers[cs.attach] = cs
+}
+
+// addSource maps another attachment of cs (a bound exchange's) to it.
+func (g *gateway) addSource(cs *consumer, attach uint32) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.consumers[attach] = cs
 }
 
 func (g *gateway) removeConsumer(attach uint32) {

@@ -40,16 +40,22 @@ type consumer struct {
 	attach uint32
 	noAck  bool
 	ch     *channel
+	// prefetch is the credit of each of its attachments; sources are
+	// its durable subscriber attachments by bound exchange (bind.go).
+	prefetch int
+	sources  map[string]uint32
 
 	// Until consume-ok is sent (ready), deliveries wait in early: the
 	// broker may deliver while the ATTACH is being handled.
-	mu    sync.Mutex // guards ready, early
+	mu    sync.Mutex // guards ready, early, sources
 	ready bool
 	early []task
 }
 
 // task is a delivery kept until its consumer is ready.
 type task struct {
+	attach   uint32
+	key      string
 	id       uint64
 	attempts uint64
 	header   map[string]string
@@ -318,6 +324,7 @@ func (c *conn) queueDelete(ch *channel, m *QueueDelete) error {
 		delete(c.owned, m.Queue)
 		defer c.s.owners.release(m.Queue, c)
 	}
+	defer c.dropBindings(m.Queue)
 	f := wire.NewFrame(wire.TypeDelete)
 	f.Name, f.Aux = m.Queue, 1
 	r, err := c.gw.call(f)
@@ -403,7 +410,7 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 		prefetch = unlimitedPrefetch
 	}
 	c.nextAttach++
-	cs := &consumer{tag: tag, queue: m.Queue, attach: c.nextAttach, noAck: m.NoAck, ch: ch}
+	cs := &consumer{tag: tag, queue: m.Queue, attach: c.nextAttach, noAck: m.NoAck, ch: ch, prefetch: prefetch}
 	c.gw.addConsumer(cs)
 	f := wire.NewFrame(wire.TypeAttach)
 	f.Name, f.Aux, f.Attach = m.Queue, wire.RoleWorker, cs.attach
@@ -426,6 +433,11 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 		return c.channelError(ch, e)
 	}
 	ch.consumers[tag] = cs
+	for _, x := range boundExchanges(c.s.cfg.Broker, m.Queue) {
+		if err := c.attachSource(cs, x); err != nil {
+			return err
+		}
+	}
 	if !m.NoWait {
 		if err := c.send(ch.id, &BasicConsumeOK{ConsumerTag: tag}); err != nil {
 			return err
@@ -455,13 +467,30 @@ func (c *conn) basicCancel(ch *channel, m *BasicCancel) error {
 
 func (c *conn) cancelConsumer(cs *consumer) {
 	delete(cs.ch.consumers, cs.tag)
-	c.gw.removeConsumer(cs.attach)
+	c.detach(cs.attach)
+	cs.mu.Lock()
+	ids := make([]uint32, 0, len(cs.sources))
+	for _, id := range cs.sources {
+		ids = append(ids, id)
+	}
+	cs.mu.Unlock()
+	for _, id := range ids {
+		c.detach(id)
+	}
+}
+
+// detach ends one attachment of a consumer.
+func (c *conn) detach(attach uint32) {
+	c.gw.removeConsumer(attach)
 	f := wire.NewFrame(wire.TypeDetach)
-	f.Attach = cs.attach
+	f.Attach = attach
 	if r, err := c.gw.call(f); err == nil {
 		r.Release()
 	}
-	cs.ch.tags.drop(cs.attach)
+	// The consumer's channel forgets the deliveries of attach.
+	for _, ch := range c.channels {
+		ch.tags.drop(attach)
+	}
 }
 
 // consumerGone tells the client that the broker ended a consumer (its
@@ -473,6 +502,12 @@ func (c *conn) consumerGone(attach uint32, why string) {
 		return
 	}
 	c.gw.removeConsumer(attach)
+	if attach != cs.attach {
+		// A bound exchange was deleted: the consumer goes on with the
+		// queue's other sources.
+		cs.ch.tags.drop(attach)
+		return
+	}
 	cs.ch.tags.drop(attach)
 	c.s.log.Info("amqp consumer cancelled by the broker", "peer", c.peer, "consumer", cs.tag, "queue", cs.queue, "why", why)
 	caps, _ := c.clientProps["capabilities"].(Table)
@@ -516,7 +551,7 @@ func (c *conn) deliverTask(f *wire.Frame) {
 	if cs == nil {
 		return // cancelled: the broker redelivers what it still sends
 	}
-	t := task{id: f.Ref, attempts: f.Aux, header: f.Header, body: f.Body}
+	t := task{attach: f.Attach, key: f.Key, id: f.Ref, attempts: f.Aux, header: f.Header, body: f.Body}
 	cs.mu.Lock()
 	if !cs.ready {
 		t.body = append([]byte(nil), f.Body...)
@@ -531,8 +566,19 @@ func (c *conn) deliverTask(f *wire.Frame) {
 // sendTask writes one delivery, and acks it at once for a no-ack
 // consumer.
 func (c *conn) sendTask(cs *consumer, t task) {
-	tag := cs.ch.tags.add(held{attach: cs.attach, task: t.id}, !cs.noAck)
+	tag := cs.ch.tags.add(held{attach: t.attach, task: t.id}, !cs.noAck)
 	d := &BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag, Redelivered: t.attempts > 0, RoutingKey: cs.queue}
+	if t.attach != cs.attach {
+		// From a bound exchange: its name and the publication's key.
+		d.RoutingKey = t.key
+		cs.mu.Lock()
+		for x, id := range cs.sources {
+			if id == t.attach {
+				d.Exchange = x
+			}
+		}
+		cs.mu.Unlock()
+	}
 	var after func()
 	if cs.noAck {
 		// Acked once written: until then the task counts against the
@@ -540,7 +586,7 @@ func (c *conn) sendTask(cs *consumer, t task) {
 		// more than noAckPrefetch.
 		after = func() {
 			a := wire.NewFrame(wire.TypeAck)
-			a.Attach, a.Ref = cs.attach, t.id
+			a.Attach, a.Ref = t.attach, t.id
 			c.gw.sess.Handle(a)
 		}
 	}

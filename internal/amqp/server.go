@@ -148,7 +148,8 @@ type Server struct {
 	mu          sync.Mutex // guards ln, conns, handshaking, open, shutdown
 	ln          net.Listener
 	conns       map[*conn]struct{}
-	owners      owners // exclusive queues
+	owners      owners        // exclusive queues
+	kinds       exchangeKinds // exchange types, for bindings
 	handshaking int
 	open        int
 	shutdown    bool
