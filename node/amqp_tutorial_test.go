@@ -90,7 +90,8 @@ func waitOutput(t *testing.T, out *lockedBuffer, want ...string) {
 }
 
 // TestTutorialsPika runs RabbitMQ's Python tutorials 1 (hello world), 2
-// (work queues), 3 (publish/subscribe), 4 (routing) and 5 (topics), with
+// (work queues), 3 (publish/subscribe), 4 (routing), 5 (topics) and 6
+// (RPC), with
 // Debian's pika, against a Courier node, and checks their outputs as the
 // tutorials print them.
 func TestTutorialsPika(t *testing.T) {
@@ -199,6 +200,17 @@ func TestTutorialsPika(t *testing.T) {
 		if n := strings.Count(crit.String(), "A critical kernel error"); n != 1 {
 			t.Fatalf("a message matching two bindings came %d times, want once:\n%s", n, crit)
 		}
+	})
+
+	t.Run("6 rpc", func(t *testing.T) {
+		// The reply goes to the client's exclusive server-named queue,
+		// through the default exchange, with its correlation_id.
+		server := startTutorial(t, port, "rpc_server.py")
+		waitOutput(t, server, " [x] Awaiting RPC requests")
+		if out := runTutorial(t, port, "rpc_client.py"); out != " [x] Requesting fib(30)\n [.] Got 832040\n" {
+			t.Fatalf("rpc_client.py printed %q", out)
+		}
+		waitOutput(t, server, " [.] fib(30)")
 	})
 }
 
