@@ -392,6 +392,9 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 	case len(m.Arguments) > 0:
 		return methodError(NotImplemented, m, "consumer arguments are not supported by Courier's AMQP gateway")
 	}
+	if m.Queue == replyTo {
+		return c.consumeReplyTo(ch, m)
+	}
 	if c.lockedBy(m.Queue) {
 		return c.closeChannel(ch, locked(m, m.Queue))
 	}
@@ -456,6 +459,9 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 // basicCancel detaches a consumer; the tasks it held go to other
 // consumers (Courier redelivers them), so its delivery tags are void.
 func (c *conn) basicCancel(ch *channel, m *BasicCancel) error {
+	if ch.reply != nil && ch.reply.tag == m.ConsumerTag {
+		c.cancelReplyTo(ch)
+	}
 	if cs := ch.consumers[m.ConsumerTag]; cs != nil {
 		c.cancelConsumer(cs)
 	}

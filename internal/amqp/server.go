@@ -150,6 +150,7 @@ type Server struct {
 	conns       map[*conn]struct{}
 	owners      owners        // exclusive queues
 	kinds       exchangeKinds // exchange types, for bindings
+	replies     replies       // direct reply-to consumers
 	handshaking int
 	open        int
 	shutdown    bool
