@@ -68,6 +68,20 @@ func TestAMQPRPCToCourierHandler(t *testing.T) {
 		}
 	})
 
+	t.Run("without reply_to", func(t *testing.T) {
+		_, ch2 := amqpChannel(t, url)
+		if err := ch2.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		confirms := ch2.NotifyPublish(make(chan amqp091.Confirmation, 1))
+		if err := ch2.Publish("", "fib", false, false, amqp091.Publishing{Body: []byte("1")}); err != nil {
+			t.Fatal(err)
+		}
+		if c := testutil.Recv(t, confirms, 30*time.Second); c.Ack {
+			t.Fatal("a request without reply_to was confirmed")
+		}
+	})
+
 	t.Run("reply queue", func(t *testing.T) {
 		_, ch2 := amqpChannel(t, url)
 		q, err := ch2.QueueDeclare("", false, false, true, false, nil)
