@@ -128,7 +128,7 @@ func TestStalledConsumerHoldsNobody(t *testing.T) {
 // slow consumer, and its deliveries go to the consumer that reads.
 func TestSlowConsumerCutAtLimit(t *testing.T) {
 	const prefetch, size, n = 100, 64 << 10, 200
-	_, url := queueServer(t, Config{WriteTimeout: 10 * time.Minute, OutboxLimit: 1 << 20})
+	_, url := queueServer(t, Config{WriteTimeout: 10 * time.Minute, OutboxLimit: 1 << 20, MaxMessage: 128 << 10})
 	rc := stalledConsumer(t, url, prefetch)
 	publishN(t, url, n, size)
 	consumeN(t, url, n)

@@ -50,7 +50,8 @@ type Config struct {
 	// OutboxLimit bounds the bytes waiting to be written to one client:
 	// a delivery that would take it past the limit cuts the client off
 	// as a slow consumer (one message always passes an empty buffer);
-	// other frames may take it to twice the limit. Default: 16 MiB.
+	// other frames may take it to twice the limit. Default: 16 MiB; at
+	// least twice MaxMessage (and 64 KiB).
 	OutboxLimit int
 	// MaxHandshakes bounds the connections still in their handshake; one
 	// more is closed at once. Default: 1024.
@@ -112,14 +113,16 @@ func (c *Config) setDefaults() {
 	if c.OutboxLimit <= 0 {
 		c.OutboxLimit = d.OutboxLimit
 	}
+	if c.MaxMessage <= 0 {
+		c.MaxMessage = d.MaxMessage
+	}
+	// Two of the largest messages always fit, with their frames.
+	c.OutboxLimit = max(c.OutboxLimit, 2*c.MaxMessage+64<<10)
 	if c.MaxHandshakes <= 0 {
 		c.MaxHandshakes = d.MaxHandshakes
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = d.MaxConns
-	}
-	if c.MaxMessage <= 0 {
-		c.MaxMessage = d.MaxMessage
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
