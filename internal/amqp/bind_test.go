@@ -149,3 +149,37 @@ func TestQueueBindKeepsMessages(t *testing.T) {
 	}
 	none(t, ch, "q", ds)
 }
+
+// An exclusive queue's bindings go with it when its connection closes;
+// what is not built fails loudly.
+func TestQueueBindExclusiveAndRefusals(t *testing.T) {
+	s, url := queueServer(t, Config{})
+	b := s.cfg.Broker
+	c := dial(t, url)
+	ch := channelOf(t, c)
+	for _, x := range []struct{ name, kind string }{{"d", "direct"}, {"h", "headers"}} {
+		if err := ch.ExchangeDeclare(x.name, x.kind, false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q, err := ch.QueueDeclare("", false, false, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q.Name, "k", "d", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if xs := boundExchanges(b, q.Name); len(xs) != 1 || xs[0] != "d" {
+		t.Fatalf("bound to %v", xs)
+	}
+	other := dial(t, url)
+	wantCode(t, channelOf(t, other).QueueBind("q", "k", "h", false, amqp091.Table{"x-match": "all", "a": "1"}), NotImplemented)
+	wantCode(t, channelOf(t, dial(t, url)).QueueBind("q", "a.*", "d", false, nil), NotImplemented)
+	c.Close()
+	for deadline := time.Now().Add(wait); len(boundExchanges(b, q.Name)) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the exclusive queue's binding outlived its connection: %v", boundExchanges(b, q.Name))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
