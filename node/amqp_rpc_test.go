@@ -3,12 +3,14 @@ package node
 import (
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/courier-mq/courier"
+	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/testutil"
 )
 
@@ -66,6 +68,25 @@ func TestAMQPRPCToCourierHandler(t *testing.T) {
 		if string(d.Body) != "not a number" || d.Headers["x-courier-error"] != "not a number" {
 			t.Fatalf("error reply %q %v", d.Body, d.Headers)
 		}
+	})
+
+	t.Run("no handler", func(t *testing.T) {
+		if _, err := n.Connect().ReqResp(ctx, "idle"); err != nil {
+			t.Fatal(err)
+		}
+		_, ch3 := amqpChannel(t, url)
+		replies, err := ch3.Consume("amq.rabbitmq.reply-to", "", true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ch3.Publish("", "idle", false, false, amqp091.Publishing{ReplyTo: "amq.rabbitmq.reply-to", CorrelationId: "c9", Expiration: "200"}); err != nil {
+			t.Fatal(err)
+		}
+		d := testutil.Recv(t, replies, 30*time.Second)
+		if d.CorrelationId != "c9" || d.Headers["x-courier-error"] == nil {
+			t.Fatalf("reply %q correlation %q headers %v", d.Body, d.CorrelationId, d.Headers)
+		}
+		t.Logf("reply to a request without a handler: %q %v", d.Body, d.Headers)
 	})
 
 	t.Run("without reply_to", func(t *testing.T) {
@@ -144,5 +165,37 @@ func TestAMQPDirectReplyTo(t *testing.T) {
 		if string(d.Body) != "re: "+body || d.CorrelationId != corr {
 			t.Fatalf("reply %q correlation %q", d.Body, d.CorrelationId)
 		}
+	}
+}
+
+// TestAMQPRequestRefused: a request the broker refuses (no write
+// permission on the request-response exchange) comes back as an error
+// reply, as a failed request does.
+func TestAMQPRequestRefused(t *testing.T) {
+	n, err := Start(Config{DataDir: t.TempDir(), Log: quiet, AMQP: "127.0.0.1:0", AdminUser: "admin", AdminPassword: "admin-passw0rd"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	ctx := testutil.Context(t, 30*time.Second)
+	if _, err := n.Connect().ReqResp(ctx, "svc"); err != nil {
+		t.Fatal(err)
+	}
+	perms := auth.Permissions{Read: auth.Patterns{"#"}}
+	if _, err := n.users.PutUser("bob", auth.UserChange{Password: "bob-passw0rd", Permissions: &perms}); err != nil {
+		t.Fatal(err)
+	}
+	url := strings.Replace(n.AMQPURL(), "amqp://", "amqp://bob:bob-passw0rd@", 1) + "/"
+	_, ch := amqpChannel(t, url)
+	replies, err := ch.Consume("amq.rabbitmq.reply-to", "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Publish("", "svc", false, false, amqp091.Publishing{ReplyTo: "amq.rabbitmq.reply-to", CorrelationId: "r1"}); err != nil {
+		t.Fatal(err)
+	}
+	d := testutil.Recv(t, replies, 30*time.Second)
+	if d.CorrelationId != "r1" || d.Headers["x-courier-error"] == nil {
+		t.Fatalf("reply %q correlation %q headers %v", d.Body, d.CorrelationId, d.Headers)
 	}
 }

@@ -2,6 +2,7 @@ package amqp
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -243,8 +244,7 @@ func (c *conn) attachSource(cs *consumer, exchange string) error {
 func wireErr(err error) *Error {
 	var we *wire.Error
 	code := wire.CodeInternal
-	if e, ok := err.(*wire.Error); ok {
-		we = e
+	if errors.As(err, &we) {
 		code = we.Code
 	}
 	return fromWire(code, err.Error())

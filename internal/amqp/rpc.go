@@ -156,7 +156,9 @@ func (c *conn) request(ch *channel, p *pending) {
 	c.confirmNow(ch)
 }
 
-// response sends a RESPONSE to its request's reply_to. A chunk of a
+// response sends a RESPONSE to its request's reply_to; the broker ends
+// every request with a RESPONSE marked last (a refusal and a timeout
+// too), which forgets it. A chunk of a
 // stream is one reply each; an error is a reply with the headers
 // x-courier-error (its text) and x-courier-error-code.
 func (c *conn) response(f *wire.Frame) {
