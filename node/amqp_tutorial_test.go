@@ -61,10 +61,10 @@ func runTutorial(t *testing.T, port, script string, args ...string) string {
 }
 
 // startTutorial starts a script that runs until killed.
-func startTutorial(t *testing.T, port, script string) *lockedBuffer {
+func startTutorial(t *testing.T, port, script string, args ...string) *lockedBuffer {
 	t.Helper()
 	out := &lockedBuffer{}
-	cmd := tutorial(t, port, script)
+	cmd := tutorial(t, port, script, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -89,9 +89,11 @@ func waitOutput(t *testing.T, out *lockedBuffer, want ...string) {
 	}, "output %q; got:\n%s", want, out)
 }
 
-// TestTutorialsPika runs RabbitMQ's Python tutorials 1 (hello world) and 2
-// (work queues), with Debian's pika, against a Courier node, and checks
-// their outputs as the tutorials print them.
+// TestTutorialsPika runs RabbitMQ's Python tutorials 1 (hello world), 2
+// (work queues), 3 (publish/subscribe), 4 (routing), 5 (topics) and 6
+// (RPC), with
+// Debian's pika, against a Courier node, and checks their outputs as the
+// tutorials print them.
 func TestTutorialsPika(t *testing.T) {
 	needPika(t)
 	n, _ := amqpNode(t)
@@ -133,6 +135,82 @@ func TestTutorialsPika(t *testing.T) {
 		if !strings.Contains(w1.String(), " [x] Received") || !strings.Contains(w2.String(), " [x] Received") {
 			t.Fatalf("one worker took every task; worker 1:\n%s\nworker 2:\n%s", w1, w2)
 		}
+	})
+
+	const waiting = " [*] Waiting for logs. To exit press CTRL+C"
+	t.Run("3 publish subscribe", func(t *testing.T) {
+		// Two receivers, each with its exclusive server-named queue bound
+		// to the fanout exchange: both get every log.
+		r1, r2 := startTutorial(t, port, "receive_logs.py"), startTutorial(t, port, "receive_logs.py")
+		waitOutput(t, r1, waiting)
+		waitOutput(t, r2, waiting)
+		if out := runTutorial(t, port, "emit_log.py"); out != " [x] Sent info: Hello World!\n" {
+			t.Fatalf("emit_log.py printed %q", out)
+		}
+		runTutorial(t, port, "emit_log.py", "second")
+		for _, r := range []*lockedBuffer{r1, r2} {
+			waitOutput(t, r, " [x] b'info: Hello World!'", " [x] b'second'")
+		}
+	})
+
+	t.Run("4 routing", func(t *testing.T) {
+		errs := startTutorial(t, port, "receive_logs_direct.py", "warning", "error")
+		all := startTutorial(t, port, "receive_logs_direct.py", "info", "warning", "error")
+		waitOutput(t, errs, waiting)
+		waitOutput(t, all, waiting)
+		if out := runTutorial(t, port, "emit_log_direct.py", "error", "Run. Run. Or it will explode."); out != " [x] Sent error:Run. Run. Or it will explode.\n" {
+			t.Fatalf("emit_log_direct.py printed %q", out)
+		}
+		runTutorial(t, port, "emit_log_direct.py", "info", "just so")
+		runTutorial(t, port, "emit_log_direct.py", "debug", "never")
+		runTutorial(t, port, "emit_log_direct.py", "warning", "last")
+		waitOutput(t, all, " [x] error:b'Run. Run. Or it will explode.'", " [x] info:b'just so'", " [x] warning:b'last'")
+		// Deliveries of one queue are in order: "last" came after the
+		// others, so what errs did not get by then it never gets.
+		waitOutput(t, errs, " [x] error:b'Run. Run. Or it will explode.'", " [x] warning:b'last'")
+		for _, r := range []*lockedBuffer{errs, all} {
+			if strings.Contains(r.String(), "never") {
+				t.Fatalf("an unbound severity was delivered:\n%s", r)
+			}
+		}
+		if strings.Contains(errs.String(), "just so") {
+			t.Fatalf("info reached the warning/error receiver:\n%s", errs)
+		}
+	})
+
+	t.Run("5 topics", func(t *testing.T) {
+		all := startTutorial(t, port, "receive_logs_topic.py", "#")
+		kern := startTutorial(t, port, "receive_logs_topic.py", "kern.*")
+		crit := startTutorial(t, port, "receive_logs_topic.py", "kern.*", "*.critical")
+		for _, r := range []*lockedBuffer{all, kern, crit} {
+			waitOutput(t, r, waiting)
+		}
+		if out := runTutorial(t, port, "emit_log_topic.py", "kern.critical", "A critical kernel error"); out != " [x] Sent kern.critical:A critical kernel error\n" {
+			t.Fatalf("emit_log_topic.py printed %q", out)
+		}
+		runTutorial(t, port, "emit_log_topic.py", "app.critical", "app down")
+		runTutorial(t, port, "emit_log_topic.py", "kern.info.deep", "too deep")
+		runTutorial(t, port, "emit_log_topic.py", "kern.info", "last")
+		waitOutput(t, all, " [x] kern.critical:b'A critical kernel error'", " [x] app.critical:b'app down'", " [x] kern.info.deep:b'too deep'", " [x] kern.info:b'last'")
+		waitOutput(t, kern, " [x] kern.critical:b'A critical kernel error'", " [x] kern.info:b'last'")
+		waitOutput(t, crit, " [x] kern.critical:b'A critical kernel error'", " [x] app.critical:b'app down'", " [x] kern.info:b'last'")
+		if strings.Contains(kern.String(), "app down") || strings.Contains(kern.String(), "too deep") || strings.Contains(crit.String(), "too deep") {
+			t.Fatalf("a key was delivered that no binding matches:\nkern.*:\n%s\nkern.* *.critical:\n%s", kern, crit)
+		}
+		if n := strings.Count(crit.String(), "A critical kernel error"); n != 1 {
+			t.Fatalf("a message matching two bindings came %d times, want once:\n%s", n, crit)
+		}
+	})
+
+	t.Run("6 rpc", func(t *testing.T) {
+		// The reply goes to the client's exclusive server-named queue,
+		// through the default exchange, with its correlation_id.
+		server := startTutorial(t, port, "rpc_server.py")
+		waitOutput(t, server, " [x] Awaiting RPC requests")
+		if out := runTutorial(t, port, "rpc_client.py"); out != " [x] Requesting fib(30)\n [.] Got 832040\n" {
+			t.Fatalf("rpc_client.py printed %q", out)
+		}
+		waitOutput(t, server, " [.] fib(30)")
 	})
 }
 

@@ -22,6 +22,8 @@ type channel struct {
 	prefetch  int
 	consumers map[string]*consumer
 	tags      deliveries
+	// reply is the channel's consumer of amq.rabbitmq.reply-to (rpc.go).
+	reply *replyConsumer
 }
 
 // pending is a basic.publish waiting for its content header and body.
@@ -216,6 +218,10 @@ func (c *conn) brokerMethod(ch *channel, m Method) (bool, error) {
 		return true, c.queueDelete(ch, m)
 	case *QueuePurge:
 		return true, c.queuePurge(ch, m)
+	case *QueueBind:
+		return true, c.queueBind(ch, m)
+	case *QueueUnbind:
+		return true, c.queueUnbind(ch, m)
 	case *BasicQos:
 		return true, c.basicQos(ch, m)
 	case *BasicConsume:
@@ -254,6 +260,7 @@ func (c *conn) basicPublish(ch *channel, m *BasicPublish) error {
 
 // cancelConsumers cancels the consumers of a channel that closes.
 func (c *conn) cancelConsumers(ch *channel) {
+	c.cancelReplyTo(ch)
 	for _, cs := range ch.consumers {
 		c.cancelConsumer(cs)
 	}

@@ -17,8 +17,8 @@ import (
 const closeWait = 3 * time.Second
 
 // conn is one AMQP connection. Its read loop (serve) owns the channels and
-// the negotiated settings; writes from any goroutine go through send,
-// which holds wmu.
+// the negotiated settings; writes from any goroutine go through the
+// outbox, which the write loop writes (outbox.go).
 type conn struct {
 	s      *Server
 	nc     net.Conn
@@ -40,14 +40,20 @@ type conn struct {
 	clientProps Table
 	// gw is the broker side; nil when the server has no broker.
 	gw *gateway
+	// owned are the exclusive queues the connection declared.
+	owned map[string]bool
 	// nextAttach is the id of the last worker attachment.
 	nextAttach uint32
 	// buffered counts the body octets of publications not yet whole, on
 	// all channels: at most twice Config.MaxMessage.
 	buffered int
 
-	wmu       sync.Mutex // guards wbuf and writes to nc
-	wbuf      []byte
+	out       *outbox
+	wdone     chan struct{} // closed when the write loop ends
+	cutting   chan struct{} // closed by cut
+	cutOnce   sync.Once
+	dmu       sync.Mutex   // guards closeBy and setting the write deadline
+	closeBy   time.Time    // set by close: the last writes' deadline
 	lastWrite atomic.Int64 // unix ns of the last write
 
 	closeOnce sync.Once
@@ -59,12 +65,14 @@ func newConn(s *Server, nc net.Conn) *conn {
 	return &conn{
 		s: s, nc: nc, peer: nc.RemoteAddr().String(), r: NewReader(nc), opened: time.Now(),
 		inHandshake: true, frameMax: FrameMinSize, channels: make(map[uint16]*channel),
-		done: make(chan struct{}),
+		done: make(chan struct{}), out: newOutbox(s.cfg.OutboxLimit),
+		wdone: make(chan struct{}), cutting: make(chan struct{}),
 	}
 }
 
 // serve runs the connection to its end.
 func (c *conn) serve() {
+	go c.writeLoop()
 	defer c.close()
 	if err := c.handshake(); err != nil {
 		c.fail(err, "handshake")
@@ -109,30 +117,34 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
+// close ends the connection: what the outbox holds is written, within
+// closeGrace, then the socket is closed.
 func (c *conn) close() {
 	c.closeOnce.Do(func() {
-		close(c.done)
+		c.dmu.Lock()
+		c.closeBy = time.Now().Add(closeGrace)
+		c.nc.SetWriteDeadline(c.closeBy)
+		c.dmu.Unlock()
+		c.out.close()
+		<-c.wdone
 		c.nc.Close()
+		close(c.done)
 	})
 }
 
-// send writes one method frame on channel.
+// send queues one method frame on channel for the write loop.
 func (c *conn) send(channel uint16, m Method) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	b, err := AppendMethod(c.wbuf[:0], channel, m)
-	if err != nil {
-		return err
-	}
-	c.wbuf = b
-	return c.writeLocked(b)
+	return c.put(func(b []byte) ([]byte, error) { return AppendMethod(b, channel, m) }, false, nil)
 }
 
-// writeLocked writes b with the write deadline; c.wmu is held.
-func (c *conn) writeLocked(b []byte) error {
-	c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-	_, err := c.nc.Write(b)
-	c.lastWrite.Store(time.Now().UnixNano())
+// put queues frames on the outbox; a client that does not read what is
+// sent to it is cut off.
+func (c *conn) put(encode func([]byte) ([]byte, error), data bool, after func()) error {
+	err := c.out.put(encode, data, after)
+	if errors.Is(err, errSlowConsumer) {
+		c.s.log.Warn("amqp slow consumer disconnected: too much waits for it", "peer", c.peer, "user", c.user, "limit", c.out.limit)
+		c.cut()
+	}
 	if err != nil {
 		return fmt.Errorf("amqp: write to %s: %w", c.peer, err)
 	}
@@ -155,11 +167,7 @@ func (c *conn) beat(interval time.Duration) {
 		if time.Since(time.Unix(0, c.lastWrite.Load())) < half {
 			continue
 		}
-		c.wmu.Lock()
-		err := c.writeLocked(hb)
-		c.wmu.Unlock()
-		if err != nil {
-			c.close()
+		if err := c.put(func(b []byte) ([]byte, error) { return append(b, hb...), nil }, false, nil); err != nil {
 			return
 		}
 	}
@@ -227,16 +235,14 @@ func truncate(s string) string {
 // the handshake timeout.
 func (c *conn) handshake() error {
 	deadline := time.Now().Add(c.s.cfg.HandshakeTimeout)
-	c.nc.SetDeadline(deadline)
+	c.nc.SetReadDeadline(deadline)
 	var hdr [8]byte
 	if _, err := io.ReadFull(c.nc, hdr[:]); err != nil {
 		return err
 	}
 	if !bytes.Equal(hdr[:], ProtocolHeader) {
 		// The spec's answer: the header of the protocol we speak, then close.
-		c.wmu.Lock()
-		c.writeLocked(ProtocolHeader)
-		c.wmu.Unlock()
+		c.put(func(b []byte) ([]byte, error) { return append(b, ProtocolHeader...), nil }, false, nil)
 		c.s.log.Info("amqp connection refused: not AMQP 0-9-1", "peer", c.peer, "header", fmt.Sprintf("%q", hdr[:]))
 		return errClosed
 	}
@@ -272,7 +278,7 @@ func (c *conn) handshake() error {
 	if e := c.s.opened(c); e != nil {
 		return e
 	}
-	c.nc.SetDeadline(time.Time{})
+	c.nc.SetReadDeadline(time.Time{})
 	return c.send(0, &ConnectionOpenOK{})
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,6 +41,8 @@ type gateway struct {
 	nextRef uint64
 	// consumers are the connection's consumers by attachment id.
 	consumers map[uint32]*consumer
+	// rpcs are the REQUESTs waiting for responses, by Ref (rpc.go).
+	rpcs map[uint64]pendingRPC
 	// chanErrs are errors of publications without confirms (or refused
 	// outright), by channel, for the read loop to close those channels.
 	chanErrs map[uint16]*Error
@@ -67,7 +70,11 @@ func (c *conn) openSession() {
 // closeSession closes the broker session, if any.
 func (c *conn) closeSession() {
 	if c.gw != nil {
+		for _, ch := range c.channels {
+			c.cancelReplyTo(ch)
+		}
 		c.gw.sess.Close()
+		c.deleteOwned()
 	}
 }
 
@@ -79,6 +86,9 @@ func (c *conn) deliver(f *wire.Frame) {
 	case wire.TypeOK, wire.TypeError:
 	case wire.TypeTask:
 		c.deliverTask(f)
+		return
+	case wire.TypeResponse:
+		c.response(f)
 		return
 	case wire.TypeEvent:
 		if f.Aux == wire.EventDetached {
@@ -247,6 +257,9 @@ func (c *conn) exchangeDeclare(ch *channel, m *ExchangeDeclare) error {
 		e.ClassID, e.MethodID = m.ClassMethod()
 		return c.channelError(ch, e)
 	}
+	if !m.Passive {
+		c.s.kinds.set(m.Exchange, m.Type)
+	}
 	if m.NoWait {
 		return nil
 	}
@@ -296,6 +309,19 @@ func (c *conn) publish(ch *channel, p *pending) error {
 		return c.closeChannel(ch, &Error{Code: PreconditionFailed, ClassID: ClassBasic, MethodID: 40,
 			Text: fmt.Sprintf("PRECONDITION_FAILED - user_id property set to '%s' but authenticated user was '%s'", uid, c.user)})
 	}
+	if !c.rewriteReplyTo(ch, p) {
+		return c.closeChannel(ch, requestError("fast reply consumer does not exist"))
+	}
+	if p.exchange == "" {
+		switch {
+		case strings.HasPrefix(p.key, replyTo+"."):
+			c.s.directReply(p.key, &p.props, p.body)
+			return c.confirmNow(ch)
+		case p.props.ReplyTo != "" && c.isRequestExchange(p.key):
+			c.request(ch, p)
+			return nil
+		}
+	}
 	f := wire.NewFrame(wire.TypePublish)
 	f.Name, f.Key, f.Body = p.exchange, p.key, p.body
 	f.Header = propsToHeaders(&p.props)
@@ -320,6 +346,15 @@ func (c *conn) publish(ch *channel, p *pending) error {
 	}
 	c.flow()
 	return nil
+}
+
+// confirmNow confirms a publication the gateway delivered itself.
+func (c *conn) confirmNow(ch *channel) error {
+	if !ch.confirm {
+		return nil
+	}
+	ch.nextTag++
+	return c.send(ch.id, &BasicAck{DeliveryTag: ch.nextTag})
 }
 
 // checkChanErrs closes the channels whose publications failed.
@@ -408,6 +443,13 @@ func (g *gateway) addConsumer(cs *consumer) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.consumers[cs.attach] = cs
+}
+
+// addSource maps another attachment of cs (a bound exchange's) to it.
+func (g *gateway) addSource(cs *consumer, attach uint32) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.consumers[attach] = cs
 }
 
 func (g *gateway) removeConsumer(attach uint32) {

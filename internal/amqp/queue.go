@@ -23,9 +23,15 @@ import (
 // a queue that does not exist drops it, as RabbitMQ does.
 const refDefault = 1 << 47
 
-// maxPrefetch is the largest worker credit Courier allows; prefetch 0
-// (no limit in AMQP) takes it.
-const maxPrefetch = 65535
+// The worker credit of consumers without a prefetch: prefetch 0 (no
+// limit in AMQP), and no-ack consumers, whose deliveries are acked once
+// written to the socket. They bound what the broker hands a consumer
+// ahead of its socket, so that a fast reader is not cut off as a slow
+// consumer by a burst of the whole queue.
+const (
+	unlimitedPrefetch = 1000
+	noAckPrefetch     = 256
+)
 
 // consumer is one basic.consume: a worker attachment of the session.
 type consumer struct {
@@ -34,16 +40,22 @@ type consumer struct {
 	attach uint32
 	noAck  bool
 	ch     *channel
+	// prefetch is the credit of each of its attachments; sources are
+	// its durable subscriber attachments by bound exchange (bind.go).
+	prefetch int
+	sources  map[string]uint32
 
 	// Until consume-ok is sent (ready), deliveries wait in early: the
 	// broker may deliver while the ATTACH is being handled.
-	mu    sync.Mutex // guards ready, early
+	mu    sync.Mutex // guards ready, early, sources
 	ready bool
 	early []task
 }
 
 // task is a delivery kept until its consumer is ready.
 type task struct {
+	attach   uint32
+	key      string
 	id       uint64
 	attempts uint64
 	header   map[string]string
@@ -207,10 +219,7 @@ func randomName(prefix string) string {
 
 // queueDeclare maps queue.declare onto a DECLARE of a task exchange.
 func (c *conn) queueDeclare(ch *channel, m *QueueDeclare) error {
-	switch {
-	case m.Exclusive:
-		return methodError(NotImplemented, m, "exclusive queues are not built yet in Courier's AMQP gateway")
-	case m.AutoDelete:
+	if m.AutoDelete {
 		return methodError(NotImplemented, m, "auto-delete queues are not built yet in Courier's AMQP gateway")
 	}
 	name := m.Queue
@@ -218,6 +227,18 @@ func (c *conn) queueDeclare(ch *channel, m *QueueDeclare) error {
 		name = randomName("amq.gen-")
 	} else if !m.Passive && len(name) >= 4 && name[:4] == "amq." {
 		return c.closeChannel(ch, methodError(AccessRefused, m, fmt.Sprintf("ACCESS_REFUSED - queue name '%s' contains reserved prefix 'amq.*'", name)))
+	}
+	if c.lockedBy(name) {
+		return c.closeChannel(ch, locked(m, name))
+	}
+	exclusive := m.Exclusive && !m.Passive
+	if exclusive && c.s.owners.owner(name) != c {
+		// An existing queue that is not ours is locked to us.
+		if r, err := c.queueExists(name); err != nil {
+			return err
+		} else if r {
+			return c.closeChannel(ch, locked(m, name))
+		}
 	}
 	f := wire.NewFrame(wire.TypeDeclare)
 	f.Name = name
@@ -228,13 +249,34 @@ func (c *conn) queueDeclare(ch *channel, m *QueueDeclare) error {
 		if e != nil {
 			return c.channelError(ch, e)
 		}
+		cfg.Transient = cfg.Transient || exclusive
 		f.Body, _ = json.Marshal(cfg)
+	}
+	fresh := false
+	if exclusive {
+		var ok bool
+		if ok, fresh = c.s.owners.claim(name, c); !ok {
+			return c.closeChannel(ch, locked(m, name))
+		}
 	}
 	r, err := c.gw.call(f)
 	if err != nil {
+		if fresh {
+			c.s.owners.release(name, c)
+		}
 		return err
 	}
 	defer r.Release()
+	if fresh {
+		if r.Type == wire.TypeError {
+			c.s.owners.release(name, c)
+		} else {
+			if c.owned == nil {
+				c.owned = make(map[string]bool)
+			}
+			c.owned[name] = true
+		}
+	}
 	if r.Type == wire.TypeError {
 		e := fromWire(wire.Code(r.Aux), r.Tag)
 		if e.Code == NotFound {
@@ -258,11 +300,31 @@ func (c *conn) queueDeclare(ch *channel, m *QueueDeclare) error {
 	return c.send(ch.id, ok)
 }
 
+// queueExists reports whether queue exists, with a passive DECLARE.
+func (c *conn) queueExists(queue string) (bool, error) {
+	f := wire.NewFrame(wire.TypeDeclare)
+	f.Name, f.Aux = queue, 1
+	r, err := c.gw.call(f)
+	if err != nil {
+		return false, err
+	}
+	defer r.Release()
+	return r.Type != wire.TypeError, nil
+}
+
 // queueDelete maps queue.delete onto a DELETE of the queue.
 func (c *conn) queueDelete(ch *channel, m *QueueDelete) error {
 	if m.IfUnused || m.IfEmpty {
 		return methodError(NotImplemented, m, "queue.delete if-unused and if-empty are not built yet in Courier's AMQP gateway")
 	}
+	if c.lockedBy(m.Queue) {
+		return c.closeChannel(ch, locked(m, m.Queue))
+	}
+	if c.owned[m.Queue] {
+		delete(c.owned, m.Queue)
+		defer c.s.owners.release(m.Queue, c)
+	}
+	defer c.dropBindings(m.Queue)
 	f := wire.NewFrame(wire.TypeDelete)
 	f.Name, f.Aux = m.Queue, 1
 	r, err := c.gw.call(f)
@@ -284,6 +346,9 @@ func (c *conn) queueDelete(ch *channel, m *QueueDelete) error {
 // queuePurge drops the queue's ready messages, with the read permission
 // on it, as RabbitMQ asks.
 func (c *conn) queuePurge(ch *channel, m *QueuePurge) error {
+	if c.lockedBy(m.Queue) {
+		return c.closeChannel(ch, locked(m, m.Queue))
+	}
 	if u := c.s.cfg.Users; u != nil && u.Perms(c.user, m.Queue)&auth.Read == 0 {
 		return c.closeChannel(ch, methodError(AccessRefused, m, fmt.Sprintf("ACCESS_REFUSED - access to queue '%s' in vhost '/' refused for user '%s'", m.Queue, c.user)))
 	}
@@ -327,6 +392,12 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 	case len(m.Arguments) > 0:
 		return methodError(NotImplemented, m, "consumer arguments are not supported by Courier's AMQP gateway")
 	}
+	if m.Queue == replyTo {
+		return c.consumeReplyTo(ch, m)
+	}
+	if c.lockedBy(m.Queue) {
+		return c.closeChannel(ch, locked(m, m.Queue))
+	}
 	tag := m.ConsumerTag
 	if tag == "" {
 		tag = randomName("amq.ctag-")
@@ -335,11 +406,14 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 		return methodError(NotAllowed, m, fmt.Sprintf("NOT_ALLOWED - attempt to reuse consumer tag '%s'", tag))
 	}
 	prefetch := ch.prefetch
-	if prefetch == 0 || m.NoAck {
-		prefetch = maxPrefetch
+	switch {
+	case m.NoAck:
+		prefetch = noAckPrefetch
+	case prefetch == 0:
+		prefetch = unlimitedPrefetch
 	}
 	c.nextAttach++
-	cs := &consumer{tag: tag, queue: m.Queue, attach: c.nextAttach, noAck: m.NoAck, ch: ch}
+	cs := &consumer{tag: tag, queue: m.Queue, attach: c.nextAttach, noAck: m.NoAck, ch: ch, prefetch: prefetch}
 	c.gw.addConsumer(cs)
 	f := wire.NewFrame(wire.TypeAttach)
 	f.Name, f.Aux, f.Attach = m.Queue, wire.RoleWorker, cs.attach
@@ -362,6 +436,11 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 		return c.channelError(ch, e)
 	}
 	ch.consumers[tag] = cs
+	for _, x := range boundExchanges(c.s.cfg.Broker, m.Queue) {
+		if err := c.attachSource(cs, x); err != nil {
+			return err
+		}
+	}
 	if !m.NoWait {
 		if err := c.send(ch.id, &BasicConsumeOK{ConsumerTag: tag}); err != nil {
 			return err
@@ -380,6 +459,9 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 // basicCancel detaches a consumer; the tasks it held go to other
 // consumers (Courier redelivers them), so its delivery tags are void.
 func (c *conn) basicCancel(ch *channel, m *BasicCancel) error {
+	if ch.reply != nil && ch.reply.tag == m.ConsumerTag {
+		c.cancelReplyTo(ch)
+	}
 	if cs := ch.consumers[m.ConsumerTag]; cs != nil {
 		c.cancelConsumer(cs)
 	}
@@ -391,13 +473,30 @@ func (c *conn) basicCancel(ch *channel, m *BasicCancel) error {
 
 func (c *conn) cancelConsumer(cs *consumer) {
 	delete(cs.ch.consumers, cs.tag)
-	c.gw.removeConsumer(cs.attach)
+	c.detach(cs.attach)
+	cs.mu.Lock()
+	ids := make([]uint32, 0, len(cs.sources))
+	for _, id := range cs.sources {
+		ids = append(ids, id)
+	}
+	cs.mu.Unlock()
+	for _, id := range ids {
+		c.detach(id)
+	}
+}
+
+// detach ends one attachment of a consumer.
+func (c *conn) detach(attach uint32) {
+	c.gw.removeConsumer(attach)
 	f := wire.NewFrame(wire.TypeDetach)
-	f.Attach = cs.attach
+	f.Attach = attach
 	if r, err := c.gw.call(f); err == nil {
 		r.Release()
 	}
-	cs.ch.tags.drop(cs.attach)
+	// The consumer's channel forgets the deliveries of attach.
+	for _, ch := range c.channels {
+		ch.tags.drop(attach)
+	}
 }
 
 // consumerGone tells the client that the broker ended a consumer (its
@@ -409,6 +508,12 @@ func (c *conn) consumerGone(attach uint32, why string) {
 		return
 	}
 	c.gw.removeConsumer(attach)
+	if attach != cs.attach {
+		// A bound exchange was deleted: the consumer goes on with the
+		// queue's other sources.
+		cs.ch.tags.drop(attach)
+		return
+	}
 	cs.ch.tags.drop(attach)
 	c.s.log.Info("amqp consumer cancelled by the broker", "peer", c.peer, "consumer", cs.tag, "queue", cs.queue, "why", why)
 	caps, _ := c.clientProps["capabilities"].(Table)
@@ -452,7 +557,7 @@ func (c *conn) deliverTask(f *wire.Frame) {
 	if cs == nil {
 		return // cancelled: the broker redelivers what it still sends
 	}
-	t := task{id: f.Ref, attempts: f.Aux, header: f.Header, body: f.Body}
+	t := task{attach: f.Attach, key: f.Key, id: f.Ref, attempts: f.Aux, header: f.Header, body: f.Body}
 	cs.mu.Lock()
 	if !cs.ready {
 		t.body = append([]byte(nil), f.Body...)
@@ -467,33 +572,48 @@ func (c *conn) deliverTask(f *wire.Frame) {
 // sendTask writes one delivery, and acks it at once for a no-ack
 // consumer.
 func (c *conn) sendTask(cs *consumer, t task) {
-	tag := cs.ch.tags.add(held{attach: cs.attach, task: t.id}, !cs.noAck)
+	tag := cs.ch.tags.add(held{attach: t.attach, task: t.id}, !cs.noAck)
 	d := &BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag, Redelivered: t.attempts > 0, RoutingKey: cs.queue}
-	if err := c.sendContent(cs.ch.id, d, headersToProps(t.header), t.body); err != nil {
-		c.s.log.Debug("amqp delivery failed", "peer", c.peer, "err", err)
-		c.close()
-		return
+	if t.attach != cs.attach {
+		// From a bound exchange: its name and the publication's key.
+		d.RoutingKey = t.key
+		cs.mu.Lock()
+		for x, id := range cs.sources {
+			if id == t.attach {
+				d.Exchange = x
+			}
+		}
+		cs.mu.Unlock()
 	}
+	var after func()
 	if cs.noAck {
-		a := wire.NewFrame(wire.TypeAck)
-		a.Attach, a.Ref = cs.attach, t.id
-		c.gw.sess.Handle(a)
+		// Acked once written: until then the task counts against the
+		// consumer's credit, so a client that does not read is sent no
+		// more than noAckPrefetch.
+		after = func() {
+			a := wire.NewFrame(wire.TypeAck)
+			a.Attach, a.Ref = t.attach, t.id
+			c.gw.sess.Handle(a)
+		}
+	}
+	if err := c.sendContent(cs.ch.id, d, headersToProps(t.header), t.body, after); err != nil {
+		// Cut off (a slow consumer) or closed: the broker gives the
+		// consumer's tasks to others when its session closes.
+		c.s.log.Debug("amqp delivery failed", "peer", c.peer, "err", err)
 	}
 }
 
-// sendContent writes a method with content (deliver, get-ok, return).
-func (c *conn) sendContent(channel uint16, m Method, props *Properties, body []byte) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	b, err := AppendMethod(c.wbuf[:0], channel, m)
-	if err == nil {
-		b, err = AppendContent(b, channel, props, body, c.frameMax)
-	}
-	if err != nil {
-		return err
-	}
-	c.wbuf = b
-	return c.writeLocked(b)
+// sendContent queues a method with content (deliver, get-ok, return) as
+// data: it never waits, and a client with more than the outbox limit
+// waiting for it is cut off.
+func (c *conn) sendContent(channel uint16, m Method, props *Properties, body []byte, after func()) error {
+	return c.put(func(b []byte) ([]byte, error) {
+		b, err := AppendMethod(b, channel, m)
+		if err == nil {
+			b, err = AppendContent(b, channel, props, body, c.frameMax)
+		}
+		return b, err
+	}, true, after)
 }
 
 // headersToProps is propsToHeaders backwards: the headers named for

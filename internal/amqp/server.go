@@ -43,8 +43,16 @@ type Config struct {
 	// HandshakeTimeout bounds the time from accept to connection.open.
 	// Default: 10s, RabbitMQ's.
 	HandshakeTimeout time.Duration
-	// WriteTimeout bounds every write to a client. Default: 10s.
+	// WriteTimeout bounds every write to a client: a client that takes
+	// nothing of what waits for it (256 KiB at a time) for this long is
+	// cut off as a slow consumer. Default: 10s.
 	WriteTimeout time.Duration
+	// OutboxLimit bounds the bytes waiting to be written to one client:
+	// a delivery that would take it past the limit cuts the client off
+	// as a slow consumer (one message always passes an empty buffer);
+	// other frames may take it to twice the limit. Default: 16 MiB; at
+	// least twice MaxMessage (and 64 KiB).
+	OutboxLimit int
 	// MaxHandshakes bounds the connections still in their handshake; one
 	// more is closed at once. Default: 1024.
 	MaxHandshakes int
@@ -74,6 +82,7 @@ func DefaultConfig() Config {
 		Heartbeat:        60 * time.Second,
 		HandshakeTimeout: 10 * time.Second,
 		WriteTimeout:     10 * time.Second,
+		OutboxLimit:      16 << 20,
 		MaxHandshakes:    1024,
 		MaxConns:         65536,
 		MaxMessage:       4<<20 - 64<<10,
@@ -101,14 +110,19 @@ func (c *Config) setDefaults() {
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = d.WriteTimeout
 	}
+	if c.OutboxLimit <= 0 {
+		c.OutboxLimit = d.OutboxLimit
+	}
+	if c.MaxMessage <= 0 {
+		c.MaxMessage = d.MaxMessage
+	}
+	// Two of the largest messages always fit, with their frames.
+	c.OutboxLimit = max(c.OutboxLimit, 2*c.MaxMessage+64<<10)
 	if c.MaxHandshakes <= 0 {
 		c.MaxHandshakes = d.MaxHandshakes
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = d.MaxConns
-	}
-	if c.MaxMessage <= 0 {
-		c.MaxMessage = d.MaxMessage
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
@@ -137,6 +151,9 @@ type Server struct {
 	mu          sync.Mutex // guards ln, conns, handshaking, open, shutdown
 	ln          net.Listener
 	conns       map[*conn]struct{}
+	owners      owners        // exclusive queues
+	kinds       exchangeKinds // exchange types, for bindings
+	replies     replies       // direct reply-to consumers
 	handshaking int
 	open        int
 	shutdown    bool
