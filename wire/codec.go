@@ -401,7 +401,7 @@ func (r *Reader) fill(n int) error {
 	// Give back a large buffer once it has drained.
 	if len(r.buf) > maxKeptBuf && r.end-r.start < maxReadBuf && n <= maxReadBuf {
 		r.want = min(r.want, maxKeptBuf)
-		nb := make([]byte, r.want)
+		nb := make([]byte, max(r.want, r.end-r.start))
 		r.end = copy(nb, r.buf[r.start:r.end])
 		r.start = 0
 		r.buf = nb

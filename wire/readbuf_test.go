@@ -102,3 +102,27 @@ func TestReaderLargeFramesKeepBuffer(t *testing.T) {
 		t.Error("the buffer was replaced between large frames of one size")
 	}
 }
+
+// TestReaderGivesBackWithoutLoss: a frame much larger than the buffer,
+// read in many small pieces (which shrink the size the buffer is to
+// take), followed in the same piece by the start of a small frame: the
+// large buffer given back keeps every byte of the small frame.
+func TestReaderGivesBackWithoutLoss(t *testing.T) {
+	big := frames(t, 1, 1<<20)
+	small := frames(t, 1, 3000)
+	stream := append(append([]byte(nil), big...), small...)
+	var chunks [][]byte
+	cut := len(big) + 2000 // the last piece of the big frame and part of the small one
+	for off := 0; off < cut; off += 16 << 10 {
+		chunks = append(chunks, stream[off:min(off+16<<10, cut)])
+	}
+	chunks = append(chunks, stream[cut:])
+	r := NewReader(&feed{chunks: chunks}, 4<<20)
+	var f Frame
+	if err := r.Next(&f); err != nil || len(f.Body) != 1<<20 {
+		t.Fatalf("large frame: %d bytes, %v", len(f.Body), err)
+	}
+	if err := r.Next(&f); err != nil || len(f.Body) != 3000 || !bytes.Equal(f.Body, bytes.Repeat([]byte{'x'}, 3000)) {
+		t.Fatalf("small frame after it: %d bytes, %v", len(f.Body), err)
+	}
+}
