@@ -275,22 +275,33 @@ func (c *conn) exchangeDelete(ch *channel, m *ExchangeDelete) error {
 	if m.IfUnused {
 		return methodError(NotImplemented, m, "exchange.delete if-unused is not supported by Courier's AMQP gateway")
 	}
-	f := wire.NewFrame(wire.TypeDelete)
-	f.Name = m.Exchange
-	r, err := c.gw.call(f)
-	if err != nil {
+	if done, err := c.deleteInBroker(ch, m, m.Exchange, 0); !done {
 		return err
-	}
-	defer r.Release()
-	if r.Type == wire.TypeError && wire.Code(r.Aux) != wire.CodeNotFound {
-		e := fromWire(wire.Code(r.Aux), r.Tag)
-		e.ClassID, e.MethodID = m.ClassMethod()
-		return c.channelError(ch, e)
 	}
 	if m.NoWait {
 		return nil
 	}
 	return c.send(ch.id, &ExchangeDeleteOK{})
+}
+
+// deleteInBroker deletes the Courier exchange name for m (aux 1: with
+// its queue); one that does not exist is no error, as in RabbitMQ.
+// done is false when the broker refused: err is then the channel's or
+// the connection's error, already sent.
+func (c *conn) deleteInBroker(ch *channel, m Method, name string, aux uint64) (done bool, err error) {
+	f := wire.NewFrame(wire.TypeDelete)
+	f.Name, f.Aux = name, aux
+	r, err := c.gw.call(f)
+	if err != nil {
+		return false, err
+	}
+	defer r.Release()
+	if r.Type == wire.TypeError && wire.Code(r.Aux) != wire.CodeNotFound {
+		e := fromWire(wire.Code(r.Aux), r.Tag)
+		e.ClassID, e.MethodID = m.ClassMethod()
+		return false, c.channelError(ch, e)
+	}
+	return true, nil
 }
 
 // channelError closes ch for a soft error, or the connection for a hard

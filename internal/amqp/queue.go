@@ -325,17 +325,8 @@ func (c *conn) queueDelete(ch *channel, m *QueueDelete) error {
 		defer c.s.owners.release(m.Queue, c)
 	}
 	defer c.dropBindings(m.Queue)
-	f := wire.NewFrame(wire.TypeDelete)
-	f.Name, f.Aux = m.Queue, 1
-	r, err := c.gw.call(f)
-	if err != nil {
+	if done, err := c.deleteInBroker(ch, m, m.Queue, 1); !done {
 		return err
-	}
-	defer r.Release()
-	if r.Type == wire.TypeError && wire.Code(r.Aux) != wire.CodeNotFound {
-		e := fromWire(wire.Code(r.Aux), r.Tag)
-		e.ClassID, e.MethodID = m.ClassMethod()
-		return c.channelError(ch, e)
 	}
 	if m.NoWait {
 		return nil
