@@ -140,13 +140,14 @@ func TestAMQPDirectReplyTo(t *testing.T) {
 	}()
 	_, cli := amqpChannel(t, url)
 	// Without a consumer of amq.rabbitmq.reply-to, reply_to is refused.
+	// The refusal closes the channel asynchronously: wait for the close
+	// rather than racing a following method against it.
 	_, other := amqpChannel(t, url)
-	other.Publish("", "rpc_queue", false, false, amqp091.Publishing{ReplyTo: "amq.rabbitmq.reply-to", Body: []byte("x")})
-	if _, err := other.QueueDeclare("rpc_queue", false, false, false, false, nil); err == nil {
-		t.Fatal("a reply_to amq.rabbitmq.reply-to without its consumer was taken")
-	} else {
-		wantAMQPCode(t, err, 406)
+	closed := other.NotifyClose(make(chan *amqp091.Error, 1))
+	if err := other.Publish("", "rpc_queue", false, false, amqp091.Publishing{ReplyTo: "amq.rabbitmq.reply-to", Body: []byte("x")}); err != nil {
+		t.Fatal(err)
 	}
+	wantAMQPCode(t, testutil.Recv(t, closed, 30*time.Second), 406)
 	// A consumer that acks is refused.
 	_, acking := amqpChannel(t, url)
 	_, err = acking.Consume("amq.rabbitmq.reply-to", "", false, false, false, false, nil)
