@@ -506,7 +506,8 @@ func (n *Node) StartErr() error {
 		cmd = exec.Command(c.bin, args...)
 	}
 	cmd.Stdout, cmd.Stderr = n.log, n.log
-	cmd.Env = append(os.Environ(), "COURIER_ADMIN_USER=", "COURIER_ADMIN_PASSWORD=")
+	// GOTRACEBACK=all: a SIGQUIT ([Node.Dump]) prints every goroutine.
+	cmd.Env = append(os.Environ(), "COURIER_ADMIN_USER=", "COURIER_ADMIN_PASSWORD=", "GOTRACEBACK=all")
 	if c.mode == ModeNetns {
 		cmd.Env = append(cmd.Env, "COURIER_ADMIN_USER="+AdminUser, "COURIER_ADMIN_PASSWORD="+c.secret)
 	}
@@ -606,6 +607,34 @@ func (n *Node) kill() {
 	p.cmd.Process.Signal(syscall.SIGCONT) // a stopped process dies as well, but reap it promptly
 	p.cmd.Process.Kill()
 	<-p.done
+}
+
+// Dump asks the node for a goroutine dump (SIGQUIT: the Go runtime
+// prints every goroutine's stack to the node's log and exits), waits at
+// most 10 s for it to exit and returns the dump, for a test to show why
+// a node stopped answering. The node is not running afterwards; Start
+// brings it back.
+func (n *Node) Dump() string {
+	n.mu.Lock()
+	p := n.proc
+	n.proc = nil
+	n.mu.Unlock()
+	if p == nil {
+		return ""
+	}
+	p.cmd.Process.Signal(syscall.SIGCONT)
+	p.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+	log := n.LogTail(4 << 20)
+	if i := strings.LastIndex(log, "SIGQUIT"); i >= 0 {
+		return log[i:]
+	}
+	return "(no goroutine dump in the log)"
 }
 
 // Restart kills the node if it runs and starts it again on the same

@@ -3,6 +3,11 @@
 package clustertest
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -79,4 +84,75 @@ func TestClusterFormsAndSeesPartitions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// EnvRestarts runs [TestRestartRejoins] with that many restarts.
+const EnvRestarts = "COURIER_RESTARTS"
+
+// TestRestartRejoins kills -9 a node of a 3-node cluster (proxy mode)
+// and starts it again at once on its data directory, under the same
+// name, COURIER_RESTARTS times (3 by default), and checks each time that
+// every node sees all three alive again within rejoinWait. A node that
+// does not is asked for a goroutine dump (SIGQUIT), which the failure
+// shows.
+func TestRestartRejoins(t *testing.T) {
+	needCluster(t)
+	restarts := 3
+	if s := os.Getenv(EnvRestarts); s != "" {
+		restarts, _ = strconv.Atoi(s)
+	}
+	c := New(t, Options{Nodes: 3, Mode: ModeProxy, Cluster: true})
+	all := func(v []NodeView) bool { return len(v) == 3 && alive(v) == 3 }
+	waitWhole(t, c, all, "at the start")
+	rng := rand.New(rand.NewPCG(uint64(restarts), 2))
+	var took []time.Duration
+	for k := range restarts {
+		i := rng.IntN(3)
+		start := time.Now()
+		c.Node(i).Restart()
+		waitWhole(t, c, all, fmt.Sprintf("after restart %d (of %s)", k, c.Node(i).Name))
+		took = append(took, time.Since(start))
+	}
+	t.Logf("%d restarts: whole again after %s", restarts, percentiles(took))
+}
+
+// rejoinWait is how long a restarted node may take to be seen alive by
+// every node, and to see every node alive: memberlist's probes and the
+// join loop take a few seconds; the machine is loaded.
+const rejoinWait = 30 * time.Second
+
+// waitWhole waits until every node's view satisfies ok; else it fails
+// the test with the views and a goroutine dump of each node that did
+// not get there.
+func waitWhole(t *testing.T, c *Cluster, ok func([]NodeView) bool, when string) {
+	t.Helper()
+	var bad []int
+	var errs []string
+	for i, n := range c.Nodes() {
+		if _, err := n.WaitView(rejoinWait, ok); err != nil {
+			bad = append(bad, i)
+			errs = append(errs, err.Error())
+		}
+	}
+	if len(bad) == 0 {
+		return
+	}
+	var b strings.Builder
+	for _, i := range bad {
+		n := c.Node(i)
+		fmt.Fprintf(&b, "\n--- %s: log before the dump:\n%s\n--- %s: goroutines:\n%s", n.Name, timelineFrom(n.LogTail(64<<10)), n.Name, n.Dump())
+	}
+	t.Fatalf("%s: the cluster is not whole: %s%s", when, strings.Join(errs, "; "), b.String())
+}
+
+// timelineFrom drops the per-exchange lines of a node's log.
+func timelineFrom(log string) string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, `msg="exchange re-homed"`) {
+			continue
+		}
+		out = append(out, l)
+	}
+	return strings.Join(out, "\n")
 }

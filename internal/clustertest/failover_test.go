@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,20 +61,22 @@ func TestFailoverTimings(t *testing.T) {
 	all := func(v []NodeView) bool { return len(v) == 3 && alive(v) == 3 }
 	var leaderT, leaderHomeT, reqT, pendT, clientT, clientMetaT []time.Duration
 	pendHow := map[string]int{}
+	checked, late := 0, 0
 	for k := 0; k < kills; k++ {
-		for _, n := range c.Nodes() {
-			if _, err := n.WaitView(time.Minute, all); err != nil {
-				t.Fatalf("kill %d: the cluster is not whole: %v", k, err)
-			}
-		}
+		waitWhole(t, c, all, fmt.Sprintf("before kill %d", k))
 		r := runFailover(t, c, rng, k)
 		if r.err != nil {
 			t.Logf("kill %d: %v (not counted)", k, r.err)
 			continue
 		}
-		t.Logf("kill %d of %s (home %s, metadata leader %s): leader %v, requests %v (pending on it: %v %v), client %v",
-			k, r.victim, r.home, r.meta, r.leader.Round(time.Millisecond), r.requests.Round(time.Millisecond), r.pending, r.pendingHow,
+		t.Logf("kill %d of %s (home %s, metadata leader %s, reaped after %v): leader %v, requests %v (pending on it: %v %v), client %v",
+			k, r.victim, r.home, r.meta, r.reaped.Round(time.Millisecond), r.leader.Round(time.Millisecond), r.requests.Round(time.Millisecond), r.pending, r.pendingHow,
 			r.client.Round(time.Millisecond))
+		checked++
+		if !r.checked.OK() {
+			late++
+			t.Errorf("kill %d: %s: %d violations: %s", k, r.checked.Checked, r.checked.Count, strings.Join(r.checked.Violations, "; "))
+		}
 		if r.home == r.victim {
 			leaderHomeT = append(leaderHomeT, r.leader)
 		} else {
@@ -91,6 +94,7 @@ func TestFailoverTimings(t *testing.T) {
 		}
 	}
 	t.Logf("seed %d, %d kills counted of %d", seed, len(reqT), kills)
+	t.Logf("requests checked (one outcome by deadline + %v) in %d kills: violations in %d", DefaultMargin, checked, late)
 	t.Logf("new leader announced on the survivors, home survived: %s", percentiles(leaderT))
 	t.Logf("new leader announced on the survivors, home killed:   %s", percentiles(leaderHomeT))
 	t.Logf("requests all succeed again:           %s", percentiles(reqT))
@@ -106,6 +110,29 @@ type failoverRun struct {
 	pending                  []time.Duration
 	pendingHow               []string
 	err                      error
+	// reaped is how long the kill took: from the signal until the
+	// process was reaped.
+	reaped time.Duration
+	// checked is CheckRequests on this kill's requests.
+	checked Result
+}
+
+// failoverDeadline is the deadline of the failover test's requests.
+const failoverDeadline = 5 * time.Second
+
+// reqSeq numbers the failover test's requests.
+var reqSeq atomic.Int64
+
+// outcomeOf is the history's record of a request's end at t with err.
+func outcomeOf(t int64, err error) RequestOutcome {
+	switch {
+	case err == nil:
+		return RequestOutcome{Kind: "response", Time: t}
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, courier.ErrTimeout):
+		return RequestOutcome{Kind: "deadline", Detail: err.Error(), Time: t}
+	default:
+		return RequestOutcome{Kind: "error", Detail: err.Error(), Time: t}
+	}
 }
 
 // member is a leader-exchange member on one node, recording its events.
@@ -283,6 +310,13 @@ func runFailover(t *testing.T, c *Cluster, rng *rand.Rand, k int) (r failoverRun
 		from       string
 		err        error
 	}
+	// Every request goes into a history of its own, with the stalls of
+	// the test process, for CheckRequests: one outcome each, by its
+	// deadline plus DefaultMargin.
+	hist := NewHistory()
+	stopStalls := make(chan struct{})
+	go hist.WatchStalls(50*time.Millisecond, stopStalls)
+	defer close(stopStalls)
 	var omu sync.Mutex
 	var outs []outcome
 	stop := make(chan struct{})
@@ -298,10 +332,14 @@ func runFailover(t *testing.T, c *Cluster, rng *rand.Rand, k int) (r failoverRun
 				default:
 				}
 				o := outcome{start: time.Now()}
-				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				q := Request{ID: fmt.Sprintf("fo-%d-%d", k, reqSeq.Add(1)), Start: hist.Now()}
+				q.Deadline = q.Start + int64(failoverDeadline)
+				rctx, cancel := context.WithTimeout(ctx, failoverDeadline)
 				resp, err := rex.Request(rctx, courier.Message{})
 				cancel()
 				o.end, o.err = time.Now(), err
+				q.Outcomes = []RequestOutcome{outcomeOf(hist.Now(), err)}
+				hist.AddRequest(q)
 				if err == nil {
 					o.from = string(resp.Body)
 				}
@@ -318,6 +356,7 @@ func runFailover(t *testing.T, c *Cluster, rng *rand.Rand, k int) (r failoverRun
 		wg.Wait()
 		return failoverRun{err: err}
 	}
+	r.reaped = time.Since(killed)
 	defer c.Node(victim).Start()
 	// (a) every surviving member has a leader on a surviving node under
 	// a larger token.
@@ -354,8 +393,10 @@ func runFailover(t *testing.T, c *Cluster, rng *rand.Rand, k int) (r failoverRun
 	close(stop)
 	wg.Wait()
 	var lastFail time.Time
+	failed := map[string]int{}
 	for _, o := range outs {
 		if o.err != nil && o.end.After(killed) {
+			failed[fmt.Sprintf("%v after %v", o.err, o.end.Sub(o.start).Round(100*time.Millisecond))]++
 			if o.end.After(lastFail) {
 				lastFail = o.end
 			}
@@ -375,10 +416,12 @@ func runFailover(t *testing.T, c *Cluster, rng *rand.Rand, k int) (r failoverRun
 	if !lastFail.IsZero() {
 		r.requests = lastFail.Sub(killed)
 	}
-	if r.leader > 2*time.Second || r.home != r.victim && r.leader > time.Second || r.requests > 2*time.Second {
+	r.checked = CheckRequests(hist.Snapshot(), 0)
+	if r.leader > 2*time.Second || r.home != r.victim && r.leader > time.Second || r.requests > 2*time.Second || !r.checked.OK() {
 		// Above the 2 s aim, or slow where the home survived: the
 		// survivors' logs show where the time went (the expiry, the
 		// re-homing, the new home's view).
+		t.Logf("kill %d: requests failed after it: %v; notes: %v", k, failed, r.checked.Notes)
 		for i := range 3 {
 			if i != victim {
 				t.Logf("kill %d at %s: new leader after %v, requests failing for %v; log of %s:\n%s", k, killed.Format("15:04:05.000"),
