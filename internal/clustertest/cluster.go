@@ -297,7 +297,7 @@ func (c *Cluster) newNetnsProxy(i int, ip string) (*Proxy, error) {
 		return k - 1
 	}
 	p := &Proxy{index: i, target: ip + ":7500", faults: c.faults, ln: ln, udp: udp,
-		owner:  func(a *net.TCPAddr) int { return byIP(a.IP) },
+		owner:  func(a, _ *net.TCPAddr) int { return byIP(a.IP) },
 		udpSrc: func(a *net.UDPAddr) int { return byIP(a.IP) },
 		nodes:  func() int { return c.opts.Nodes },
 		dialUp: func(network, addr string) (net.Conn, error) {
@@ -310,19 +310,18 @@ func (c *Cluster) newNetnsProxy(i int, ip string) (*Proxy, error) {
 }
 
 // ownerOf is the index of the node whose process owns the TCP socket
-// connected from peer to one of the proxies, or -1.
-func (c *Cluster) ownerOf(peer *net.TCPAddr) int {
-	for _, p := range c.proxies {
-		inode := socketInode(peer, p.ln.Addr().(*net.TCPAddr))
-		if inode == 0 {
-			continue
-		}
-		for _, n := range c.nodes {
-			if pid := n.Pid(); pid > 0 && pidHasSocket(pid, inode) {
-				return n.Index
-			}
-		}
+// connected from peer to the proxy listening on proxy, or -1. It looks
+// the socket up by its addresses (sockInode: one kernel lookup), then
+// among the nodes' open files.
+func (c *Cluster) ownerOf(peer, proxy *net.TCPAddr) int {
+	inode := sockInode(peer, proxy)
+	if inode == 0 {
 		return -1
+	}
+	for _, n := range c.nodes {
+		if pid := n.Pid(); pid > 0 && pidHasSocket(pid, inode) {
+			return n.Index
+		}
 	}
 	return -1
 }

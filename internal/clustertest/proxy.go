@@ -99,7 +99,7 @@ type Proxy struct {
 	index  int
 	target string
 	faults *Faults
-	owner  func(peer *net.TCPAddr) int // node index of a TCP peer, or -1
+	owner  func(peer, local *net.TCPAddr) int // node index of a TCP peer connected to local, or -1
 	udpSrc func(peer *net.UDPAddr) int // node index of a UDP peer, or -1
 	nodes  func() int
 	// dialUp connects to the target; nil: net.Dial. In netns mode it
@@ -233,7 +233,7 @@ func (p *Proxy) acceptLoop() {
 func (p *Proxy) handle(c *net.TCPConn) {
 	defer p.wg.Done()
 	defer p.untrack(c)
-	src := p.owner(c.RemoteAddr().(*net.TCPAddr))
+	src := p.owner(c.RemoteAddr().(*net.TCPAddr), c.LocalAddr().(*net.TCPAddr))
 	if cut, _ := p.faults.blocked(src, p.index, p.nodes()); cut {
 		// Refused at once, as a connect across a blackhole route fails
 		// in netns mode: reset, not held.
@@ -398,7 +398,8 @@ func (p *Proxy) udpBack(f *udpFlow) {
 }
 
 // socketInode finds the inode of the TCP socket whose local address is
-// local and remote address is remote, from /proc/net/tcp; 0 if none.
+// local and remote address is remote, from /proc/net/tcp; 0 if none. It
+// reads the whole table: [sockInode] asks the kernel first.
 func socketInode(local, remote *net.TCPAddr) uint64 {
 	f, err := os.Open("/proc/net/tcp")
 	if err != nil {

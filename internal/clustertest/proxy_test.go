@@ -52,7 +52,7 @@ func testProxy(t *testing.T) (*Proxy, *Faults) {
 		t.Fatal(err)
 	}
 	p := &Proxy{index: 1, target: echoServer(t), faults: f, ln: ln, udp: udp,
-		owner: func(*net.TCPAddr) int { return 0 }, udpSrc: func(*net.UDPAddr) int { return 0 }, nodes: func() int { return 2 }}
+		owner: func(_, _ *net.TCPAddr) int { return 0 }, udpSrc: func(*net.UDPAddr) int { return 0 }, nodes: func() int { return 2 }}
 	p.serve()
 	t.Cleanup(func() { p.Close() })
 	return p, f
@@ -174,6 +174,41 @@ func TestSocketOwner(t *testing.T) {
 	}
 }
 
+// TestSockInodeWithoutProcScan: the proxies find a connecting socket's
+// inode with one sock_diag lookup, the same inode /proc/net/tcp lists,
+// without reading /proc/net/tcp (a walk of the kernel's whole TCP table,
+// about 30 ms here, that put the loaded test process behind its
+// connections); and ownerOf finds the node process that holds it.
+func TestSockInodeWithoutProcScan(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	local, remote := c.LocalAddr().(*net.TCPAddr), ln.Addr().(*net.TCPAddr)
+	before := procScans.Load()
+	for range 20 {
+		inode := sockInode(local, remote)
+		if inode == 0 || !pidHasSocket(os.Getpid(), inode) {
+			t.Fatalf("sockInode found inode %d, not the dialing socket of this process", inode)
+		}
+		if want := socketInode(local, remote); want != 0 && inode != want {
+			t.Fatalf("sockInode %d, /proc/net/tcp %d", inode, want)
+		}
+	}
+	if n := procScans.Load() - before; n != 0 {
+		t.Fatalf("%d of 20 lookups read /proc/net/tcp", n)
+	}
+	if _, err := diagInode(&net.TCPAddr{IP: local.IP, Port: 1}, remote); err == nil {
+		t.Fatal("sock_diag found a socket from port 1, which does not exist")
+	}
+}
+
 // TestProxyUDPSurvivesTargetRestart stops the target's UDP socket (as a
 // kill does) and opens it again on the same port: the relay carries on.
 func TestProxyUDPSurvivesTargetRestart(t *testing.T) {
@@ -200,7 +235,7 @@ func TestProxyUDPSurvivesTargetRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := &Proxy{index: 1, target: target.String(), faults: f, ln: pl, udp: pu,
-		owner: func(*net.TCPAddr) int { return 0 }, udpSrc: func(*net.UDPAddr) int { return 0 }, nodes: func() int { return 2 }}
+		owner: func(_, _ *net.TCPAddr) int { return 0 }, udpSrc: func(*net.UDPAddr) int { return 0 }, nodes: func() int { return 2 }}
 	p.serve()
 	defer p.Close()
 	c, err := net.Dial("udp", p.Addr())
