@@ -100,7 +100,7 @@ type Proxy struct {
 	target string
 	faults *Faults
 	owner  func(peer, local *net.TCPAddr) int // node index of a TCP peer connected to local, or -1
-	udpSrc func(peer *net.UDPAddr) int // node index of a UDP peer, or -1
+	udpSrc func(peer *net.UDPAddr) int        // node index of a UDP peer, or -1
 	nodes  func() int
 	// dialUp connects to the target; nil: net.Dial. In netns mode it
 	// dials from the node's namespace.
