@@ -843,12 +843,46 @@ func (s *Session) answer(f *wire.Frame) {
 // expire fails the requests of this session whose deadline passed before
 // now (monoNow): the requester gets a timeout, the handlers a CANCEL. Clients cancel
 // on their own deadline too; this is for those that do not.
+//
+// The sweep calls it for every session in turn, and a session's sink may
+// wait (a requester that reads nothing holds a RESPONSE for up to the
+// slow-consumer timeout): so the timeouts are taken from the table here
+// and delivered by a goroutine of the session's own, one at a time per
+// session. A session whose last timeouts are still on their way is
+// skipped; its requests expire in the next round after. One requester
+// that does not read never holds back the deadlines of the others.
 func (s *Session) expire(now int64) {
-	type due struct {
-		reqID uint64
-		p     pending
+	if !s.expiring.CompareAndSwap(false, true) {
+		return
 	}
-	var late []due
+	late := s.takeExpired(now)
+	if len(late) == 0 {
+		s.expiring.Store(false)
+		return
+	}
+	// Taken from the table and not yet delivered: Busy counts them, so
+	// that a drain waits for them.
+	s.answering.Add(int64(len(late)))
+	go func() {
+		defer s.expiring.Store(false)
+		for _, d := range late {
+			s.cancelPending(d.reqID, d.p)
+			s.sendFailure(d.reqID, d.p.w, "", true, wire.CodeTimeout, "the request's deadline passed")
+			s.answering.Add(-1)
+		}
+	}()
+}
+
+// expired is a request taken from the table at its deadline.
+type expired struct {
+	reqID uint64
+	p     pending
+}
+
+// takeExpired removes from the table the requests whose deadline passed
+// before now.
+func (s *Session) takeExpired(now int64) []expired {
+	var late []expired
 	for i := range s.requests.shard {
 		sh := &s.requests.shard[i]
 		sh.mu.Lock()
@@ -856,13 +890,10 @@ func (s *Session) expire(now int64) {
 			if p.deadline != 0 && p.deadline < now {
 				delete(sh.m, id)
 				sh.n.Add(-1)
-				late = append(late, due{id, p})
+				late = append(late, expired{id, p})
 			}
 		}
 		sh.mu.Unlock()
 	}
-	for _, d := range late {
-		s.cancelPending(d.reqID, d.p)
-		s.sendFailure(d.reqID, d.p.w, "", true, wire.CodeTimeout, "the request's deadline passed")
-	}
+	return late
 }

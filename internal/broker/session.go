@@ -46,6 +46,9 @@ type Session struct {
 	// from their requester's table and not yet delivered (see
 	// [Broker.Busy]).
 	answering atomic.Int64
+	// expiring is set while the timeouts of this session's expired
+	// requests are being delivered (see [Session.expire]).
+	expiring atomic.Bool
 
 	stats SessionStats
 }
