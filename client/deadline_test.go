@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"testing"
@@ -151,5 +152,131 @@ func TestDeadlineOnFrozenConnection(t *testing.T) {
 		if r.took > deadline+deadlineSlack {
 			t.Errorf("request ended %v after it started: its deadline was %v (+%v)", r.took, deadline, deadlineSlack)
 		}
+	}
+}
+
+// gate forwards TCP connections to a server on a fixed port, and can be
+// shut (its listener closed and its connections cut: the server looks
+// gone) and opened again on the same port.
+type gate struct {
+	t      *testing.T
+	addr   string
+	target string
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  []net.Conn
+}
+
+func newGate(t *testing.T, target string) *gate {
+	g := &gate{t: t, target: target}
+	g.open("127.0.0.1:0")
+	t.Cleanup(g.shut)
+	return g
+}
+
+func (g *gate) open(addr string) {
+	var ln net.Listener
+	testutil.WaitForf(g.t, wait, func() bool {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		return err == nil
+	}, "listening on %s", addr)
+	g.mu.Lock()
+	g.ln, g.addr = ln, ln.Addr().String()
+	g.mu.Unlock()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", g.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			g.mu.Lock()
+			g.conns = append(g.conns, c, s)
+			g.mu.Unlock()
+			go func() { io.Copy(s, c); s.Close() }()
+			go func() { io.Copy(c, s); c.Close() }()
+		}
+	}()
+}
+
+func (g *gate) shut() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.ln != nil {
+		g.ln.Close()
+	}
+	for _, c := range g.conns {
+		c.Close()
+	}
+	g.conns = nil
+}
+
+// TestRequestWhileReconnectingKeepsItsDeadline: a request made while
+// the client has no connection waits for one, and then goes out with
+// the time its deadline has left, not the whole timeout again: the
+// handler sees the deadline the requester set.
+func TestRequestWhileReconnectingKeepsItsDeadline(t *testing.T) {
+	n := startNode(t, "127.0.0.1:0", t.TempDir())
+	ctx := testutil.Context(t, 2*wait)
+	svc, err := client.Dial(ctx, "courier://"+n.Addr().String(), client.Options{Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	ex, err := svc.ReqResp(ctx, "later", courier.RoundRobin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadlines := make(chan time.Time, 1)
+	if _, err := ex.Handle(ctx, func(r *courier.Request) {
+		d, _ := r.Deadline()
+		deadlines <- d
+		r.Reply(nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	g := newGate(t, n.Addr().String())
+	events := newConnEvents()
+	req, err := client.Dial(ctx, "courier://"+g.addr, client.Options{Log: quiet(), OnConnEvent: events.fn, IgnoreDiscoveredURLs: true,
+		ReconnectWait: 20 * time.Millisecond, ReconnectWaitMax: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer req.Close()
+	rr, err := req.ReqResp(ctx, "later")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.shut()
+	events.next(t, courier.ConnDisconnected)
+	const timeout = 4 * time.Second
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		_, err := rr.Request(rctx, courier.Message{})
+		done <- err
+	}()
+	// The server stays away for a while: the request waits for it.
+	const away = 1500 * time.Millisecond
+	time.Sleep(away)
+	g.open(g.addr)
+	if err := testutil.Recv(t, done, wait); err != nil {
+		t.Fatalf("request made while reconnecting: %v", err)
+	}
+	d := testutil.Recv(t, deadlines, wait)
+	t.Logf("the handler's deadline: %v after the request was made (timeout %v, the server away %v)", d.Sub(start), timeout, away)
+	// The handler's deadline is the requester's (start + timeout), give
+	// or take the milliseconds the deadline is carried in; had the
+	// timeout started again when the request went out, it would be
+	// start + away + timeout.
+	if limit := start.Add(timeout + 200*time.Millisecond); d.After(limit) {
+		t.Fatalf("the handler's deadline is %v after the request was made; the requester's was %v", d.Sub(start), timeout)
 	}
 }
