@@ -60,6 +60,16 @@ type NodeView struct {
 	Name       string `json:"name"`
 	State      string `json:"state"` // alive, suspect, dead or left
 	MetaLeader bool   `json:"meta_leader"`
+	// Links are the serving node's links: to every other node in its
+	// own row, to the row's node in the others.
+	Links []LinkView `json:"links"`
+}
+
+// LinkView is a node link as /api/nodes shows it.
+type LinkView struct {
+	Peer  string `json:"peer"`
+	Up    bool   `json:"up"`
+	Since int64  `json:"since"` // unix ms: when it came up, or went down
 }
 
 // View is what node n sees of the cluster (GET /api/nodes).
