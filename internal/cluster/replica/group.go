@@ -14,6 +14,8 @@ import (
 	pb "go.etcd.io/raft/v3/raftpb"
 	"go.etcd.io/raft/v3/tracker"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/courier-mq/courier/internal/store"
 )
 
 // Entry is a committed entry as a [StateMachine] sees it.
@@ -549,6 +551,7 @@ func (g *Group) poke() {
 func (g *Group) applyLoop(applied uint64, cs *pb.ConfState) {
 	defer close(g.finished)
 	lastSnap := applied
+	var bytesSince, snapSize int64 // entry bytes applied since the last snapshot; its size
 	for {
 		select {
 		case <-g.stopped:
@@ -560,6 +563,11 @@ func (g *Group) applyLoop(applied uint64, cs *pb.ConfState) {
 		g.queue = nil
 		g.mu.Unlock()
 		for _, it := range items {
+			for _, e := range it.entries {
+				if e.GetIndex() > applied {
+					bytesSince += int64(len(e.GetData()))
+				}
+			}
 			var err error
 			applied, err = g.applyItem(it, applied)
 			if err != nil {
@@ -567,16 +575,17 @@ func (g *Group) applyLoop(applied uint64, cs *pb.ConfState) {
 				return
 			}
 			if it.restore != nil {
-				lastSnap = applied
+				lastSnap, bytesSince, snapSize = applied, 0, int64(len(it.restore.GetData()))
 			}
 			if it.cs != nil {
 				cs = it.cs
 			}
 		}
-		if applied-lastSnap >= g.h.cfg.SnapshotEntries || (g.snapWant.Load() && applied > lastSnap) {
+		due := (applied-lastSnap >= g.h.cfg.SnapshotEntries || bytesSince >= g.h.cfg.SnapshotBytes) && bytesSince >= snapSize
+		if due || (g.snapWant.Load() && applied > lastSnap) {
 			g.snapWant.Store(false)
-			if g.snapshot(applied, cs) {
-				lastSnap = applied
+			if n, ok := g.snapshot(applied, cs); ok {
+				lastSnap, bytesSince, snapSize = applied, 0, int64(n)
 			}
 		}
 	}
@@ -640,15 +649,16 @@ func confID(e *pb.Entry) (uint64, bool) {
 }
 
 // snapshot takes a snapshot of the state machine at applied and hands it
-// to the driver, which compacts the in-memory log and persists it.
-func (g *Group) snapshot(applied uint64, cs *pb.ConfState) bool {
+// to the driver, which compacts the in-memory log and persists it. It
+// returns the snapshot's size.
+func (g *Group) snapshot(applied uint64, cs *pb.ConfState) (int, bool) {
 	data, err := g.sm.Snapshot()
 	if err != nil {
 		g.h.cfg.Logger.Warn("replica: snapshot failed", "group", g.id, "err", err)
-		return false
+		return 0, false
 	}
 	cs = proto.Clone(cs).(*pb.ConfState)
-	return g.h.submit(func() { g.compact(applied, cs, data) }) == nil
+	return len(data), g.h.submit(func() { g.compact(applied, cs, data) }) == nil
 }
 
 // compact runs on the driver.
@@ -668,10 +678,29 @@ func (g *Group) compact(index uint64, cs *pb.ConfState, data []byte) {
 		return
 	}
 	// Nothing waits for this record: until it is durable, restart
-	// rebuilds the state from the entries, which are all still in the log.
-	if _, err := g.h.log.Append(uint32(g.id), KindCompact, payload, nil); err != nil {
+	// rebuilds the state from the entries, which are all still in the
+	// log. Once it is, the records it covers are released.
+	h := g.h
+	var set *recSet
+	var ref store.Ref
+	h.recMu.Lock()
+	ref, err = h.log.Append(uint32(g.id), KindCompact, payload, func(err error) {
+		if err == nil {
+			// On the driver, after this call has set ref and set.
+			_ = h.submit(func() {
+				set.markDurable(ref.Pos)
+				h.releaseDead(g.id)
+			})
+		}
+	})
+	if err == nil {
+		set = h.trackLocked(g.id, liveRec{ref: ref, kind: KindCompact, last: index})
+	}
+	h.recMu.Unlock()
+	if err != nil {
 		return
 	}
+	h.noteAppended(len(payload))
 	_ = g.ms.Compact(index)
 }
 

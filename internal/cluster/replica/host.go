@@ -37,6 +37,21 @@ type Config struct {
 	// the entries before it in memory, and a replica too far behind gets
 	// the snapshot instead of those entries. Default: 10,000.
 	SnapshotEntries uint64
+	// SnapshotBytes makes a group snapshot once its applied entries
+	// since the last snapshot add up to this many bytes, even before
+	// SnapshotEntries. Either way a group snapshots only once the bytes
+	// applied since its last snapshot are at least that snapshot's size:
+	// rewriting the state costs at most one write per byte appended.
+	// Default: 64 MiB.
+	SnapshotBytes int64
+	// CheckpointBytes makes the host checkpoint its log once this many
+	// bytes were appended since the last checkpoint; CheckpointInterval
+	// makes it checkpoint that often if anything was appended. A restart
+	// replays what was appended since the last checkpoint, and the store
+	// deletes a dead segment only once a checkpoint lies past it.
+	// Defaults: 64 MiB, 10 s.
+	CheckpointBytes    int64
+	CheckpointInterval time.Duration
 	// MaxEntrySize is the largest proposal accepted. Default: 1 MiB.
 	MaxEntrySize int
 	// Store configures the host's log (see [store.Options]).
@@ -57,6 +72,15 @@ func (c *Config) defaults() {
 	}
 	if c.SnapshotEntries == 0 {
 		c.SnapshotEntries = 10_000
+	}
+	if c.SnapshotBytes <= 0 {
+		c.SnapshotBytes = 64 << 20
+	}
+	if c.CheckpointBytes <= 0 {
+		c.CheckpointBytes = 64 << 20
+	}
+	if c.CheckpointInterval <= 0 {
+		c.CheckpointInterval = 10 * time.Second
 	}
 	if c.MaxEntrySize <= 0 {
 		c.MaxEntrySize = 1 << 20
@@ -101,6 +125,15 @@ type Host struct {
 	propID atomic.Uint64
 
 	rounds atomic.Uint64 // persist rounds, for tests and stats
+
+	// Log compaction (compact.go).
+	recMu       sync.Mutex // guards tracked and every recSet's recs; held across an Append or Release and its tracking
+	tracked     map[GroupID]*recSet
+	released    atomic.Uint64 // records released, for tests and stats
+	checkpoints atomic.Uint64 // checkpoints written, for tests and stats
+	sinceCkpt   atomic.Uint64 // bytes appended since the last checkpoint
+	ckptKick    chan struct{}
+	ckptDone    chan struct{}
 }
 
 // recovered is a group's state rebuilt from the log by [NewHost].
@@ -128,6 +161,9 @@ func NewHost(fs store.FS, dir string, cfg Config) (*Host, error) {
 		recovered: map[GroupID]*recovered{},
 		opened:    map[GroupID]*Group{},
 		live:      map[GroupID]*Group{},
+		tracked:   map[GroupID]*recSet{},
+		ckptKick:  make(chan struct{}, 1),
+		ckptDone:  make(chan struct{}),
 		wake:      make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 		done:      make(chan struct{}),
@@ -139,13 +175,15 @@ func NewHost(fs store.FS, dir string, cfg Config) (*Host, error) {
 	}
 	cfg.Transport.Listen(h.receive)
 	go h.run()
+	go h.checkpointLoop()
 	return h, nil
 }
 
 // ID returns the host's replica id.
 func (h *Host) ID() uint64 { return h.cfg.ID }
 
-// Close stops every group and closes the log.
+// Close stops every group, checkpoints the log (so that the next start
+// replays little) and closes it.
 func (h *Host) Close() error {
 	h.mu.Lock()
 	if h.closed {
@@ -157,8 +195,14 @@ func (h *Host) Close() error {
 	h.mu.Unlock()
 	close(h.stop)
 	<-h.done
+	<-h.ckptDone
 	for _, g := range groups {
 		g.close(ErrClosed)
+	}
+	if h.Err() == nil {
+		if err := h.checkpoint(); err != nil {
+			h.cfg.Logger.Warn("replica: checkpoint at close failed", "err", err)
+		}
 	}
 	return h.log.Close()
 }
@@ -244,11 +288,31 @@ func (h *Host) bootstrap(g *Group, peers []uint64) error {
 	if err != nil {
 		return fmt.Errorf("replica: bootstrap: %w", err)
 	}
-	if _, err := h.log.AppendSync(uint32(g.id), KindSnap, payload); err != nil {
-		return fmt.Errorf("replica: bootstrap: %w", err)
+	// One sync for both records: they are appended together, and the
+	// store confirms in log order.
+	errc := make(chan error, 2)
+	h.recMu.Lock()
+	for _, r := range []struct {
+		kind    store.Kind
+		payload []byte
+		rec     liveRec
+	}{
+		{KindSnap, payload, liveRec{kind: KindSnap, last: 1}},
+		{KindReady, encodeReady(nil, g.id, hs, nil), liveRec{kind: KindReady, hard: true}},
+	} {
+		ref, err := h.log.Append(uint32(g.id), r.kind, r.payload, func(err error) { errc <- err })
+		if err != nil {
+			h.recMu.Unlock()
+			return fmt.Errorf("replica: bootstrap: %w", err)
+		}
+		r.rec.ref = ref
+		h.trackLocked(g.id, r.rec).markDurable(ref.Pos) // nothing uses the group before both are durable
 	}
-	if _, err := h.log.AppendSync(uint32(g.id), KindReady, encodeReady(nil, g.id, hs, nil)); err != nil {
-		return fmt.Errorf("replica: bootstrap: %w", err)
+	h.recMu.Unlock()
+	for range 2 {
+		if err := <-errc; err != nil {
+			return fmt.Errorf("replica: bootstrap: %w", err)
+		}
 	}
 	return nil
 }
@@ -405,6 +469,9 @@ func (h *Host) handleReady() error {
 	for to, batch := range out {
 		h.cfg.Transport.Send(to, batch)
 	}
+	for _, r := range rds {
+		h.releaseDead(r.g.id)
+	}
 	for _, s := range snaps {
 		// The transport is fire and forget: if the snapshot was lost, the
 		// follower rejects the next append and the leader sends it again.
@@ -439,12 +506,22 @@ func (h *Host) persist(rds []groupReady) error {
 		}
 		wg.Done()
 	}
-	appendRec := func(g *Group, kind store.Kind, payload []byte) error {
+	last := make(map[*recSet]store.Pos, len(rds))
+	bytes := 0
+	appendRec := func(g *Group, kind store.Kind, payload []byte, rec liveRec) error {
 		wg.Add(1)
-		if _, err := h.log.Append(uint32(g.id), kind, payload, done); err != nil {
+		h.recMu.Lock()
+		ref, err := h.log.Append(uint32(g.id), kind, payload, done)
+		if err == nil {
+			rec.ref, rec.kind = ref, kind
+			last[h.trackLocked(g.id, rec)] = ref.Pos
+		}
+		h.recMu.Unlock()
+		if err != nil {
 			wg.Done()
 			return err
 		}
+		bytes += len(payload)
 		return nil
 	}
 	var buf []byte
@@ -454,7 +531,7 @@ func (h *Host) persist(rds []groupReady) error {
 			if err != nil {
 				return err
 			}
-			if err := appendRec(r.g, KindSnap, payload); err != nil {
+			if err := appendRec(r.g, KindSnap, payload, liveRec{last: r.rd.Snapshot.GetMetadata().GetIndex()}); err != nil {
 				wg.Wait()
 				return err
 			}
@@ -477,8 +554,12 @@ func (h *Host) persist(rds []groupReady) error {
 				part, hs = hs, nil
 			}
 			buf = encodeReady(buf[:0], r.g.id, part, ents[:n])
+			rec := liveRec{hard: part != nil}
+			if n > 0 {
+				rec.last = ents[n-1].GetIndex()
+			}
 			ents = ents[n:]
-			if err := appendRec(r.g, KindReady, buf); err != nil {
+			if err := appendRec(r.g, KindReady, buf, rec); err != nil {
 				wg.Wait()
 				return err
 			}
@@ -486,7 +567,14 @@ func (h *Host) persist(rds []groupReady) error {
 	}
 	wg.Wait()
 	h.rounds.Add(1)
-	return first
+	if first != nil {
+		return first
+	}
+	for s, p := range last {
+		s.markDurable(p)
+	}
+	h.noteAppended(bytes)
+	return nil
 }
 
 // recover rebuilds the groups' Raft logs from the store.
@@ -509,7 +597,10 @@ func (h *Host) recover(rec *store.Recovery) error {
 		}
 		return s
 	}
-	err := h.log.Replay(func(r store.Record) error {
+	apply := func(r store.Record) error {
+		if r.Kind >= store.KindReserved {
+			return nil // the store's own (releases)
+		}
 		switch r.Kind {
 		case KindReady:
 			rr, err := decodeReady(r.Payload)
@@ -521,9 +612,12 @@ func (h *Host) recover(rec *store.Recovery) error {
 			if rr.hard != nil {
 				s.hard = rr.hard
 			}
+			rec := liveRec{ref: r.Ref, kind: KindReady, hard: rr.hard != nil}
 			if len(rr.entries) > 0 {
 				s.batches = append(s.batches, rr.entries)
+				rec.last = rr.entries[len(rr.entries)-1].GetIndex()
 			}
+			h.trackLocked(rr.group, rec)
 		case KindSnap, KindCompact:
 			id, snap, err := decodeSnap(r.Payload)
 			if err != nil {
@@ -537,13 +631,24 @@ func (h *Host) recover(rec *store.Recovery) error {
 			} else if s.snap == nil || snap.GetMetadata().GetIndex() > s.snap.GetMetadata().GetIndex() {
 				s.snap = snap
 			}
+			h.trackLocked(id, liveRec{ref: r.Ref, kind: r.Kind, last: snap.GetMetadata().GetIndex()})
 		default:
 			hostDamage = fmt.Sprintf("record %v: unknown kind %d", r.Ref, r.Kind)
 		}
 		return nil
-	})
-	if err != nil {
+	}
+	h.recMu.Lock()
+	defer h.recMu.Unlock()
+	if err := h.readCheckpointed(rec, apply, &hostDamage); err != nil {
+		return err
+	}
+	if err := h.log.Replay(apply); err != nil {
 		return fmt.Errorf("replica: replay: %w", err)
+	}
+	for _, s := range h.tracked {
+		if n := len(s.recs); n > 0 {
+			s.markDurable(s.recs[n-1].ref.Pos) // what recovery read is what the log kept
+		}
 	}
 	for id, s := range states {
 		ms := raft.NewMemoryStorage()
@@ -584,6 +689,35 @@ func (h *Host) recover(rec *store.Recovery) error {
 			bad = hostDamage
 		}
 		h.recovered[id] = &recovered{ms: ms, damaged: bad}
+	}
+	return nil
+}
+
+// readCheckpointed reads back, in log order, the records that the last
+// checkpoint lists as live and that lie before it (those after it come
+// with the replay).
+func (h *Host) readCheckpointed(rec *store.Recovery, apply func(store.Record) error, damage *string) error {
+	if rec.State == nil {
+		return nil
+	}
+	refs, err := decodeCheckpointState(rec.State)
+	if err != nil {
+		*damage = fmt.Sprintf("checkpoint: %v", err)
+		return nil
+	}
+	buf := make([]byte, 64<<10)
+	for _, ref := range refs {
+		if !ref.Less(rec.From) {
+			continue
+		}
+		r, err := h.log.Read(ref, buf) // the decoders copy what they keep
+		if err != nil {
+			*damage = fmt.Sprintf("record %v: %v", ref, err)
+			continue
+		}
+		if err := apply(r); err != nil {
+			return err
+		}
 	}
 	return nil
 }
