@@ -215,4 +215,3 @@ func waitLeaderReady(t *testing.T, groups map[uint64]*Group, ids ...uint64) uint
 	}
 	return lead
 }
-
