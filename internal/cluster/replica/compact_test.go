@@ -183,6 +183,19 @@ func TestCompactionBoundsStore(t *testing.T) {
 		testutil.WaitForf(t, wait, func() bool { return wantLive(states[id].JournalState) },
 			"host %d restarts with the %d live tasks (has %d)", id, keep, states[id].Live())
 	}
+	if !testutil.Eventually(wait, func() bool {
+		for _, g := range c.groups {
+			if l, _ := g.Leader(); l == 0 {
+				return false
+			}
+		}
+		return true
+	}) {
+		for id, g := range c.groups {
+			st, err := g.Status()
+			t.Logf("replica %d: %+v %v %+v", id, st, err, c.hosts[id].QuietStats())
+		}
+	}
 	lead = waitLeaderReady(t, c.groups, 1, 2, 3)
 	j = NewJournal(c.groups[lead], states[lead].JournalState)
 	errc := make(chan error, 1)

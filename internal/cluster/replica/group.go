@@ -59,6 +59,7 @@ type Group struct {
 	damaged     string
 	wasLeader   bool
 	confPending bool
+	quiet       bool // not ticked (quiesce.go)
 	cs          *pb.ConfState
 	openDamage  string          // why the replica was damaged when opened
 	rejoin      map[uint64]bool // leader: damaged replicas being removed, to come back as learners
@@ -304,6 +305,7 @@ func (g *Group) failWaiters(err error) {
 
 // propose runs on the driver.
 func (g *Group) propose(id uint64, data []byte) {
+	g.wakeUp()
 	if err := g.leading(); err != nil {
 		g.resolve(id, result{err: err})
 		return
@@ -328,6 +330,9 @@ const damagedCtx = "courier:damaged"
 
 // step runs on the driver with a message from a peer.
 func (g *Group) step(m *pb.Message) {
+	commit := m.GetCommit()
+	quiesce := false
+	g.touch()
 	switch m.GetType() {
 	case pb.MsgTimeoutNow:
 		if g.damaged != "" {
@@ -339,6 +344,10 @@ func (g *Group) step(m *pb.Message) {
 		// entries would make Raft panic: it commits what it has.
 		if last, _ := g.ms.LastIndex(); m.GetCommit() > last {
 			m.Commit = u64(last)
+		}
+		if string(m.GetContext()) == quiesceCtx {
+			quiesce = true
+			m.Context = nil
 		}
 	case pb.MsgHeartbeatResp:
 		if string(m.GetContext()) == damagedCtx {
@@ -354,6 +363,7 @@ func (g *Group) step(m *pb.Message) {
 		return // a peer cannot send local messages
 	}
 	_ = g.rn.Step(m)
+	g.stepQuiet(m, quiesce, commit)
 }
 
 // outgoing runs on the driver: it filters and marks what this replica
@@ -434,6 +444,7 @@ func (g *Group) afterPersist(rd raft.Ready) error {
 			return fmt.Errorf("group %d: apply snapshot: %w", g.id, err)
 		}
 		g.cs = rd.Snapshot.GetMetadata().GetConfState()
+		g.h.peersStale = true
 		g.enqueue(applyItem{restore: rd.Snapshot, cs: g.cs})
 	}
 	if err := g.ms.Append(rd.Entries); err != nil {
@@ -449,6 +460,7 @@ func (g *Group) afterPersist(rd raft.Ready) error {
 	for _, e := range rd.CommittedEntries {
 		if cc := confChange(e); cc != nil {
 			g.cs = g.rn.ApplyConfChange(cc)
+			g.h.peersStale = true
 			g.confPending = false
 			item.cs = g.cs
 			if g.damaged != "" && addsLearner(cc, g.h.cfg.ID) {
@@ -774,6 +786,7 @@ func roleName(s raft.StateType) string {
 func (g *Group) TransferLeadership(ctx context.Context, to uint64) error {
 	var err error
 	if cerr := g.h.call(func() {
+		g.wakeUp()
 		if err = g.leading(); err == nil {
 			g.rn.TransferLeader(to)
 		}
@@ -825,6 +838,7 @@ func (g *Group) changeConf(ctx context.Context, typ pb.ConfChangeType, node uint
 		Context: binary.LittleEndian.AppendUint64(nil, pid),
 	}
 	if serr := g.h.submit(func() {
+		g.wakeUp()
 		if err := g.leading(); err != nil {
 			g.resolve(pid, result{err: err})
 			return

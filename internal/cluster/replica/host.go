@@ -118,11 +118,22 @@ type Host struct {
 	closed    bool
 	err       error
 
-	live   map[GroupID]*Group // the driver's
-	wake   chan struct{}
-	stop   chan struct{}
-	done   chan struct{}
-	propID atomic.Uint64
+	live map[GroupID]*Group // the driver's
+	// Quiescence (quiesce.go), the driver's.
+	awake      map[GroupID]*Group    // groups that tick
+	dirty      map[GroupID]*Group    // groups that may have a Ready
+	extra      map[uint64][]Envelope // messages to send besides Readies': quiesce and host heartbeats
+	heard      map[uint64]time.Time  // when each peer host was last heard
+	down       map[uint64]bool       // peer hosts not heard for an election timeout
+	peerSet    map[uint64]bool       // the hosts of every replica, cached
+	peersStale bool                  // peerSet must be recomputed
+	hbTicks    int                   // ticks since the last host heartbeat
+	quiesced   uint64                // times a group fell quiet
+	wakeups    uint64                // times a quiet group woke
+	wake       chan struct{}
+	stop       chan struct{}
+	done       chan struct{}
+	propID     atomic.Uint64
 
 	rounds atomic.Uint64 // persist rounds, for tests and stats
 
@@ -161,6 +172,11 @@ func NewHost(fs store.FS, dir string, cfg Config) (*Host, error) {
 		recovered: map[GroupID]*recovered{},
 		opened:    map[GroupID]*Group{},
 		live:      map[GroupID]*Group{},
+		awake:     map[GroupID]*Group{},
+		dirty:     map[GroupID]*Group{},
+		extra:     map[uint64][]Envelope{},
+		heard:     map[uint64]time.Time{},
+		down:      map[uint64]bool{},
 		tracked:   map[GroupID]*recSet{},
 		ckptKick:  make(chan struct{}, 1),
 		ckptDone:  make(chan struct{}),
@@ -220,7 +236,12 @@ func (h *Host) Err() error {
 // (every initial replica must be created with the same peers); else this
 // replica joins an existing group and waits for its leader to send it
 // the log (after the leader's [Group.AddVoter] or [Group.AddLearner]).
+//
+// Group id 0 is reserved (the host's own heartbeats use it).
 func (h *Host) Group(id GroupID, peers []uint64, sm StateMachine) (*Group, error) {
+	if id == hostGroup {
+		return nil, fmt.Errorf("replica: group id 0 is reserved")
+	}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -258,7 +279,11 @@ func (h *Host) Group(id GroupID, peers []uint64, sm StateMachine) (*Group, error
 	}
 	h.opened[id] = g
 	h.mu.Unlock()
-	if err := h.call(func() { h.live[id] = g }); err != nil {
+	if err := h.call(func() {
+		h.live[id] = g
+		h.peersStale = true
+		g.wakeUp()
+	}); err != nil {
 		g.close(err)
 		return nil, err
 	}
@@ -396,22 +421,36 @@ func (h *Host) run() {
 		for _, fn := range reqs {
 			fn()
 		}
+		now := time.Now()
 		for _, e := range inbox {
+			h.hearFrom(e.Msg.GetFrom(), now)
 			if g := h.live[e.Group]; g != nil {
 				g.step(e.Msg)
 			}
 		}
 		if tick {
-			for _, g := range h.live {
-				if g.damaged == "" {
-					g.rn.Tick()
-				}
-			}
+			h.tickGroups()
+			h.tickHosts(now)
 		}
 		if err := h.handleReady(); err != nil {
 			h.fail(err)
 			return
 		}
+		for to, batch := range h.extra {
+			h.cfg.Transport.Send(to, batch)
+			delete(h.extra, to)
+		}
+	}
+}
+
+// tickGroups ticks the awake groups, and makes the idle ones quiet.
+func (h *Host) tickGroups() {
+	for _, g := range h.awake {
+		if g.damaged != "" || g.quiesce() {
+			continue
+		}
+		g.rn.Tick()
+		g.touch()
 	}
 }
 
@@ -437,7 +476,8 @@ type groupReady struct {
 // all in one round (one group commit), then applies, sends and advances.
 func (h *Host) handleReady() error {
 	var rds []groupReady
-	for _, g := range h.live {
+	for id, g := range h.dirty {
+		delete(h.dirty, id)
 		if g.rn.HasReady() {
 			rds = append(rds, groupReady{g, g.rn.Ready()})
 		}
@@ -445,6 +485,14 @@ func (h *Host) handleReady() error {
 	if len(rds) == 0 {
 		return nil
 	}
+	// A group may have another Ready after this one (Advance,
+	// ReportSnapshot, a rejoin step): look again next round.
+	defer func() {
+		for _, r := range rds {
+			r.g.touch()
+		}
+		h.poke()
+	}()
 	if err := h.persist(rds); err != nil {
 		return err
 	}
@@ -597,9 +645,26 @@ func (h *Host) recover(rec *store.Recovery) error {
 		}
 		return s
 	}
+	// The records released after the checkpoint's cut: the checkpoint
+	// may still list them, and their segments may be gone.
+	released := map[store.Ref]bool{}
+	if err := h.log.Replay(func(r store.Record) error {
+		if r.Kind == store.KindRelease {
+			refs, err := r.Released(nil)
+			if err != nil {
+				hostDamage = fmt.Sprintf("record %v: %v", r.Ref, err)
+			}
+			for _, ref := range refs {
+				released[ref] = true
+			}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("replica: replay: %w", err)
+	}
 	apply := func(r store.Record) error {
-		if r.Kind >= store.KindReserved {
-			return nil // the store's own (releases)
+		if r.Kind >= store.KindReserved || released[r.Ref] {
+			return nil // the store's own (releases), or dead
 		}
 		switch r.Kind {
 		case KindReady:
@@ -639,7 +704,7 @@ func (h *Host) recover(rec *store.Recovery) error {
 	}
 	h.recMu.Lock()
 	defer h.recMu.Unlock()
-	if err := h.readCheckpointed(rec, apply, &hostDamage); err != nil {
+	if err := h.readCheckpointed(rec, released, apply, &hostDamage); err != nil {
 		return err
 	}
 	if err := h.log.Replay(apply); err != nil {
@@ -695,8 +760,8 @@ func (h *Host) recover(rec *store.Recovery) error {
 
 // readCheckpointed reads back, in log order, the records that the last
 // checkpoint lists as live and that lie before it (those after it come
-// with the replay).
-func (h *Host) readCheckpointed(rec *store.Recovery, apply func(store.Record) error, damage *string) error {
+// with the replay), but those released after its cut.
+func (h *Host) readCheckpointed(rec *store.Recovery, released map[store.Ref]bool, apply func(store.Record) error, damage *string) error {
 	if rec.State == nil {
 		return nil
 	}
@@ -707,7 +772,7 @@ func (h *Host) readCheckpointed(rec *store.Recovery, apply func(store.Record) er
 	}
 	buf := make([]byte, 64<<10)
 	for _, ref := range refs {
-		if !ref.Less(rec.From) {
+		if !ref.Less(rec.From) || released[ref] {
 			continue
 		}
 		r, err := h.log.Read(ref, buf) // the decoders copy what they keep
