@@ -197,3 +197,51 @@ func rssBytes() int64 {
 	}
 	return 0
 }
+
+// TestRestartCost measures the restart of one host with N groups of one
+// replica (no peers: the cost of opening the host and its groups alone).
+// It runs only with COURIER_RESTART_GROUPS set (the number of groups):
+//
+//	COURIER_RESTART_GROUPS=10000 go test -run TestRestartCost -v ./internal/cluster/replica/
+func TestRestartCost(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("COURIER_RESTART_GROUPS"))
+	if n <= 0 {
+		t.Skip("set COURIER_RESTART_GROUPS to the number of groups")
+	}
+	dir := t.TempDir()
+	net := NewMemNetwork()
+	open := func(peers []uint64) (*Host, time.Duration, time.Duration) {
+		t0 := time.Now()
+		h, err := NewHost(store.OSFS{}, dir, Config{ID: 1, Transport: net.Transport(1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t1 := time.Now()
+		var wg sync.WaitGroup
+		next := make(chan int, n)
+		for i := range n {
+			next <- i
+		}
+		close(next)
+		for range 64 {
+			wg.Go(func() {
+				for i := range next {
+					if _, err := h.Group(GroupID(i+1), peers, nopSM{}); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return h, t1.Sub(t0), time.Since(t1)
+	}
+	h, _, _ := open([]uint64{1})
+	testutil.WaitForf(t, 10*time.Minute, func() bool { return h.QuietStats().Awake == 0 }, "all quiet")
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h, host, groups := open(nil)
+	defer h.Close()
+	t.Logf("restart with %d groups: NewHost %v, Host.Group for all %v", n, host, groups)
+}

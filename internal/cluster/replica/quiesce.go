@@ -25,7 +25,10 @@ import (
 // within one more election timeout, as if it had been ticking all
 // along), and every quiet leader with a replica there wakes, so that
 // check-quorum runs again. A peer heard again wakes the quiet leaders
-// with a replica there, so that it catches up at once.
+// with a replica there, so that it catches up at once. A host heartbeat
+// carries the sender's incarnation (random at each start, in the
+// message's Commit field): a peer that restarted faster than an
+// election timeout is treated as one that went down and came back.
 //
 // A quiet group wakes on a proposal, a membership change, a leadership
 // transfer, and any message but the quiesce heartbeat itself and the
@@ -157,6 +160,18 @@ func (h *Host) hearFrom(id uint64, now time.Time) {
 	}
 }
 
+// hearHost notes a host heartbeat from peer id, of incarnation inc.
+func (h *Host) hearHost(id, inc uint64) {
+	old, known := h.incarn[id]
+	h.incarn[id] = inc
+	if known && old != inc {
+		h.restarts++
+		h.cfg.Logger.Info("replica: peer host restarted", "peer", id)
+		h.peerDown(id) // its groups lost their state: wake as for a death...
+		h.peerUp(id)   // ...and a return
+	}
+}
+
 // electionTimeout is how long a host goes unheard before it is down.
 func (h *Host) electionTimeout() time.Duration {
 	return time.Duration(h.cfg.ElectionTicks) * h.cfg.TickInterval
@@ -194,7 +209,7 @@ func (h *Host) tickHosts(now time.Time) {
 		h.hbTicks = 0
 		for id := range peers {
 			h.extra[id] = append(h.extra[id], Envelope{Group: hostGroup, Msg: &pb.Message{
-				Type: pb.MsgHeartbeat.Enum(), To: u64(id), From: u64(h.cfg.ID),
+				Type: pb.MsgHeartbeat.Enum(), To: u64(id), From: u64(h.cfg.ID), Commit: u64(h.incarnation),
 			}})
 		}
 	}
@@ -202,6 +217,7 @@ func (h *Host) tickHosts(now time.Time) {
 	for id := range peers {
 		if !h.down[id] && now.Sub(h.heard[id]) > timeout {
 			h.down[id] = true
+			h.cfg.Logger.Info("replica: peer host down", "peer", id)
 			h.peerDown(id)
 		}
 	}
@@ -211,7 +227,6 @@ func (h *Host) tickHosts(now time.Time) {
 // follower of a leader there campaigns within an election timeout; a
 // leader with a replica there runs check-quorum again.
 func (h *Host) peerDown(id uint64) {
-	h.cfg.Logger.Info("replica: peer host down", "peer", id)
 	for _, g := range h.live {
 		if !g.quiet {
 			continue
@@ -260,13 +275,16 @@ type QuietStats struct {
 	Quiesce uint64 // times a group fell quiet
 	Wakeups uint64 // times a quiet group woke
 	Down    int    // peer hosts not heard for an election timeout
+	// Restarts counts the restarts of peer hosts seen in their
+	// heartbeats.
+	Restarts uint64
 }
 
 // QuietStats returns the host's quiescence counters.
 func (h *Host) QuietStats() QuietStats {
 	var s QuietStats
 	_ = h.call(func() {
-		s = QuietStats{Groups: len(h.live), Awake: len(h.awake), Quiesce: h.quiesced, Wakeups: h.wakeups, Down: len(h.down)}
+		s = QuietStats{Groups: len(h.live), Awake: len(h.awake), Quiesce: h.quiesced, Wakeups: h.wakeups, Down: len(h.down), Restarts: h.restarts}
 	})
 	return s
 }

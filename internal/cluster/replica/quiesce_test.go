@@ -16,6 +16,7 @@ type quietCluster struct {
 	cfg    Config
 	net    *MemNetwork
 	ids    []uint64
+	fss    map[uint64]*store.MemFS
 	hosts  map[uint64]*Host
 	groups map[GroupID]map[uint64]*Group
 	n      int
@@ -24,28 +25,35 @@ type quietCluster struct {
 func newQuietCluster(t *testing.T, n int, cfg Config) *quietCluster {
 	t.Helper()
 	c := &quietCluster{t: t, cfg: cfg, net: NewMemNetwork(), ids: []uint64{1, 2, 3},
-		hosts: map[uint64]*Host{}, groups: map[GroupID]map[uint64]*Group{}, n: n}
+		fss: map[uint64]*store.MemFS{}, hosts: map[uint64]*Host{}, groups: map[GroupID]map[uint64]*Group{}, n: n}
 	for gid := GroupID(1); gid <= GroupID(n); gid++ {
 		c.groups[gid] = map[uint64]*Group{}
 	}
 	for _, id := range c.ids {
-		cfg := c.cfg
-		cfg.ID, cfg.Transport = id, c.net.Transport(id)
-		h, err := NewHost(store.NewMemFS(), "/data", cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = h.Close() })
-		c.hosts[id] = h
-		for gid := GroupID(1); gid <= GroupID(n); gid++ {
-			g, err := h.Group(gid, c.ids, nopSM{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.groups[gid][id] = g
-		}
+		c.fss[id] = store.NewMemFS()
+		c.start(id, c.ids)
 	}
 	return c
+}
+
+// start opens host id on its MemFS, with its replica of every group.
+func (c *quietCluster) start(id uint64, peers []uint64) {
+	c.t.Helper()
+	cfg := c.cfg
+	cfg.ID, cfg.Transport = id, c.net.Transport(id)
+	h, err := NewHost(c.fss[id], "/data", cfg)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { _ = h.Close() })
+	c.hosts[id] = h
+	for gid := GroupID(1); gid <= GroupID(c.n); gid++ {
+		g, err := h.Group(gid, peers, nopSM{})
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		c.groups[gid][id] = g
+	}
 }
 
 // leaders returns each group's leader, 0 if its live replicas do not
@@ -240,4 +248,37 @@ func TestQuietLeaderIsolated(t *testing.T) {
 	}, "the isolated host leads no group")
 	c.net.Heal()
 	c.waitQuiet(c.ids...)
+}
+
+// TestQuietLeaderHostRestarts: with every group quiet, the host leading
+// most of them restarts faster than an election timeout (its disk keeps
+// what was synced). The others see its new incarnation in its first
+// heartbeat and wake the groups concerned, without waiting for an
+// election timeout to notice; every group is led again, on all three.
+func TestQuietLeaderHostRestarts(t *testing.T) {
+	c := newQuietCluster(t, 60, quietConfig())
+	c.waitQuiet(c.ids...)
+	count := map[uint64]int{}
+	for _, l := range c.leaders(c.ids...) {
+		count[l]++
+	}
+	r := uint64(1)
+	for id, n := range count {
+		if n > count[r] {
+			r = id
+		}
+	}
+	start := time.Now()
+	c.net.Remove(r)
+	disk := c.fss[r].Crash(nil)
+	_ = c.hosts[r].Close()
+	c.fss[r] = disk
+	c.start(r, nil)
+	c.waitQuiet(c.ids...)
+	t.Logf("host %d led %d of %d groups; restarted, all led and quiet again after %v", r, count[r], c.n, time.Since(start))
+	for _, id := range c.ids {
+		if st := c.hosts[id].QuietStats(); id != r && st.Restarts == 0 {
+			t.Errorf("host %d did not see host %d restart: %+v", id, r, st)
+		}
+	}
 }
