@@ -183,8 +183,9 @@ func TestQuietProposalCommits(t *testing.T) {
 
 // TestQuietLeaderHostDies: with every group quiet, the host that leads
 // most of them dies; every group elects a new leader on the two others
-// (within about three election timeouts: the death is noticed after one,
-// and each follower then campaigns within one or two more), and commits.
+// within about three election timeouts (the death is noticed after one,
+// and each follower then campaigns within one or two more; asserted:
+// ten), and commits.
 func TestQuietLeaderHostDies(t *testing.T) {
 	cfg := quietConfig()
 	c := newQuietCluster(t, 60, cfg)
@@ -212,6 +213,12 @@ func TestQuietLeaderHostDies(t *testing.T) {
 	el := time.Since(start)
 	timeout := time.Duration(cfg.ElectionTicks) * cfg.TickInterval
 	t.Logf("host %d led %d of %d groups; all had a new leader after %v (election timeout %v)", dead, count[dead], c.n, el, timeout)
+	// The bound is about 3 election timeouts (noticing the death, then a
+	// randomized timeout of 1 to 2, and a split vote now and then); 10
+	// leaves room for a loaded machine.
+	if el > 10*timeout {
+		t.Errorf("new leaders after %v, want within %v", el, 10*timeout)
+	}
 	for gid, lead := range c.leaders(alive...) {
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		_, err := c.groups[gid][lead].Propose(ctx, []byte("after"))
