@@ -101,6 +101,9 @@ func (s *recSet) dead() []bool {
 		snapIdx, replaced := s.recs[p].last, s.recs[p].kind == KindSnap
 		for ; n < p; n++ {
 			r := s.recs[n]
+			if r.kind == KindSnapPart && r.last == snapIdx {
+				continue // the latest snapshot's data
+			}
 			if r.hard && n >= lastHard {
 				break // the latest durable hard state stays
 			}
@@ -117,6 +120,8 @@ func (s *recSet) dead() []bool {
 			mark(i)
 		case r.kind == KindCompact && i < p:
 			mark(i)
+		case r.kind == KindSnapPart && i < p && r.last != s.recs[p].last:
+			mark(i) // the data of an older snapshot, or of one never completed
 		}
 	}
 	return dead

@@ -679,14 +679,9 @@ func (g *Group) compact(index uint64, cs *pb.ConfState, data []byte) {
 	if err != nil {
 		return // an older snapshot than the storage's (one was received)
 	}
-	payload, err := encodeSnap(g.id, snap)
+	parts, payload, err := encodeSnapRecords(g.id, snap, g.h.cfg.Store.MaxRecordSize)
 	if err != nil {
-		return
-	}
-	if len(payload) > g.h.cfg.Store.MaxRecordSize {
-		// Not done yet: snapshots in several records. The group keeps
-		// its log in memory instead of compacting it.
-		g.h.cfg.Logger.Warn("replica: snapshot too large to store; log not compacted", "group", g.id, "bytes", len(payload))
+		g.h.cfg.Logger.Warn("replica: snapshot not stored; log not compacted", "group", g.id, "err", err)
 		return
 	}
 	// Nothing waits for this record: until it is durable, restart
@@ -696,6 +691,16 @@ func (g *Group) compact(index uint64, cs *pb.ConfState, data []byte) {
 	var set *recSet
 	var ref store.Ref
 	h.recMu.Lock()
+	size := len(payload)
+	for _, p := range parts {
+		pref, err := h.log.Append(uint32(g.id), KindSnapPart, p, nil)
+		if err != nil {
+			h.recMu.Unlock()
+			return
+		}
+		h.trackLocked(g.id, liveRec{ref: pref, kind: KindSnapPart, last: index})
+		size += len(p)
+	}
 	ref, err = h.log.Append(uint32(g.id), KindCompact, payload, func(err error) {
 		if err == nil {
 			// On the driver, after this call has set ref and set.
@@ -712,7 +717,7 @@ func (g *Group) compact(index uint64, cs *pb.ConfState, data []byte) {
 	if err != nil {
 		return
 	}
-	h.noteAppended(len(payload))
+	h.noteAppended(size)
 	_ = g.ms.Compact(index)
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -584,11 +585,19 @@ func (h *Host) persist(rds []groupReady) error {
 	var buf []byte
 	for _, r := range rds {
 		if !raft.IsEmptySnap(r.rd.Snapshot) {
-			payload, err := encodeSnap(r.g.id, r.rd.Snapshot)
+			idx := r.rd.Snapshot.GetMetadata().GetIndex()
+			parts, payload, err := encodeSnapRecords(r.g.id, r.rd.Snapshot, h.cfg.Store.MaxRecordSize)
 			if err != nil {
+				wg.Wait()
 				return err
 			}
-			if err := appendRec(r.g, KindSnap, payload, liveRec{last: r.rd.Snapshot.GetMetadata().GetIndex()}); err != nil {
+			for _, p := range parts {
+				if err := appendRec(r.g, KindSnapPart, p, liveRec{last: idx}); err != nil {
+					wg.Wait()
+					return err
+				}
+			}
+			if err := appendRec(r.g, KindSnap, payload, liveRec{last: idx}); err != nil {
 				wg.Wait()
 				return err
 			}
@@ -641,6 +650,8 @@ func (h *Host) recover(rec *store.Recovery) error {
 		hostDamage = fmt.Sprintf("store damaged: %d corrupt, %d missing segments", len(rec.Corrupt), len(rec.Missing))
 	}
 	type state struct {
+		parts   [][]byte // pieces of a snapshot's data, before its record
+		partsAt uint64   // the index of that snapshot
 		snap    *pb.Snapshot
 		hard    *pb.HardState
 		batches [][]*pb.Entry
@@ -692,6 +703,18 @@ func (h *Host) recover(rec *store.Recovery) error {
 				rec.last = rr.entries[len(rr.entries)-1].GetIndex()
 			}
 			h.trackLocked(rr.group, rec)
+		case KindSnapPart:
+			id, idx, data, err := decodeSnapPart(r.Payload)
+			if err != nil {
+				hostDamage = fmt.Sprintf("record %v: %v", r.Ref, err)
+				return nil
+			}
+			s := get(id)
+			if s.partsAt != idx {
+				s.parts, s.partsAt = nil, idx
+			}
+			s.parts = append(s.parts, slices.Clone(data))
+			h.trackLocked(id, liveRec{ref: r.Ref, kind: KindSnapPart, last: idx})
 		case KindSnap, KindCompact:
 			id, snap, err := decodeSnap(r.Payload)
 			if err != nil {
@@ -699,6 +722,10 @@ func (h *Host) recover(rec *store.Recovery) error {
 				return nil
 			}
 			s := get(id)
+			if idx := snap.GetMetadata().GetIndex(); len(snap.GetData()) == 0 && s.partsAt == idx && len(s.parts) > 0 {
+				snap.Data = slices.Concat(s.parts...)
+			}
+			s.parts, s.partsAt = nil, 0
 			if r.Kind == KindSnap {
 				// The snapshot replaced the log: what came before is gone.
 				s.snap, s.batches = snap, nil
