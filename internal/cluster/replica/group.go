@@ -26,8 +26,10 @@ type Entry struct {
 
 // StateMachine is a group's replicated state, one instance per replica.
 // Its methods are called from the group's apply goroutine only, one at a
-// time: Apply with every committed entry in log order, Snapshot every
-// [Config.SnapshotEntries] entries, Restore when the replica gets a
+// time (a group has an apply goroutine while it has work, so calls may
+// come from different goroutines over time, never at once): Apply with
+// every committed entry in log order, Snapshot when due (see
+// [Config.SnapshotEntries]), Restore when the replica gets a
 // snapshot instead of entries (or restarts from one). Apply must be
 // deterministic: every replica applies the same entries in the same
 // order. An error from Apply or Restore stops the group on this replica.
@@ -72,9 +74,10 @@ type Group struct {
 	leaderCh chan struct{} // closed and replaced at each leadership change
 	queue    []applyItem
 	err      error // why the group stopped
-	sig      chan struct{}
+	running  bool  // an apply goroutine runs
+	again    bool  // it must look at the queue once more
+	ap       applyState
 	stopped  chan struct{}
-	finished chan struct{}
 	once     sync.Once
 	applied  atomic.Uint64
 	snapWant atomic.Bool // a follower needs a snapshot newer than the stored one
@@ -137,9 +140,7 @@ func newGroup(h *Host, id GroupID, sm StateMachine) *Group {
 		h: h, id: id, sm: sm,
 		waiters:  map[uint64]func(result){},
 		leaderCh: make(chan struct{}),
-		sig:      make(chan struct{}, 1),
 		stopped:  make(chan struct{}),
-		finished: make(chan struct{}),
 	}
 }
 
@@ -164,7 +165,8 @@ func (g *Group) start() error {
 	if len(snap.GetData()) > 0 {
 		g.enqueue(applyItem{restore: snap})
 	}
-	go g.applyLoop(applied, cs)
+	g.ap = applyState{applied: applied, lastSnap: applied, cs: cs}
+	g.poke()
 	return nil
 }
 
@@ -551,56 +553,90 @@ func (g *Group) enqueue(it applyItem) {
 	g.poke()
 }
 
-// poke wakes the apply goroutine.
+// applyState is what applying remembers between runs; only the running
+// apply goroutine touches it.
+type applyState struct {
+	applied    uint64
+	cs         *pb.ConfState
+	lastSnap   uint64 // index of the last snapshot
+	bytesSince int64  // entry bytes applied since the last snapshot
+	snapSize   int64  // its size
+}
+
+// poke makes sure an apply goroutine looks at the queue (and at
+// snapWant). A group has one only while it has work: an idle group
+// costs no goroutine.
 func (g *Group) poke() {
-	select {
-	case g.sig <- struct{}{}:
-	default:
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err != nil {
+		return
+	}
+	if g.running {
+		g.again = true
+		return
+	}
+	g.running = true
+	go g.applyRun()
+}
+
+// applyRun calls the state machine with committed entries, in order,
+// until the queue is empty.
+func (g *Group) applyRun() {
+	for {
+		g.mu.Lock()
+		items := g.queue
+		g.queue, g.again = nil, false
+		g.mu.Unlock()
+		if !g.applyItems(items) {
+			return
+		}
+		g.mu.Lock()
+		if len(g.queue) == 0 && !g.again {
+			g.running = false
+			g.mu.Unlock()
+			return
+		}
+		g.mu.Unlock()
 	}
 }
 
-// applyLoop calls the state machine with committed entries, in order.
-func (g *Group) applyLoop(applied uint64, cs *pb.ConfState) {
-	defer close(g.finished)
-	lastSnap := applied
-	var bytesSince, snapSize int64 // entry bytes applied since the last snapshot; its size
-	for {
-		select {
-		case <-g.stopped:
-			return
-		case <-g.sig:
-		}
-		g.mu.Lock()
-		items := g.queue
-		g.queue = nil
-		g.mu.Unlock()
-		for _, it := range items {
-			for _, e := range it.entries {
-				if e.GetIndex() > applied {
-					bytesSince += int64(len(e.GetData()))
-				}
-			}
-			var err error
-			applied, err = g.applyItem(it, applied)
-			if err != nil {
-				g.close(fmt.Errorf("replica: group %d: state machine: %w", g.id, err))
-				return
-			}
-			if it.restore != nil {
-				lastSnap, bytesSince, snapSize = applied, 0, int64(len(it.restore.GetData()))
-			}
-			if it.cs != nil {
-				cs = it.cs
+// applyItems applies items and snapshots when due; false if the group
+// stopped.
+func (g *Group) applyItems(items []applyItem) bool {
+	select {
+	case <-g.stopped:
+		return false
+	default:
+	}
+	ap := &g.ap
+	for _, it := range items {
+		for _, e := range it.entries {
+			if e.GetIndex() > ap.applied {
+				ap.bytesSince += int64(len(e.GetData()))
 			}
 		}
-		due := (applied-lastSnap >= g.h.cfg.SnapshotEntries || bytesSince >= g.h.cfg.SnapshotBytes) && bytesSince >= snapSize
-		if due || (g.snapWant.Load() && applied > lastSnap) {
-			g.snapWant.Store(false)
-			if n, ok := g.snapshot(applied, cs); ok {
-				lastSnap, bytesSince, snapSize = applied, 0, int64(n)
-			}
+		var err error
+		ap.applied, err = g.applyItem(it, ap.applied)
+		if err != nil {
+			g.close(fmt.Errorf("replica: group %d: state machine: %w", g.id, err))
+			return false
+		}
+		if it.restore != nil {
+			ap.lastSnap, ap.bytesSince, ap.snapSize = ap.applied, 0, int64(len(it.restore.GetData()))
+		}
+		if it.cs != nil {
+			ap.cs = it.cs
 		}
 	}
+	due := (ap.applied-ap.lastSnap >= g.h.cfg.SnapshotEntries || ap.bytesSince >= g.h.cfg.SnapshotBytes) && ap.bytesSince >= ap.snapSize
+	if due || (g.snapWant.Load() && ap.applied > ap.lastSnap) {
+		g.snapWant.Store(false)
+		if n, ok := g.snapshot(ap.applied, ap.cs); ok {
+			ap.lastSnap, ap.bytesSince, ap.snapSize = ap.applied, 0, int64(n)
+		}
+	}
+	return true
 }
 
 func (g *Group) applyItem(it applyItem, applied uint64) (uint64, error) {
