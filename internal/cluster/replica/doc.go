@@ -19,13 +19,24 @@
 //
 // # On disk
 //
-// The host's log holds two kinds of record, both tagged with the group
+// The host's log holds its groups' records, each tagged with the group
 // (layout in record.go): [KindReady], a group's new hard state and log
-// entries from one Ready, and [KindSnap], a group's snapshot. Restart
-// replays the log and rebuilds each group's in-memory Raft log. A host
-// whose store reports corrupt or missing data, or a group whose
-// recovered log ends before its own recorded commit index, marks the
-// group damaged: the replica keeps receiving the log but never
-// campaigns and never grants a vote, so it cannot help elect a leader
-// on a log it lost.
+// entries from one Ready; [KindSnap], a snapshot that replaced a
+// group's log; [KindCompact], a snapshot a group took of its state
+// machine; [KindSnapPart], a piece of a snapshot too large for one
+// record. A group's snapshot is its checkpoint (compact.go): once a
+// snapshot is durable, the records it made useless are released from
+// the store, and the host checkpoints the store with the list of the
+// records still live, so that a restart reads those and replays the
+// tail after the checkpoint. A host whose store reports corrupt or
+// missing data, or a group whose recovered log ends before its own
+// recorded commit index, marks the group damaged: the replica keeps
+// receiving the log but never campaigns and never grants a vote, so it
+// cannot help elect a leader on a log it lost.
+//
+// # Quiescence
+//
+// An idle group stops ticking on every replica (quiesce.go); the hosts
+// heartbeat each other instead, one message per peer host per interval,
+// and wake the quiet groups a dead or restarted peer concerns.
 package replica

@@ -206,3 +206,83 @@ func FuzzDecodeBatch(f *testing.F) {
 		}
 	})
 }
+
+// TestFabricQuiet: over the cluster fabric, 20 idle groups fall quiet
+// (the hosts' heartbeats cross it as group 0), and when the node that
+// leads most of them dies, fabric and all, the two others elect new
+// leaders for every group.
+func TestFabricQuiet(t *testing.T) {
+	fabs := startFabrics(t, 3)
+	ids := []uint64{1, 2, 3}
+	const n = 20
+	hosts := map[uint64]*Host{}
+	trs := map[uint64]*FabricTransport{}
+	groups := map[GroupID]map[uint64]*Group{}
+	for gid := GroupID(1); gid <= n; gid++ {
+		groups[gid] = map[uint64]*Group{}
+	}
+	for i, id := range ids {
+		tr := NewFabricTransport(fabs[i], id, nodeOf, idOf, nil)
+		t.Cleanup(func() { _ = tr.Close() })
+		cfg := quietConfig()
+		cfg.ID, cfg.Transport = id, tr
+		h, err := NewHost(store.NewMemFS(), "/data", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = h.Close() })
+		hosts[id], trs[id] = h, tr
+		for gid := GroupID(1); gid <= n; gid++ {
+			if groups[gid][id], err = h.Group(gid, ids, nopSM{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	led := func(alive []uint64) map[GroupID]uint64 {
+		out := map[GroupID]uint64{}
+		for gid, reps := range groups {
+			var lead uint64
+			for _, id := range alive {
+				l, _ := reps[id].Leader()
+				if l == 0 || (lead != 0 && l != lead) || !slices.Contains(alive, l) {
+					return nil
+				}
+				lead = l
+			}
+			out[gid] = lead
+		}
+		return out
+	}
+	var leaders map[GroupID]uint64
+	testutil.WaitForf(t, wait, func() bool {
+		if leaders = led(ids); leaders == nil {
+			return false
+		}
+		for _, h := range hosts {
+			if h.QuietStats().Awake != 0 {
+				return false
+			}
+		}
+		return true
+	}, "%d groups led and quiet over the fabric", n)
+	count := map[uint64]int{}
+	for _, l := range leaders {
+		count[l]++
+	}
+	dead := uint64(1)
+	for id, c := range count {
+		if c > count[dead] {
+			dead = id
+		}
+	}
+	var alive []uint64
+	for _, id := range ids {
+		if id != dead {
+			alive = append(alive, id)
+		}
+	}
+	_ = hosts[dead].Close()
+	_ = trs[dead].Close()
+	_ = fabs[dead-1].Close()
+	testutil.WaitForf(t, wait, func() bool { return led(alive) != nil }, "every group elects a leader on %v", alive)
+}

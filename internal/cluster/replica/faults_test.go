@@ -230,8 +230,32 @@ func TestManyGroups(t *testing.T) {
 		for i := range want {
 			want[i] = fmt.Sprintf("g%d-%d", gid, i)
 		}
+		// A proposal that timed out may have committed and been made
+		// again: every replica holds the same list, whose first
+		// occurrences are want in order.
+		var ref []string
 		for id, sm := range sms[gid] {
-			testutil.WaitForf(t, wait, func() bool { return slices.Equal(sm.list(), want) }, "group %d on %d", gid, id)
+			ok := testutil.Eventually(wait, func() bool {
+				l := sm.list()
+				return slices.Equal(firsts(l), want) && (ref == nil || slices.Equal(l, ref))
+			})
+			if !ok {
+				t.Fatalf("group %d on %d: %q, want %q (another replica: %q)", gid, id, sm.list(), want, ref)
+			}
+			ref = sm.list()
 		}
 	}
+}
+
+// firsts returns the first occurrence of each item of l, in order.
+func firsts(l []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range l {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
 }

@@ -14,6 +14,8 @@ import (
 	pb "go.etcd.io/raft/v3/raftpb"
 	"go.etcd.io/raft/v3/tracker"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/courier-mq/courier/internal/store"
 )
 
 // Entry is a committed entry as a [StateMachine] sees it.
@@ -24,8 +26,10 @@ type Entry struct {
 
 // StateMachine is a group's replicated state, one instance per replica.
 // Its methods are called from the group's apply goroutine only, one at a
-// time: Apply with every committed entry in log order, Snapshot every
-// [Config.SnapshotEntries] entries, Restore when the replica gets a
+// time (a group has an apply goroutine while it has work, so calls may
+// come from different goroutines over time, never at once): Apply with
+// every committed entry in log order, Snapshot when due (see
+// [Config.SnapshotEntries]), Restore when the replica gets a
 // snapshot instead of entries (or restarts from one). Apply must be
 // deterministic: every replica applies the same entries in the same
 // order. An error from Apply or Restore stops the group on this replica.
@@ -57,6 +61,7 @@ type Group struct {
 	damaged     string
 	wasLeader   bool
 	confPending bool
+	quiet       bool // not ticked (quiesce.go)
 	cs          *pb.ConfState
 	openDamage  string          // why the replica was damaged when opened
 	rejoin      map[uint64]bool // leader: damaged replicas being removed, to come back as learners
@@ -69,9 +74,10 @@ type Group struct {
 	leaderCh chan struct{} // closed and replaced at each leadership change
 	queue    []applyItem
 	err      error // why the group stopped
-	sig      chan struct{}
+	running  bool  // an apply goroutine runs
+	again    bool  // it must look at the queue once more
+	ap       applyState
 	stopped  chan struct{}
-	finished chan struct{}
 	once     sync.Once
 	applied  atomic.Uint64
 	snapWant atomic.Bool // a follower needs a snapshot newer than the stored one
@@ -134,9 +140,7 @@ func newGroup(h *Host, id GroupID, sm StateMachine) *Group {
 		h: h, id: id, sm: sm,
 		waiters:  map[uint64]func(result){},
 		leaderCh: make(chan struct{}),
-		sig:      make(chan struct{}, 1),
 		stopped:  make(chan struct{}),
-		finished: make(chan struct{}),
 	}
 }
 
@@ -161,7 +165,8 @@ func (g *Group) start() error {
 	if len(snap.GetData()) > 0 {
 		g.enqueue(applyItem{restore: snap})
 	}
-	go g.applyLoop(applied, cs)
+	g.ap = applyState{applied: applied, lastSnap: applied, cs: cs}
+	g.poke()
 	return nil
 }
 
@@ -302,6 +307,7 @@ func (g *Group) failWaiters(err error) {
 
 // propose runs on the driver.
 func (g *Group) propose(id uint64, data []byte) {
+	g.wakeUp()
 	if err := g.leading(); err != nil {
 		g.resolve(id, result{err: err})
 		return
@@ -326,6 +332,9 @@ const damagedCtx = "courier:damaged"
 
 // step runs on the driver with a message from a peer.
 func (g *Group) step(m *pb.Message) {
+	commit := m.GetCommit()
+	quiesce := false
+	g.touch()
 	switch m.GetType() {
 	case pb.MsgTimeoutNow:
 		if g.damaged != "" {
@@ -337,6 +346,10 @@ func (g *Group) step(m *pb.Message) {
 		// entries would make Raft panic: it commits what it has.
 		if last, _ := g.ms.LastIndex(); m.GetCommit() > last {
 			m.Commit = u64(last)
+		}
+		if string(m.GetContext()) == quiesceCtx {
+			quiesce = true
+			m.Context = nil
 		}
 	case pb.MsgHeartbeatResp:
 		if string(m.GetContext()) == damagedCtx {
@@ -352,6 +365,7 @@ func (g *Group) step(m *pb.Message) {
 		return // a peer cannot send local messages
 	}
 	_ = g.rn.Step(m)
+	g.stepQuiet(m, quiesce, commit)
 }
 
 // outgoing runs on the driver: it filters and marks what this replica
@@ -432,6 +446,7 @@ func (g *Group) afterPersist(rd raft.Ready) error {
 			return fmt.Errorf("group %d: apply snapshot: %w", g.id, err)
 		}
 		g.cs = rd.Snapshot.GetMetadata().GetConfState()
+		g.h.peersStale = true
 		g.enqueue(applyItem{restore: rd.Snapshot, cs: g.cs})
 	}
 	if err := g.ms.Append(rd.Entries); err != nil {
@@ -447,6 +462,7 @@ func (g *Group) afterPersist(rd raft.Ready) error {
 	for _, e := range rd.CommittedEntries {
 		if cc := confChange(e); cc != nil {
 			g.cs = g.rn.ApplyConfChange(cc)
+			g.h.peersStale = true
 			g.confPending = false
 			item.cs = g.cs
 			if g.damaged != "" && addsLearner(cc, g.h.cfg.ID) {
@@ -537,49 +553,90 @@ func (g *Group) enqueue(it applyItem) {
 	g.poke()
 }
 
-// poke wakes the apply goroutine.
+// applyState is what applying remembers between runs; only the running
+// apply goroutine touches it.
+type applyState struct {
+	applied    uint64
+	cs         *pb.ConfState
+	lastSnap   uint64 // index of the last snapshot
+	bytesSince int64  // entry bytes applied since the last snapshot
+	snapSize   int64  // its size
+}
+
+// poke makes sure an apply goroutine looks at the queue (and at
+// snapWant). A group has one only while it has work: an idle group
+// costs no goroutine.
 func (g *Group) poke() {
-	select {
-	case g.sig <- struct{}{}:
-	default:
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err != nil {
+		return
+	}
+	if g.running {
+		g.again = true
+		return
+	}
+	g.running = true
+	go g.applyRun()
+}
+
+// applyRun calls the state machine with committed entries, in order,
+// until the queue is empty.
+func (g *Group) applyRun() {
+	for {
+		g.mu.Lock()
+		items := g.queue
+		g.queue, g.again = nil, false
+		g.mu.Unlock()
+		if !g.applyItems(items) {
+			return
+		}
+		g.mu.Lock()
+		if len(g.queue) == 0 && !g.again {
+			g.running = false
+			g.mu.Unlock()
+			return
+		}
+		g.mu.Unlock()
 	}
 }
 
-// applyLoop calls the state machine with committed entries, in order.
-func (g *Group) applyLoop(applied uint64, cs *pb.ConfState) {
-	defer close(g.finished)
-	lastSnap := applied
-	for {
-		select {
-		case <-g.stopped:
-			return
-		case <-g.sig:
-		}
-		g.mu.Lock()
-		items := g.queue
-		g.queue = nil
-		g.mu.Unlock()
-		for _, it := range items {
-			var err error
-			applied, err = g.applyItem(it, applied)
-			if err != nil {
-				g.close(fmt.Errorf("replica: group %d: state machine: %w", g.id, err))
-				return
-			}
-			if it.restore != nil {
-				lastSnap = applied
-			}
-			if it.cs != nil {
-				cs = it.cs
+// applyItems applies items and snapshots when due; false if the group
+// stopped.
+func (g *Group) applyItems(items []applyItem) bool {
+	select {
+	case <-g.stopped:
+		return false
+	default:
+	}
+	ap := &g.ap
+	for _, it := range items {
+		for _, e := range it.entries {
+			if e.GetIndex() > ap.applied {
+				ap.bytesSince += int64(len(e.GetData()))
 			}
 		}
-		if applied-lastSnap >= g.h.cfg.SnapshotEntries || (g.snapWant.Load() && applied > lastSnap) {
-			g.snapWant.Store(false)
-			if g.snapshot(applied, cs) {
-				lastSnap = applied
-			}
+		var err error
+		ap.applied, err = g.applyItem(it, ap.applied)
+		if err != nil {
+			g.close(fmt.Errorf("replica: group %d: state machine: %w", g.id, err))
+			return false
+		}
+		if it.restore != nil {
+			ap.lastSnap, ap.bytesSince, ap.snapSize = ap.applied, 0, int64(len(it.restore.GetData()))
+		}
+		if it.cs != nil {
+			ap.cs = it.cs
 		}
 	}
+	due := (ap.applied-ap.lastSnap >= g.h.cfg.SnapshotEntries || ap.bytesSince >= g.h.cfg.SnapshotBytes) && ap.bytesSince >= ap.snapSize
+	if due || (g.snapWant.Load() && ap.applied > ap.lastSnap) {
+		g.snapWant.Store(false)
+		if n, ok := g.snapshot(ap.applied, ap.cs); ok {
+			ap.lastSnap, ap.bytesSince, ap.snapSize = ap.applied, 0, int64(n)
+		}
+	}
+	return true
 }
 
 func (g *Group) applyItem(it applyItem, applied uint64) (uint64, error) {
@@ -640,15 +697,16 @@ func confID(e *pb.Entry) (uint64, bool) {
 }
 
 // snapshot takes a snapshot of the state machine at applied and hands it
-// to the driver, which compacts the in-memory log and persists it.
-func (g *Group) snapshot(applied uint64, cs *pb.ConfState) bool {
+// to the driver, which compacts the in-memory log and persists it. It
+// returns the snapshot's size.
+func (g *Group) snapshot(applied uint64, cs *pb.ConfState) (int, bool) {
 	data, err := g.sm.Snapshot()
 	if err != nil {
 		g.h.cfg.Logger.Warn("replica: snapshot failed", "group", g.id, "err", err)
-		return false
+		return 0, false
 	}
 	cs = proto.Clone(cs).(*pb.ConfState)
-	return g.h.submit(func() { g.compact(applied, cs, data) }) == nil
+	return len(data), g.h.submit(func() { g.compact(applied, cs, data) }) == nil
 }
 
 // compact runs on the driver.
@@ -657,21 +715,45 @@ func (g *Group) compact(index uint64, cs *pb.ConfState, data []byte) {
 	if err != nil {
 		return // an older snapshot than the storage's (one was received)
 	}
-	payload, err := encodeSnap(g.id, snap)
+	parts, payload, err := encodeSnapRecords(g.id, snap, g.h.cfg.Store.MaxRecordSize)
 	if err != nil {
-		return
-	}
-	if len(payload) > g.h.cfg.Store.MaxRecordSize {
-		// Not done yet: snapshots in several records. The group keeps
-		// its log in memory instead of compacting it.
-		g.h.cfg.Logger.Warn("replica: snapshot too large to store; log not compacted", "group", g.id, "bytes", len(payload))
+		g.h.cfg.Logger.Warn("replica: snapshot not stored; log not compacted", "group", g.id, "err", err)
 		return
 	}
 	// Nothing waits for this record: until it is durable, restart
-	// rebuilds the state from the entries, which are all still in the log.
-	if _, err := g.h.log.Append(uint32(g.id), KindCompact, payload, nil); err != nil {
+	// rebuilds the state from the entries, which are all still in the
+	// log. Once it is, the records it covers are released.
+	h := g.h
+	var set *recSet
+	var ref store.Ref
+	h.recMu.Lock()
+	size := len(payload)
+	for _, p := range parts {
+		pref, err := h.log.Append(uint32(g.id), KindSnapPart, p, nil)
+		if err != nil {
+			h.recMu.Unlock()
+			return
+		}
+		h.trackLocked(g.id, liveRec{ref: pref, kind: KindSnapPart, last: index})
+		size += len(p)
+	}
+	ref, err = h.log.Append(uint32(g.id), KindCompact, payload, func(err error) {
+		if err == nil {
+			// On the driver, after this call has set ref and set.
+			_ = h.submit(func() {
+				set.markDurable(ref.Pos)
+				h.releaseDead(g.id)
+			})
+		}
+	})
+	if err == nil {
+		set = h.trackLocked(g.id, liveRec{ref: ref, kind: KindCompact, last: index})
+	}
+	h.recMu.Unlock()
+	if err != nil {
 		return
 	}
+	h.noteAppended(size)
 	_ = g.ms.Compact(index)
 }
 
@@ -745,6 +827,7 @@ func roleName(s raft.StateType) string {
 func (g *Group) TransferLeadership(ctx context.Context, to uint64) error {
 	var err error
 	if cerr := g.h.call(func() {
+		g.wakeUp()
 		if err = g.leading(); err == nil {
 			g.rn.TransferLeader(to)
 		}
@@ -796,6 +879,7 @@ func (g *Group) changeConf(ctx context.Context, typ pb.ConfChangeType, node uint
 		Context: binary.LittleEndian.AppendUint64(nil, pid),
 	}
 	if serr := g.h.submit(func() {
+		g.wakeUp()
 		if err := g.leading(); err != nil {
 			g.resolve(pid, result{err: err})
 			return

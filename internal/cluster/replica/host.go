@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +37,21 @@ type Config struct {
 	// the entries before it in memory, and a replica too far behind gets
 	// the snapshot instead of those entries. Default: 10,000.
 	SnapshotEntries uint64
+	// SnapshotBytes makes a group snapshot once its applied entries
+	// since the last snapshot add up to this many bytes, even before
+	// SnapshotEntries. Either way a group snapshots only once the bytes
+	// applied since its last snapshot are at least that snapshot's size:
+	// rewriting the state costs at most one write per byte appended.
+	// Default: 64 MiB.
+	SnapshotBytes int64
+	// CheckpointBytes makes the host checkpoint its log once this many
+	// bytes were appended since the last checkpoint; CheckpointInterval
+	// makes it checkpoint that often if anything was appended. A restart
+	// replays what was appended since the last checkpoint, and the store
+	// deletes a dead segment only once a checkpoint lies past it.
+	// Defaults: 64 MiB, 10 s.
+	CheckpointBytes    int64
+	CheckpointInterval time.Duration
 	// MaxEntrySize is the largest proposal accepted. Default: 1 MiB.
 	MaxEntrySize int
 	// Store configures the host's log (see [store.Options]).
@@ -57,6 +72,15 @@ func (c *Config) defaults() {
 	}
 	if c.SnapshotEntries == 0 {
 		c.SnapshotEntries = 10_000
+	}
+	if c.SnapshotBytes <= 0 {
+		c.SnapshotBytes = 64 << 20
+	}
+	if c.CheckpointBytes <= 0 {
+		c.CheckpointBytes = 64 << 20
+	}
+	if c.CheckpointInterval <= 0 {
+		c.CheckpointInterval = 10 * time.Second
 	}
 	if c.MaxEntrySize <= 0 {
 		c.MaxEntrySize = 1 << 20
@@ -94,13 +118,36 @@ type Host struct {
 	closed    bool
 	err       error
 
-	live   map[GroupID]*Group // the driver's
-	wake   chan struct{}
-	stop   chan struct{}
-	done   chan struct{}
-	propID atomic.Uint64
+	live map[GroupID]*Group // the driver's
+	// Quiescence (quiesce.go), the driver's.
+	awake       map[GroupID]*Group    // groups that tick
+	dirty       map[GroupID]*Group    // groups that may have a Ready
+	extra       map[uint64][]Envelope // messages to send besides Readies': quiesce and host heartbeats
+	heard       map[uint64]time.Time  // when each peer host was last heard
+	down        map[uint64]bool       // peer hosts not heard for an election timeout
+	incarn      map[uint64]uint64     // each peer host's incarnation, from its heartbeats
+	incarnation uint64                // this host's, random at each start
+	restarts    uint64                // peer restarts seen
+	peerSet     map[uint64]bool       // the hosts of every replica, cached
+	peersStale  bool                  // peerSet must be recomputed
+	hbTicks     int                   // ticks since the last host heartbeat
+	quiesced    uint64                // times a group fell quiet
+	wakeups     uint64                // times a quiet group woke
+	wake        chan struct{}
+	stop        chan struct{}
+	done        chan struct{}
+	propID      atomic.Uint64
 
 	rounds atomic.Uint64 // persist rounds, for tests and stats
+
+	// Log compaction (compact.go).
+	recMu       sync.Mutex // guards tracked and every recSet's recs; held across an Append or Release and its tracking
+	tracked     map[GroupID]*recSet
+	released    atomic.Uint64 // records released, for tests and stats
+	checkpoints atomic.Uint64 // checkpoints written, for tests and stats
+	sinceCkpt   atomic.Uint64 // bytes appended since the last checkpoint
+	ckptKick    chan struct{}
+	ckptDone    chan struct{}
 }
 
 // recovered is a group's state rebuilt from the log by [NewHost].
@@ -124,28 +171,40 @@ func NewHost(fs store.FS, dir string, cfg Config) (*Host, error) {
 	h := &Host{
 		cfg:       cfg,
 		log:       l,
-		rlog:      &raft.DefaultLogger{Logger: log.New(io.Discard, "", 0)},
+		rlog:      quietLogger{},
 		recovered: map[GroupID]*recovered{},
 		opened:    map[GroupID]*Group{},
 		live:      map[GroupID]*Group{},
+		awake:     map[GroupID]*Group{},
+		dirty:     map[GroupID]*Group{},
+		extra:     map[uint64][]Envelope{},
+		heard:     map[uint64]time.Time{},
+		down:      map[uint64]bool{},
+		incarn:    map[uint64]uint64{},
+		tracked:   map[GroupID]*recSet{},
+		ckptKick:  make(chan struct{}, 1),
+		ckptDone:  make(chan struct{}),
 		wake:      make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 		done:      make(chan struct{}),
 	}
 	h.propID.Store(rand.Uint64())
+	h.incarnation = rand.Uint64() | 1
 	if err := h.recover(rec); err != nil {
 		_ = l.Close()
 		return nil, err
 	}
 	cfg.Transport.Listen(h.receive)
 	go h.run()
+	go h.checkpointLoop()
 	return h, nil
 }
 
 // ID returns the host's replica id.
 func (h *Host) ID() uint64 { return h.cfg.ID }
 
-// Close stops every group and closes the log.
+// Close stops every group, checkpoints the log (so that the next start
+// replays little) and closes it.
 func (h *Host) Close() error {
 	h.mu.Lock()
 	if h.closed {
@@ -157,8 +216,14 @@ func (h *Host) Close() error {
 	h.mu.Unlock()
 	close(h.stop)
 	<-h.done
+	<-h.ckptDone
 	for _, g := range groups {
 		g.close(ErrClosed)
+	}
+	if h.Err() == nil {
+		if err := h.checkpoint(); err != nil {
+			h.cfg.Logger.Warn("replica: checkpoint at close failed", "err", err)
+		}
 	}
 	return h.log.Close()
 }
@@ -176,7 +241,12 @@ func (h *Host) Err() error {
 // (every initial replica must be created with the same peers); else this
 // replica joins an existing group and waits for its leader to send it
 // the log (after the leader's [Group.AddVoter] or [Group.AddLearner]).
+//
+// Group id 0 is reserved (the host's own heartbeats use it).
 func (h *Host) Group(id GroupID, peers []uint64, sm StateMachine) (*Group, error) {
+	if id == hostGroup {
+		return nil, fmt.Errorf("replica: group id 0 is reserved")
+	}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -214,7 +284,14 @@ func (h *Host) Group(id GroupID, peers []uint64, sm StateMachine) (*Group, error
 	}
 	h.opened[id] = g
 	h.mu.Unlock()
-	if err := h.call(func() { h.live[id] = g }); err != nil {
+	// Not waited for: every later call of the group reaches the driver
+	// after this one, and a host opening thousands of groups at restart
+	// does not wait for a driver round (and its fsync) per group.
+	if err := h.submit(func() {
+		h.live[id] = g
+		h.peersStale = true
+		g.wakeUp()
+	}); err != nil {
 		g.close(err)
 		return nil, err
 	}
@@ -244,11 +321,31 @@ func (h *Host) bootstrap(g *Group, peers []uint64) error {
 	if err != nil {
 		return fmt.Errorf("replica: bootstrap: %w", err)
 	}
-	if _, err := h.log.AppendSync(uint32(g.id), KindSnap, payload); err != nil {
-		return fmt.Errorf("replica: bootstrap: %w", err)
+	// One sync for both records: they are appended together, and the
+	// store confirms in log order.
+	errc := make(chan error, 2)
+	h.recMu.Lock()
+	for _, r := range []struct {
+		kind    store.Kind
+		payload []byte
+		rec     liveRec
+	}{
+		{KindSnap, payload, liveRec{kind: KindSnap, last: 1}},
+		{KindReady, encodeReady(nil, g.id, hs, nil), liveRec{kind: KindReady, hard: true}},
+	} {
+		ref, err := h.log.Append(uint32(g.id), r.kind, r.payload, func(err error) { errc <- err })
+		if err != nil {
+			h.recMu.Unlock()
+			return fmt.Errorf("replica: bootstrap: %w", err)
+		}
+		r.rec.ref = ref
+		h.trackLocked(g.id, r.rec).markDurable(ref.Pos) // nothing uses the group before both are durable
 	}
-	if _, err := h.log.AppendSync(uint32(g.id), KindReady, encodeReady(nil, g.id, hs, nil)); err != nil {
-		return fmt.Errorf("replica: bootstrap: %w", err)
+	h.recMu.Unlock()
+	for range 2 {
+		if err := <-errc; err != nil {
+			return fmt.Errorf("replica: bootstrap: %w", err)
+		}
 	}
 	return nil
 }
@@ -332,22 +429,38 @@ func (h *Host) run() {
 		for _, fn := range reqs {
 			fn()
 		}
+		now := time.Now()
 		for _, e := range inbox {
-			if g := h.live[e.Group]; g != nil {
+			h.hearFrom(e.Msg.GetFrom(), now)
+			if e.Group == hostGroup {
+				h.hearHost(e.Msg.GetFrom(), e.Msg.GetCommit())
+			} else if g := h.live[e.Group]; g != nil {
 				g.step(e.Msg)
 			}
 		}
 		if tick {
-			for _, g := range h.live {
-				if g.damaged == "" {
-					g.rn.Tick()
-				}
-			}
+			h.tickGroups()
+			h.tickHosts(now)
 		}
 		if err := h.handleReady(); err != nil {
 			h.fail(err)
 			return
 		}
+		for to, batch := range h.extra {
+			h.cfg.Transport.Send(to, batch)
+			delete(h.extra, to)
+		}
+	}
+}
+
+// tickGroups ticks the awake groups, and makes the idle ones quiet.
+func (h *Host) tickGroups() {
+	for _, g := range h.awake {
+		if g.damaged != "" || g.quiesce() {
+			continue
+		}
+		g.rn.Tick()
+		g.touch()
 	}
 }
 
@@ -373,7 +486,8 @@ type groupReady struct {
 // all in one round (one group commit), then applies, sends and advances.
 func (h *Host) handleReady() error {
 	var rds []groupReady
-	for _, g := range h.live {
+	for id, g := range h.dirty {
+		delete(h.dirty, id)
 		if g.rn.HasReady() {
 			rds = append(rds, groupReady{g, g.rn.Ready()})
 		}
@@ -381,6 +495,14 @@ func (h *Host) handleReady() error {
 	if len(rds) == 0 {
 		return nil
 	}
+	// A group may have another Ready after this one (Advance,
+	// ReportSnapshot, a rejoin step): look again next round.
+	defer func() {
+		for _, r := range rds {
+			r.g.touch()
+		}
+		h.poke()
+	}()
 	if err := h.persist(rds); err != nil {
 		return err
 	}
@@ -404,6 +526,9 @@ func (h *Host) handleReady() error {
 	}
 	for to, batch := range out {
 		h.cfg.Transport.Send(to, batch)
+	}
+	for _, r := range rds {
+		h.releaseDead(r.g.id)
 	}
 	for _, s := range snaps {
 		// The transport is fire and forget: if the snapshot was lost, the
@@ -439,22 +564,40 @@ func (h *Host) persist(rds []groupReady) error {
 		}
 		wg.Done()
 	}
-	appendRec := func(g *Group, kind store.Kind, payload []byte) error {
+	last := make(map[*recSet]store.Pos, len(rds))
+	bytes := 0
+	appendRec := func(g *Group, kind store.Kind, payload []byte, rec liveRec) error {
 		wg.Add(1)
-		if _, err := h.log.Append(uint32(g.id), kind, payload, done); err != nil {
+		h.recMu.Lock()
+		ref, err := h.log.Append(uint32(g.id), kind, payload, done)
+		if err == nil {
+			rec.ref, rec.kind = ref, kind
+			last[h.trackLocked(g.id, rec)] = ref.Pos
+		}
+		h.recMu.Unlock()
+		if err != nil {
 			wg.Done()
 			return err
 		}
+		bytes += len(payload)
 		return nil
 	}
 	var buf []byte
 	for _, r := range rds {
 		if !raft.IsEmptySnap(r.rd.Snapshot) {
-			payload, err := encodeSnap(r.g.id, r.rd.Snapshot)
+			idx := r.rd.Snapshot.GetMetadata().GetIndex()
+			parts, payload, err := encodeSnapRecords(r.g.id, r.rd.Snapshot, h.cfg.Store.MaxRecordSize)
 			if err != nil {
+				wg.Wait()
 				return err
 			}
-			if err := appendRec(r.g, KindSnap, payload); err != nil {
+			for _, p := range parts {
+				if err := appendRec(r.g, KindSnapPart, p, liveRec{last: idx}); err != nil {
+					wg.Wait()
+					return err
+				}
+			}
+			if err := appendRec(r.g, KindSnap, payload, liveRec{last: idx}); err != nil {
 				wg.Wait()
 				return err
 			}
@@ -477,8 +620,12 @@ func (h *Host) persist(rds []groupReady) error {
 				part, hs = hs, nil
 			}
 			buf = encodeReady(buf[:0], r.g.id, part, ents[:n])
+			rec := liveRec{hard: part != nil}
+			if n > 0 {
+				rec.last = ents[n-1].GetIndex()
+			}
 			ents = ents[n:]
-			if err := appendRec(r.g, KindReady, buf); err != nil {
+			if err := appendRec(r.g, KindReady, buf, rec); err != nil {
 				wg.Wait()
 				return err
 			}
@@ -486,7 +633,14 @@ func (h *Host) persist(rds []groupReady) error {
 	}
 	wg.Wait()
 	h.rounds.Add(1)
-	return first
+	if first != nil {
+		return first
+	}
+	for s, p := range last {
+		s.markDurable(p)
+	}
+	h.noteAppended(bytes)
+	return nil
 }
 
 // recover rebuilds the groups' Raft logs from the store.
@@ -496,6 +650,8 @@ func (h *Host) recover(rec *store.Recovery) error {
 		hostDamage = fmt.Sprintf("store damaged: %d corrupt, %d missing segments", len(rec.Corrupt), len(rec.Missing))
 	}
 	type state struct {
+		parts   [][]byte // pieces of a snapshot's data, before its record
+		partsAt uint64   // the index of that snapshot
 		snap    *pb.Snapshot
 		hard    *pb.HardState
 		batches [][]*pb.Entry
@@ -509,7 +665,27 @@ func (h *Host) recover(rec *store.Recovery) error {
 		}
 		return s
 	}
-	err := h.log.Replay(func(r store.Record) error {
+	// The records released after the checkpoint's cut: the checkpoint
+	// may still list them, and their segments may be gone.
+	released := map[store.Ref]bool{}
+	if err := h.log.Replay(func(r store.Record) error {
+		if r.Kind == store.KindRelease {
+			refs, err := r.Released(nil)
+			if err != nil {
+				hostDamage = fmt.Sprintf("record %v: %v", r.Ref, err)
+			}
+			for _, ref := range refs {
+				released[ref] = true
+			}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("replica: replay: %w", err)
+	}
+	apply := func(r store.Record) error {
+		if r.Kind >= store.KindReserved || released[r.Ref] {
+			return nil // the store's own (releases), or dead
+		}
 		switch r.Kind {
 		case KindReady:
 			rr, err := decodeReady(r.Payload)
@@ -521,9 +697,24 @@ func (h *Host) recover(rec *store.Recovery) error {
 			if rr.hard != nil {
 				s.hard = rr.hard
 			}
+			rec := liveRec{ref: r.Ref, kind: KindReady, hard: rr.hard != nil}
 			if len(rr.entries) > 0 {
 				s.batches = append(s.batches, rr.entries)
+				rec.last = rr.entries[len(rr.entries)-1].GetIndex()
 			}
+			h.trackLocked(rr.group, rec)
+		case KindSnapPart:
+			id, idx, data, err := decodeSnapPart(r.Payload)
+			if err != nil {
+				hostDamage = fmt.Sprintf("record %v: %v", r.Ref, err)
+				return nil
+			}
+			s := get(id)
+			if s.partsAt != idx {
+				s.parts, s.partsAt = nil, idx
+			}
+			s.parts = append(s.parts, slices.Clone(data))
+			h.trackLocked(id, liveRec{ref: r.Ref, kind: KindSnapPart, last: idx})
 		case KindSnap, KindCompact:
 			id, snap, err := decodeSnap(r.Payload)
 			if err != nil {
@@ -531,19 +722,34 @@ func (h *Host) recover(rec *store.Recovery) error {
 				return nil
 			}
 			s := get(id)
+			if idx := snap.GetMetadata().GetIndex(); len(snap.GetData()) == 0 && s.partsAt == idx && len(s.parts) > 0 {
+				snap.Data = slices.Concat(s.parts...)
+			}
+			s.parts, s.partsAt = nil, 0
 			if r.Kind == KindSnap {
 				// The snapshot replaced the log: what came before is gone.
 				s.snap, s.batches = snap, nil
 			} else if s.snap == nil || snap.GetMetadata().GetIndex() > s.snap.GetMetadata().GetIndex() {
 				s.snap = snap
 			}
+			h.trackLocked(id, liveRec{ref: r.Ref, kind: r.Kind, last: snap.GetMetadata().GetIndex()})
 		default:
 			hostDamage = fmt.Sprintf("record %v: unknown kind %d", r.Ref, r.Kind)
 		}
 		return nil
-	})
-	if err != nil {
+	}
+	h.recMu.Lock()
+	defer h.recMu.Unlock()
+	if err := h.readCheckpointed(rec, released, apply, &hostDamage); err != nil {
+		return err
+	}
+	if err := h.log.Replay(apply); err != nil {
 		return fmt.Errorf("replica: replay: %w", err)
+	}
+	for _, s := range h.tracked {
+		if n := len(s.recs); n > 0 {
+			s.markDurable(s.recs[n-1].ref.Pos) // what recovery read is what the log kept
+		}
 	}
 	for id, s := range states {
 		ms := raft.NewMemoryStorage()
@@ -588,6 +794,35 @@ func (h *Host) recover(rec *store.Recovery) error {
 	return nil
 }
 
+// readCheckpointed reads back, in log order, the records that the last
+// checkpoint lists as live and that lie before it (those after it come
+// with the replay), but those released after its cut.
+func (h *Host) readCheckpointed(rec *store.Recovery, released map[store.Ref]bool, apply func(store.Record) error, damage *string) error {
+	if rec.State == nil {
+		return nil
+	}
+	refs, err := decodeCheckpointState(rec.State)
+	if err != nil {
+		*damage = fmt.Sprintf("checkpoint: %v", err)
+		return nil
+	}
+	buf := make([]byte, 64<<10)
+	for _, ref := range refs {
+		if !ref.Less(rec.From) || released[ref] {
+			continue
+		}
+		r, err := h.log.Read(ref, buf) // the decoders copy what they keep
+		if err != nil {
+			*damage = fmt.Sprintf("record %v: %v", ref, err)
+			continue
+		}
+		if err := apply(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // raftConfig returns the RawNode configuration of group g.
 func (h *Host) raftConfig(g *Group, st raft.Storage, applied uint64) *raft.Config {
 	return &raft.Config{
@@ -622,3 +857,21 @@ func (h *Host) waitCtx(ctx context.Context, ch <-chan struct{}) error {
 		return ErrClosed
 	}
 }
+
+// quietLogger is etcd raft's logger: it drops everything but panics
+// (formatting the messages raft logs at every election, only to discard
+// them, was a tenth of a restart's CPU with 10,000 groups).
+type quietLogger struct{}
+
+func (quietLogger) Debug(...any)                   {}
+func (quietLogger) Debugf(string, ...any)          {}
+func (quietLogger) Info(...any)                    {}
+func (quietLogger) Infof(string, ...any)           {}
+func (quietLogger) Warning(...any)                 {}
+func (quietLogger) Warningf(string, ...any)        {}
+func (quietLogger) Error(...any)                   {}
+func (quietLogger) Errorf(string, ...any)          {}
+func (quietLogger) Fatal(v ...any)                 { panic(fmt.Sprint(v...)) }
+func (quietLogger) Fatalf(format string, v ...any) { panic(fmt.Sprintf(format, v...)) }
+func (quietLogger) Panic(v ...any)                 { panic(fmt.Sprint(v...)) }
+func (quietLogger) Panicf(format string, v ...any) { panic(fmt.Sprintf(format, v...)) }

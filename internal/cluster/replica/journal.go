@@ -80,31 +80,107 @@ func (s *JournalState) Apply(e Entry) error {
 	return nil
 }
 
+// journalSnap is the JSON snapshot of the first version, still read.
 type journalSnap struct {
 	MaxSeq uint64                `json:"max"`
 	Live   map[uint64]journalRec `json:"live"`
 }
 
-// Snapshot implements [StateMachine]: the live records.
+// The snapshot of a journal, little-endian: the live records, by
+// sequence number, with their bodies.
+//
+//	version u8 (2) | max seq u64 | n u32 | (seq u64 | kind u8 | len u32 | payload) * n
+//
+// Version 1 was JSON ({"max":..,"live":{..}}), read by Restore still.
+const (
+	journalSnapVersion = 2
+	journalSnapHeader  = 1 + 8 + 4
+	journalSnapRec     = 8 + 1 + 4
+)
+
+// Snapshot implements [StateMachine]: the live records, bodies
+// included (see docs/replication.md, "Compaction", for the trade-off).
 func (s *JournalState) Snapshot() ([]byte, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return json.Marshal(journalSnap{MaxSeq: s.maxSeq, Live: s.live})
+	size := journalSnapHeader
+	for _, r := range s.live {
+		size += journalSnapRec + len(r.Payload)
+	}
+	b := make([]byte, 0, size)
+	b = append(b, journalSnapVersion)
+	b = binary.LittleEndian.AppendUint64(b, s.maxSeq)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(s.live)))
+	for _, seq := range slices.Sorted(maps.Keys(s.live)) {
+		r := s.live[seq]
+		b = binary.LittleEndian.AppendUint64(b, seq)
+		b = append(b, byte(r.Kind))
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Payload)))
+		b = append(b, r.Payload...)
+	}
+	return b, nil
 }
 
 // Restore implements [StateMachine].
 func (s *JournalState) Restore(data []byte) error {
 	var js journalSnap
-	if err := json.Unmarshal(data, &js); err != nil {
-		return fmt.Errorf("%w: journal snapshot: %w", ErrCorrupt, err)
+	var err error
+	if len(data) > 0 && data[0] == '{' {
+		if err = json.Unmarshal(data, &js); err != nil {
+			err = fmt.Errorf("%w: journal snapshot: %w", ErrCorrupt, err)
+		}
+	} else {
+		js, err = decodeJournalSnap(data)
+	}
+	if err != nil {
+		return err
 	}
 	if js.Live == nil {
 		js.Live = map[uint64]journalRec{}
+	}
+	for seq := range js.Live {
+		js.MaxSeq = max(js.MaxSeq, seq) // new sequence numbers come after every live one
 	}
 	s.mu.Lock()
 	s.live, s.maxSeq = js.Live, js.MaxSeq
 	s.mu.Unlock()
 	return nil
+}
+
+// decodeJournalSnap decodes a binary journal snapshot; the records do
+// not alias b. Its work and memory are bounded by len(b).
+func decodeJournalSnap(b []byte) (journalSnap, error) {
+	js := journalSnap{Live: map[uint64]journalRec{}}
+	if len(b) < journalSnapHeader || b[0] != journalSnapVersion {
+		return js, fmt.Errorf("%w: journal snapshot of %d bytes", ErrCorrupt, len(b))
+	}
+	js.MaxSeq = binary.LittleEndian.Uint64(b[1:])
+	n := binary.LittleEndian.Uint32(b[9:])
+	b = b[journalSnapHeader:]
+	if uint64(n) > uint64(len(b))/journalSnapRec {
+		return js, fmt.Errorf("%w: journal snapshot of %d records in %d bytes", ErrCorrupt, n, len(b))
+	}
+	for i := uint32(0); i < n; i++ {
+		if len(b) < journalSnapRec {
+			return js, fmt.Errorf("%w: short journal record %d", ErrCorrupt, i)
+		}
+		seq := binary.LittleEndian.Uint64(b)
+		kind := queue.Kind(b[8])
+		size := binary.LittleEndian.Uint32(b[9:])
+		b = b[journalSnapRec:]
+		if uint64(size) > uint64(len(b)) {
+			return js, fmt.Errorf("%w: journal record of %d bytes, %d left", ErrCorrupt, size, len(b))
+		}
+		if _, dup := js.Live[seq]; dup {
+			return js, fmt.Errorf("%w: journal record %d repeated", ErrCorrupt, seq)
+		}
+		js.Live[seq] = journalRec{Kind: kind, Payload: slices.Clone(b[:size])}
+		b = b[size:]
+	}
+	if len(b) != 0 {
+		return js, fmt.Errorf("%w: %d trailing bytes in journal snapshot", ErrCorrupt, len(b))
+	}
+	return js, nil
 }
 
 // Live returns the number of live records.

@@ -14,6 +14,7 @@ import (
 
 // journalCluster is 3 hosts with a queue journal group.
 type journalCluster struct {
+	cfg    Config
 	net    *MemNetwork
 	fss    map[uint64]*store.MemFS
 	hosts  map[uint64]*Host
@@ -23,7 +24,12 @@ type journalCluster struct {
 
 func newJournalCluster(t *testing.T) *journalCluster {
 	t.Helper()
-	c := &journalCluster{net: NewMemNetwork(), fss: map[uint64]*store.MemFS{}, hosts: map[uint64]*Host{}, groups: map[uint64]*Group{}, states: map[uint64]*JournalState{}}
+	return newJournalClusterConfig(t, testConfig())
+}
+
+func newJournalClusterConfig(t *testing.T, cfg Config) *journalCluster {
+	t.Helper()
+	c := &journalCluster{cfg: cfg, net: NewMemNetwork(), fss: map[uint64]*store.MemFS{}, hosts: map[uint64]*Host{}, groups: map[uint64]*Group{}, states: map[uint64]*JournalState{}}
 	for _, id := range []uint64{1, 2, 3} {
 		c.fss[id] = store.NewMemFS()
 		c.start(t, id)
@@ -34,7 +40,7 @@ func newJournalCluster(t *testing.T) *journalCluster {
 // start opens host id from its MemFS and its replica of the journal.
 func (c *journalCluster) start(t *testing.T, id uint64) {
 	t.Helper()
-	cfg := testConfig()
+	cfg := c.cfg
 	cfg.ID, cfg.Transport = id, c.net.Transport(id)
 	h, err := NewHost(c.fss[id], "/data", cfg)
 	if err != nil {

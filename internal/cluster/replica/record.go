@@ -32,7 +32,14 @@ const (
 	// machine, as KindSnap; the entries after its index, wherever they
 	// are in the log, stay valid.
 	KindCompact store.Kind = 3
+	// KindSnapPart holds a piece of the data of a snapshot too large for
+	// one record, little-endian: group u64 | index u64 | data. The
+	// pieces of a snapshot come in order just before its KindSnap or
+	// KindCompact record, whose snapshot then has no data of its own.
+	KindSnapPart store.Kind = 4
 )
+
+const snapPartHeader = 8 + 8
 
 const (
 	readyHeader  = 8 + 1 + 4
@@ -141,6 +148,43 @@ func decodeReady(b []byte) (readyRec, error) {
 func encodeSnap(group GroupID, s *pb.Snapshot) ([]byte, error) {
 	b := binary.LittleEndian.AppendUint64(nil, uint64(group))
 	return proto.MarshalOptions{}.MarshalAppend(b, s)
+}
+
+// encodeSnapRecords returns the records of snapshot s of group: the
+// [KindSnap] or [KindCompact] payload, and before it, if that would be
+// larger than max bytes, the [KindSnapPart] payloads that carry its
+// data (the returned payload then holds the snapshot without its data).
+func encodeSnapRecords(group GroupID, s *pb.Snapshot, max int) (parts [][]byte, payload []byte, err error) {
+	payload, err = encodeSnap(group, s)
+	if err != nil || len(payload) <= max {
+		return nil, payload, err
+	}
+	head := proto.Clone(s).(*pb.Snapshot)
+	head.Data = nil
+	if payload, err = encodeSnap(group, head); err != nil {
+		return nil, nil, err
+	}
+	if len(payload) > max {
+		return nil, nil, fmt.Errorf("replica: snapshot metadata of %d bytes: %w", len(payload), ErrTooLarge)
+	}
+	chunk := max - snapPartHeader
+	for data := s.GetData(); len(data) > 0; {
+		n := min(chunk, len(data))
+		b := make([]byte, 0, snapPartHeader+n)
+		b = binary.LittleEndian.AppendUint64(b, uint64(group))
+		b = binary.LittleEndian.AppendUint64(b, s.GetMetadata().GetIndex())
+		parts = append(parts, append(b, data[:n]...))
+		data = data[n:]
+	}
+	return parts, payload, nil
+}
+
+// decodeSnapPart decodes a [KindSnapPart] payload; data aliases b.
+func decodeSnapPart(b []byte) (group GroupID, index uint64, data []byte, err error) {
+	if len(b) < snapPartHeader {
+		return 0, 0, nil, fmt.Errorf("%w: snapshot part of %d bytes", ErrCorrupt, len(b))
+	}
+	return GroupID(binary.LittleEndian.Uint64(b)), binary.LittleEndian.Uint64(b[8:]), b[snapPartHeader:], nil
 }
 
 // decodeSnap decodes a [KindSnap] payload; the snapshot does not alias b.

@@ -38,12 +38,13 @@ type MemNetwork struct {
 	cut   map[[2]uint64]bool
 	drop  float64
 	delay time.Duration
-	sent  map[uint64]int // batches sent per sender, for tests
+	sent  map[uint64]int    // batches sent per sender, for tests
+	msgs  map[uint64][2]int // messages sent per sender: of groups, host heartbeats
 }
 
 // NewMemNetwork returns a network with no hosts and no faults.
 func NewMemNetwork() *MemNetwork {
-	return &MemNetwork{hosts: map[uint64]*MemTransport{}, cut: map[[2]uint64]bool{}, sent: map[uint64]int{}}
+	return &MemNetwork{hosts: map[uint64]*MemTransport{}, cut: map[[2]uint64]bool{}, sent: map[uint64]int{}, msgs: map[uint64][2]int{}}
 }
 
 // MemTransport is one host's end of a [MemNetwork].
@@ -136,11 +137,29 @@ func (n *MemNetwork) Sent(id uint64) int {
 	return n.sent[id]
 }
 
+// Messages returns the number of messages host id has sent: messages
+// of groups, and host heartbeats (group 0).
+func (n *MemNetwork) Messages(id uint64) (groups, hosts int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := n.msgs[id]
+	return m[0], m[1]
+}
+
 // Send implements [Transport].
 func (t *MemTransport) Send(to uint64, batch []Envelope) {
 	n := t.net
 	n.mu.Lock()
 	n.sent[t.id]++
+	m := n.msgs[t.id]
+	for _, e := range batch {
+		if e.Group == hostGroup {
+			m[1]++
+		} else {
+			m[0]++
+		}
+	}
+	n.msgs[t.id] = m
 	dst := n.hosts[to]
 	lost := n.hosts[t.id] != t || dst == nil || n.cut[[2]uint64{t.id, to}] || (n.drop > 0 && rand.Float64() < n.drop)
 	delay := n.delay
