@@ -300,6 +300,9 @@ type Broker struct {
 	// exVersion moves on with every exchange declared or deleted, so that
 	// a reader can tell its snapshot of the set is still whole.
 	exVersion atomic.Uint64
+	// exCount is the last count of exchanges and the exVersion it is of
+	// (count.go).
+	exCount atomic.Pointer[exchangeCount]
 
 	mu       sync.RWMutex           // guards members, sessions, and exchange writes
 	members  map[string]*Attachment // by member id

@@ -516,11 +516,23 @@ var testHookRead atomic.Pointer[func(*link)]
 // readLoop reads frames until the link ends; a link silent for three
 // heartbeats is cut. Bytes waiting in the socket are not silence: the
 // loop was behind (wire.Unread).
+//
+// Requests and their answers read together (one read of the socket)
+// carry the loop's wire.Batch: what the handler writes for them to
+// client connections goes out in one write per connection once the
+// frames read are worked through, as a server connection's read loop
+// does, rather than a write for the first and a wake-up of the write
+// loop for the rest.
 func (l *link) readLoop() {
 	hb := l.f.cfg.LinkHeartbeat
 	silence := 3 * hb
 	var deadlineSet time.Time
+	var batch wire.Batch
+	defer batch.Flush()
 	for {
+		if !l.r.Buffered() {
+			batch.Flush()
+		}
 		if now := time.Now(); now.Sub(deadlineSet) > hb/4 {
 			l.conn.SetReadDeadline(now.Add(silence))
 			deadlineSet = now
@@ -575,6 +587,9 @@ func (l *link) readLoop() {
 			}
 			fr.Release()
 			continue
+		}
+		if latencyPath(fr.Type) {
+			fr.Batch = &batch
 		}
 		l.deliver(fr)
 	}
@@ -644,7 +659,14 @@ func (c *countConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// testHookWrite, when set, runs before each write to a link's
+// connection: tests see which goroutine writes.
+var testHookWrite atomic.Pointer[func()]
+
 func (c *countConn) Write(p []byte) (int, error) {
+	if h := testHookWrite.Load(); h != nil {
+		(*h)()
+	}
 	n, err := c.Conn.Write(p)
 	c.stats.bytesOut.Add(uint64(n))
 	return n, err
@@ -671,6 +693,34 @@ func waitsForRoom(t wire.Type) bool {
 	return t == wire.TypeRPub || t == wire.TypeRReq || t == wire.TypeRequest
 }
 
+// linkMode tells how a frame goes on link i (0 control, 1 data): on
+// the data link, requests and their answers are urgent, so that a
+// producer finding the link idle writes them itself, on its own
+// goroutine, instead of waking the link's write loop (a goroutine
+// hand-off on each of the two hops of a cross-node round trip). A busy
+// link batches them as any data frame, and a TLS link never writes
+// inline (wire.FragileWriter): its write loop writes them.
+func linkMode(i int, t wire.Type) wire.Mode {
+	switch {
+	case i == 0:
+		return wire.Control
+	case latencyPath(t):
+		return wire.Urgent
+	}
+	return wire.Data
+}
+
+// latencyPath reports whether a data frame of type t is on a
+// request-response path someone waits on: a forwarded request, and a
+// response, ask or answer on its way back.
+func latencyPath(t wire.Type) bool {
+	switch t {
+	case wire.TypeRReq, wire.TypeRequest, wire.TypeResponse, wire.TypeAsk, wire.TypeAnswer:
+		return true
+	}
+	return false
+}
+
 // SendControl is Send on the control link, which bulk data never
 // delays.
 func (f *Fabric) SendControl(node string, fr *wire.Frame) error { return f.send(node, fr, 0) }
@@ -695,10 +745,7 @@ func (f *Fabric) send(node string, fr *wire.Frame, i int) error {
 	if l == nil {
 		return fmt.Errorf("%w %q", ErrNoLink, node)
 	}
-	mode := wire.Data
-	if i == 0 {
-		mode = wire.Control
-	}
+	mode := linkMode(i, fr.Type)
 	var err error
 	if i == 1 && waitsForRoom(fr.Type) {
 		// Publications and requests wait for room while the link lives,

@@ -416,7 +416,7 @@ func (m *Meta) expireNodes() {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(m.ctx, m.cfg.LeaseDuration)
-		_, res, err := m.applyLeader(ctx, &command{Op: opRehome, Name: node})
+		_, res, err := m.applyLeaderNudged(ctx, &command{Op: opRehome, Name: node})
 		cancel()
 		if err == nil && res.Err == nil && res.Moved > 0 {
 			m.log.Warn("meta: exchanges re-homed", "from", node, "moved", res.Moved)
@@ -447,7 +447,7 @@ func (m *Meta) expire(node string, epoch, renewed uint64) bool {
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.LeaseDuration)
 	defer cancel()
-	_, res, err := m.applyLeader(ctx, &command{Op: opBump, Name: node, Epoch: epoch, Renewed: renewed})
+	_, res, err := m.applyLeaderNudged(ctx, &command{Op: opBump, Name: node, Epoch: epoch, Renewed: renewed})
 	if err != nil && m.raft.Barrier(m.cfg.LeaseDuration).Error() != nil {
 		return false // expiring stays set: the next term clears it
 	}

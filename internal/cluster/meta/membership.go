@@ -189,7 +189,7 @@ func (m *Meta) reconcileLeader() {
 	}
 	for node := range removed {
 		if !listed[node] {
-			if _, _, err := m.applyLeader(ctx, &command{Op: opUnforget, Name: node}); err != nil {
+			if _, _, err := m.applyLeaderNudged(ctx, &command{Op: opUnforget, Name: node}); err != nil {
 				return
 			}
 		}
@@ -258,7 +258,7 @@ func (m *Meta) removeLeader(ctx context.Context, node string) (uint64, error) {
 	if !known {
 		return 0, fmt.Errorf("%w: %q is not in the metadata group", ErrUnknownNode, node)
 	}
-	idx, res, err := m.applyLeader(ctx, &command{Op: opForget, Name: node})
+	idx, res, err := m.applyLeaderNudged(ctx, &command{Op: opForget, Name: node})
 	if err != nil {
 		return 0, err
 	}
