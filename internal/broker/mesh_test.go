@@ -22,6 +22,9 @@ type mesh struct {
 	cut   map[[2]string]bool      // pairs cut by cutLink, both directions
 	held  map[[2]string]bool      // directions held by hold
 	sent  map[string]int          // frames sent, by "from>to type"
+	// batched counts the frames sent that still carried a wire.Batch,
+	// by "from>to type".
+	batched map[string]int
 }
 
 // meshLink is one direction between two nodes: a control and a data queue.
@@ -294,6 +297,12 @@ func (p meshPeers) send(node string, f *wire.Frame, control bool) error {
 		return fmt.Errorf("mesh: no link %s→%s", p.from, node)
 	}
 	m.sent[fmt.Sprintf("%s>%s %s", p.from, node, f.Type)]++
+	if f.Batch != nil {
+		if m.batched == nil {
+			m.batched = map[string]int{}
+		}
+		m.batched[fmt.Sprintf("%s>%s %s", p.from, node, f.Type)]++
+	}
 	q := l.data
 	if control {
 		q = l.control

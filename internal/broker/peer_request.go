@@ -106,6 +106,9 @@ func (s *Session) sendRemoteRetry(f *wire.Frame, a *Attachment, start int64, rt 
 		}
 		if rt == nil {
 			rt = &leaderRetry{f: f.Clone(), ex: a.ex, start: start, deadline: deadlineOf(f, start)}
+			// A retry runs from a timer, long after the read loop that
+			// owns f's batch flushed it: it must write at once.
+			rt.f.Batch = nil
 		}
 		sl.retry = rt
 	}
