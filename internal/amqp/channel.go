@@ -24,6 +24,9 @@ type channel struct {
 	tags      deliveries
 	// reply is the channel's consumer of amq.rabbitmq.reply-to (rpc.go).
 	reply *replyConsumer
+	// pullers are the pull attachments of its basic.get, by source
+	// (get.go).
+	pullers map[getSource]uint32
 }
 
 // pending is a basic.publish waiting for its content header and body.
@@ -236,6 +239,8 @@ func (c *conn) brokerMethod(ch *channel, m Method) (bool, error) {
 		return true, c.settle(ch, m, m.DeliveryTag, false, true, m.Requeue)
 	case *BasicRecover:
 		return true, c.basicRecover(ch, m)
+	case *BasicGet:
+		return true, c.basicGet(ch, m)
 	case *ConfirmSelect:
 		ch.confirm = true
 		if m.Nowait {
@@ -264,4 +269,5 @@ func (c *conn) cancelConsumers(ch *channel) {
 	for _, cs := range ch.consumers {
 		c.cancelConsumer(cs)
 	}
+	c.dropPullers(ch)
 }
