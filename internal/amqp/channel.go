@@ -32,6 +32,7 @@ type channel struct {
 // pending is a basic.publish waiting for its content header and body.
 type pending struct {
 	exchange, key string
+	mandatory     bool
 	props         Properties
 	size          uint64
 	haveHeader    bool
@@ -256,10 +257,8 @@ func (c *conn) basicPublish(ch *channel, m *BasicPublish) error {
 	switch {
 	case m.Immediate:
 		return methodError(NotImplemented, m, "NOT_IMPLEMENTED - immediate=true")
-	case m.Mandatory:
-		return methodError(NotImplemented, m, "NOT_IMPLEMENTED - mandatory=true (basic.return) is not built yet in Courier's AMQP gateway")
 	}
-	ch.pending = &pending{exchange: m.Exchange, key: m.RoutingKey}
+	ch.pending = &pending{exchange: m.Exchange, key: m.RoutingKey, mandatory: m.Mandatory}
 	return nil
 }
 

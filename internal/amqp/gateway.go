@@ -326,11 +326,21 @@ func (c *conn) publish(ch *channel, p *pending) error {
 	if p.exchange == "" {
 		switch {
 		case strings.HasPrefix(p.key, replyTo+"."):
-			c.s.directReply(p.key, &p.props, p.body)
+			if !c.s.directReply(p.key, &p.props, p.body) && p.mandatory {
+				if err := c.returnUnroutable(ch, p); err != nil {
+					return err
+				}
+			}
 			return c.confirmNow(ch)
 		case p.props.ReplyTo != "" && c.isRequestExchange(p.key):
 			c.request(ch, p)
 			return nil
+		}
+	}
+	if p.mandatory && !c.routed(p) {
+		// Returned first, then confirmed: RabbitMQ's order.
+		if err := c.returnUnroutable(ch, p); err != nil {
+			return err
 		}
 	}
 	f := wire.NewFrame(wire.TypePublish)
@@ -357,6 +367,28 @@ func (c *conn) publish(ch *channel, p *pending) error {
 	}
 	c.flow()
 	return nil
+}
+
+// routed reports whether a publication would reach a queue or a
+// subscriber now; one to an exchange that does not exist counts as
+// routed, its publish failing with 404 instead, as in RabbitMQ.
+func (c *conn) routed(p *pending) bool {
+	b := c.s.cfg.Broker
+	if p.exchange == "" {
+		ex := b.Exchange(p.key)
+		return ex != nil && ex.Config().Pattern == wire.PatternTasks
+	}
+	if b.Exchange(p.exchange) == nil {
+		return true
+	}
+	return b.Routed(p.exchange, p.key)
+}
+
+// returnUnroutable sends a mandatory publication back with basic.return
+// 312 NO_ROUTE.
+func (c *conn) returnUnroutable(ch *channel, p *pending) error {
+	r := &BasicReturn{ReplyCode: NoRoute, ReplyText: "NO_ROUTE", Exchange: p.exchange, RoutingKey: p.key}
+	return c.sendContent(ch.id, r, &p.props, p.body, nil)
 }
 
 // confirmNow confirms a publication the gateway delivered itself.
