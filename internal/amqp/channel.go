@@ -242,6 +242,10 @@ func (c *conn) brokerMethod(ch *channel, m Method) (bool, error) {
 		return true, c.basicRecover(ch, m)
 	case *BasicGet:
 		return true, c.basicGet(ch, m)
+	case *ExchangeBind, *ExchangeUnbind:
+		return true, methodError(NotImplemented, m, fmt.Sprintf("NOT_IMPLEMENTED - %s: exchange-to-exchange bindings are not supported by Courier's AMQP gateway (a Courier exchange routes to subscribers and queues, not to other exchanges): bind the queues to the source exchange", m.Name()))
+	case *TxSelect, *TxCommit, *TxRollback:
+		return true, methodError(NotImplemented, m, fmt.Sprintf("NOT_IMPLEMENTED - %s: transactions are not supported by Courier's AMQP gateway: use publisher confirms (confirm.select)", m.Name()))
 	case *ConfirmSelect:
 		ch.confirm = true
 		if m.Nowait {

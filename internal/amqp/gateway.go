@@ -74,6 +74,11 @@ func (c *conn) closeSession() {
 			c.cancelReplyTo(ch)
 		}
 		c.gw.sess.Close()
+		for _, ch := range c.channels {
+			for _, cs := range ch.consumers {
+				c.consumerReleased(cs.queue)
+			}
+		}
 		c.deleteOwned()
 	}
 }

@@ -153,6 +153,7 @@ type Server struct {
 	conns       map[*conn]struct{}
 	owners      owners        // exclusive queues
 	kinds       exchangeKinds // exchange types, for bindings
+	autoDel     autoDeletes   // auto-delete queues
 	replies     replies       // direct reply-to consumers
 	handshaking int
 	open        int
