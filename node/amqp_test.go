@@ -213,16 +213,6 @@ func TestAMQPExchangeErrors(t *testing.T) {
 		{"auto-delete", func(ch *amqp091.Channel) error {
 			return ch.ExchangeDeclare("ad", "fanout", false, true, false, false, nil)
 		}, amqp.NotImplemented},
-		{"mandatory", func(ch *amqp091.Channel) error {
-			if err := ch.ExchangeDeclare("m", "fanout", false, false, false, false, nil); err != nil {
-				return err
-			}
-			closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
-			if err := ch.PublishWithContext(ctx, "m", "", true, false, amqp091.Publishing{}); err != nil {
-				return err
-			}
-			return testutil.Recv(t, closed, 30*time.Second)
-		}, amqp.NotImplemented},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, ch := amqpChannel(t, url)

@@ -386,7 +386,7 @@ func (c *conn) routed(p *pending) bool {
 	if b.Exchange(p.exchange) == nil {
 		return true
 	}
-	return b.Routed(p.exchange, p.key)
+	return b.Routed(p.exchange, p.key, propsToHeaders(&p.props))
 }
 
 // returnUnroutable sends a mandatory publication back with basic.return
