@@ -189,6 +189,10 @@ func (s *Server) Addr() net.Addr {
 	return s.ln.Addr()
 }
 
+// OutboxLimit returns the outbox limit in force: [Config.OutboxLimit]
+// after its default and its floor (twice MaxMessage and 64 KiB).
+func (s *Server) OutboxLimit() int { return s.cfg.OutboxLimit }
+
 // Conns returns the number of open connections, in their handshake or not.
 func (s *Server) Conns() int {
 	s.mu.Lock()
