@@ -133,3 +133,63 @@ func TestAMQPDeadLetterRoutingKey(t *testing.T) {
 	_, err = ch.QueueDeclare("bad", true, false, false, false, amqp091.Table{"x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "k"})
 	wantAMQPCode(t, err, amqp.NotImplemented)
 }
+
+// exchangeGone reports whether the exchange no longer exists, with a
+// passive declare on a fresh channel.
+func exchangeGone(t *testing.T, url, exchange string) bool {
+	t.Helper()
+	_, ch := amqpChannel(t, url)
+	return ch.ExchangeDeclarePassive(exchange, "fanout", false, true, false, false, nil) != nil
+}
+
+// TestAMQPAutoDeleteExchange: an auto-delete exchange stays until it has
+// had a queue bound, and goes when its last binding goes, by
+// queue.unbind or with its queue.
+func TestAMQPAutoDeleteExchange(t *testing.T) {
+	_, url := amqpNode(t)
+	_, ch := amqpChannel(t, url)
+	for _, x := range []string{"ad1", "ad2"} {
+		if err := ch.ExchangeDeclare(x, "direct", false, true, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if exchangeGone(t, url, "ad1") {
+		t.Fatal("an auto-delete exchange that never had a binding was deleted")
+	}
+	for _, q := range []string{"qa", "qb"} {
+		if _, err := ch.QueueDeclare(q, false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.QueueBind(q, "k", "ad1", false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ch.QueueBind("qa", "k2", "ad1", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueUnbind("qa", "k", "ad1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueUnbind("qa", "k2", "ad1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if exchangeGone(t, url, "ad1") {
+		t.Fatal("the auto-delete exchange went while qb was bound")
+	}
+	if err := ch.QueueUnbind("qb", "k", "ad1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if !exchangeGone(t, url, "ad1") {
+		t.Fatal("the auto-delete exchange remains after its last unbind")
+	}
+	// The last binding going with its queue.
+	if err := ch.QueueBind("qa", "k", "ad2", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDelete("qa", false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if !exchangeGone(t, url, "ad2") {
+		t.Fatal("the auto-delete exchange remains after its last bound queue was deleted")
+	}
+}

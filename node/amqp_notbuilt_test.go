@@ -17,9 +17,6 @@ func TestAMQPNotSupported(t *testing.T) {
 		"tx.select":       func(ch *amqp091.Channel) error { return ch.Tx() },
 		"exchange.bind":   func(ch *amqp091.Channel) error { return ch.ExchangeBind("dst", "k", "src", false, nil) },
 		"exchange.unbind": func(ch *amqp091.Channel) error { return ch.ExchangeUnbind("dst", "k", "src", false, nil) },
-		"auto-delete exchange": func(ch *amqp091.Channel) error {
-			return ch.ExchangeDeclare("ad", "fanout", false, true, false, false, nil)
-		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, ch := amqpChannel(t, url)

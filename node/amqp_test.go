@@ -210,9 +210,6 @@ func TestAMQPExchangeErrors(t *testing.T) {
 		{"unknown type", func(ch *amqp091.Channel) error {
 			return ch.ExchangeDeclare("w", "x-weird", false, false, false, false, nil)
 		}, amqp.CommandInvalid},
-		{"auto-delete", func(ch *amqp091.Channel) error {
-			return ch.ExchangeDeclare("ad", "fanout", false, true, false, false, nil)
-		}, amqp.NotImplemented},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, ch := amqpChannel(t, url)

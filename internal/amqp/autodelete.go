@@ -1,6 +1,9 @@
 package amqp
 
-import "sync"
+import (
+	"strings"
+	"sync"
+)
 
 // Auto-delete queues: a queue declared auto-delete is deleted, with its
 // bindings, when its last AMQP consumer goes (basic.cancel, its channel
@@ -72,4 +75,49 @@ func (c *conn) consumerReleased(queue string) {
 		return
 	}
 	c.s.log.Info("amqp auto-delete queue deleted: its last consumer went", "queue", queue)
+}
+
+// autoDeleteExchanges are the exchanges declared auto-delete.
+type autoDeleteExchanges struct {
+	mu sync.Mutex // guards m
+	m  map[string]bool
+}
+
+func (a *autoDeleteExchanges) set(exchange string, on bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !on {
+		delete(a.m, exchange)
+		return
+	}
+	if a.m == nil {
+		a.m = make(map[string]bool)
+	}
+	a.m[exchange] = true
+}
+
+func (a *autoDeleteExchanges) has(exchange string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.m[exchange]
+}
+
+// bindingGone deletes exchange if it is auto-delete and no queue is
+// bound to it any more.
+func (c *conn) bindingGone(exchange string) {
+	if !c.s.autoDelX.has(exchange) {
+		return
+	}
+	_, _, subs := c.s.cfg.Broker.Definitions()
+	for _, d := range subs {
+		if d.Exchange == exchange && strings.HasPrefix(d.Name, bindSub("")) {
+			return
+		}
+	}
+	c.s.autoDelX.set(exchange, false)
+	if err := c.s.cfg.Broker.Delete(exchange); err != nil {
+		c.s.log.Debug("amqp auto-delete exchange not deleted", "exchange", exchange, "err", err)
+		return
+	}
+	c.s.log.Info("amqp auto-delete exchange deleted: its last binding went", "exchange", exchange)
 }

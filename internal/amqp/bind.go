@@ -214,6 +214,7 @@ func (c *conn) queueUnbind(ch *channel, m *QueueUnbind) error {
 		e.ClassID, e.MethodID = m.ClassMethod()
 		return c.channelError(ch, e)
 	}
+	c.bindingGone(m.Exchange)
 	// Unbinding what is not bound succeeds, as in RabbitMQ.
 	return c.send(ch.id, &QueueUnbindOK{})
 }
@@ -223,6 +224,7 @@ func (c *conn) dropBindings(queue string) {
 	b := c.s.cfg.Broker
 	for _, x := range boundExchanges(b, queue) {
 		b.DeleteQueue(x + "/" + bindSub(queue))
+		c.bindingGone(x)
 	}
 }
 
@@ -353,5 +355,6 @@ func (c *conn) unbindHeaders(ch *channel, m *QueueUnbind) error {
 		e.ClassID, e.MethodID = m.ClassMethod()
 		return c.channelError(ch, e)
 	}
+	c.bindingGone(m.Exchange)
 	return c.send(ch.id, &QueueUnbindOK{})
 }

@@ -234,8 +234,6 @@ func (c *conn) exchangeDeclare(ch *channel, m *ExchangeDeclare) error {
 			return methodError(CommandInvalid, m, fmt.Sprintf("COMMAND_INVALID - unknown exchange type '%s'", m.Type))
 		}
 		switch {
-		case m.AutoDelete:
-			return methodError(NotImplemented, m, "auto-delete exchanges are not supported by Courier's AMQP gateway")
 		case m.Internal:
 			return methodError(NotImplemented, m, "internal exchanges are not supported by Courier's AMQP gateway")
 		case len(m.Arguments) > 0:
@@ -264,6 +262,9 @@ func (c *conn) exchangeDeclare(ch *channel, m *ExchangeDeclare) error {
 	}
 	if !m.Passive {
 		c.s.kinds.set(m.Exchange, m.Type)
+		if m.AutoDelete {
+			c.s.autoDelX.set(m.Exchange, true)
+		}
 	}
 	if m.NoWait {
 		return nil
@@ -283,6 +284,7 @@ func (c *conn) exchangeDelete(ch *channel, m *ExchangeDelete) error {
 	if done, err := c.deleteInBroker(ch, m, m.Exchange, 0); !done {
 		return err
 	}
+	c.s.autoDelX.set(m.Exchange, false)
 	if m.NoWait {
 		return nil
 	}

@@ -153,7 +153,8 @@ type Server struct {
 	conns       map[*conn]struct{}
 	owners      owners        // exclusive queues
 	kinds       exchangeKinds // exchange types, for bindings
-	autoDel     autoDeletes   // auto-delete queues
+	autoDel     autoDeletes         // auto-delete queues
+	autoDelX    autoDeleteExchanges // auto-delete exchanges
 	replies     replies       // direct reply-to consumers
 	handshaking int
 	open        int
