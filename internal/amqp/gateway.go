@@ -262,9 +262,7 @@ func (c *conn) exchangeDeclare(ch *channel, m *ExchangeDeclare) error {
 	}
 	if !m.Passive {
 		c.s.kinds.set(m.Exchange, m.Type)
-		if m.AutoDelete {
-			c.s.autoDelX.set(m.Exchange, true)
-		}
+		c.s.autoDelX.set(m.Exchange, m.AutoDelete)
 	}
 	if m.NoWait {
 		return nil
