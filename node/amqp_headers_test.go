@@ -166,3 +166,39 @@ func TestAMQPHeadersExchange(t *testing.T) {
 	err = ch.QueueBind("has-lang", "", "docs", false, amqp091.Table{"x-match": "some"})
 	wantAMQPCode(t, err, amqp.PreconditionFailed)
 }
+
+// TestAMQPHeadersBindingBounds: a queue holds at most 64 header
+// bindings to one exchange; the 65th is 406, and the 64 hold.
+func TestAMQPHeadersBindingBounds(t *testing.T) {
+	_, url := amqpNode(t)
+	_, ch := amqpChannel(t, url)
+	if err := ch.ExchangeDeclare("h", "headers", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare("many", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 64 {
+		if err := ch.QueueBind("many", "", "h", false, amqp091.Table{"n": int32(i)}); err != nil {
+			t.Fatalf("binding %d: %v", i, err)
+		}
+	}
+	wantAMQPCode(t, ch.QueueBind("many", "", "h", false, amqp091.Table{"n": int32(64)}), amqp.PreconditionFailed)
+	_, ch = amqpChannel(t, url)
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp091.Confirmation, 3))
+	for _, n := range []int32{0, 63, 64} {
+		if err := ch.PublishWithContext(testutil.Context(t, 30*time.Second), "h", "", false, false, amqp091.Publishing{Headers: amqp091.Table{"n": n}, Body: []byte{'a' + byte(n%26)}}); err != nil {
+			t.Fatal(err)
+		}
+		if c := testutil.Recv(t, confirms, 30*time.Second); !c.Ack {
+			t.Fatalf("publication %d nacked", n)
+		}
+	}
+	// n=0 and n=63 are bound ('a', 'l'); n=64 was refused.
+	if got := drain(t, ch, "many"); !slices.Equal(got, []string{"a", "l"}) {
+		t.Fatalf("the queue got %q, want a and l", got)
+	}
+}
