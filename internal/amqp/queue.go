@@ -349,11 +349,13 @@ func (c *conn) queueDelete(ch *channel, m *QueueDelete) error {
 		delete(c.owned, m.Queue)
 		defer c.s.owners.release(m.Queue, c)
 	}
-	defer c.dropBindings(m.Queue)
 	c.s.autoDel.forget(m.Queue)
 	if done, err := c.deleteInBroker(ch, m, m.Queue, 1); !done {
 		return err
 	}
+	// Before delete-ok: a client that has it sees the bindings gone, and
+	// an auto-delete exchange with them.
+	c.dropBindings(m.Queue)
 	if m.NoWait {
 		return nil
 	}
