@@ -151,11 +151,11 @@ type Server struct {
 	mu          sync.Mutex // guards ln, conns, handshaking, open, shutdown
 	ln          net.Listener
 	conns       map[*conn]struct{}
-	owners      owners        // exclusive queues
-	kinds       exchangeKinds // exchange types, for bindings
+	owners      owners              // exclusive queues
+	kinds       exchangeKinds       // exchange types, for bindings
 	autoDel     autoDeletes         // auto-delete queues
 	autoDelX    autoDeleteExchanges // auto-delete exchanges
-	replies     replies       // direct reply-to consumers
+	replies     replies             // direct reply-to consumers
 	handshaking int
 	open        int
 	shutdown    bool
