@@ -193,3 +193,46 @@ func TestAMQPAutoDeleteExchange(t *testing.T) {
 		t.Fatal("the auto-delete exchange remains after its last bound queue was deleted")
 	}
 }
+
+// TestAMQPQueueDeleteIfUnusedIfEmpty: queue.delete if-empty refuses a
+// queue with messages, if-unused one with a consumer, both with 406;
+// delete-ok counts the messages deleted.
+func TestAMQPQueueDeleteIfUnusedIfEmpty(t *testing.T) {
+	node, url := amqpNode(t)
+	_, ch := amqpChannel(t, url)
+	if _, err := ch.QueueDeclare("d1", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	publishConfirmed(t, ch, "", "d1", "a", "b")
+	_, err := ch.QueueDelete("d1", false, true, false)
+	wantAMQPCode(t, err, amqp.PreconditionFailed)
+
+	_, cch := amqpChannel(t, url)
+	if _, err := cch.Consume("d1", "c", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, ch = amqpChannel(t, url)
+	_, err = ch.QueueDelete("d1", true, false, false)
+	wantAMQPCode(t, err, amqp.PreconditionFailed)
+	if err := cch.Cancel("c", false); err != nil {
+		t.Fatal(err)
+	}
+	// The no-ack consumer took both: the queue is unused and empty now.
+	// Acked once written: wait for both acks.
+	testutil.WaitForf(t, 30*time.Second, func() bool {
+		return node.broker.Queue("d1").Stats().Messages() == 0
+	}, "d1 empty")
+	_, ch = amqpChannel(t, url)
+	n, err := ch.QueueDelete("d1", true, true, false)
+	if err != nil || n != 0 {
+		t.Fatalf("delete if-unused if-empty of an unused empty queue: %d, %v", n, err)
+	}
+	// delete-ok counts what it deleted.
+	if _, err := ch.QueueDeclare("d2", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	publishConfirmed(t, ch, "", "d2", "x", "y", "z")
+	if n, err := ch.QueueDelete("d2", false, false, false); err != nil || n != 3 {
+		t.Fatalf("delete of a queue of 3: %d, %v", n, err)
+	}
+}

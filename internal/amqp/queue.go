@@ -339,11 +339,15 @@ func (c *conn) queueExists(queue string) (bool, error) {
 
 // queueDelete maps queue.delete onto a DELETE of the queue.
 func (c *conn) queueDelete(ch *channel, m *QueueDelete) error {
-	if m.IfUnused || m.IfEmpty {
-		return methodError(NotImplemented, m, "queue.delete if-unused and if-empty are not built yet in Courier's AMQP gateway")
-	}
 	if c.lockedBy(m.Queue) {
 		return c.closeChannel(ch, locked(m, m.Queue))
+	}
+	messages, consumers := c.queueUse(m.Queue)
+	switch {
+	case m.IfUnused && consumers > 0:
+		return c.closeChannel(ch, methodError(PreconditionFailed, m, fmt.Sprintf("PRECONDITION_FAILED - queue '%s' in vhost '/' in use", m.Queue)))
+	case m.IfEmpty && messages > 0:
+		return c.closeChannel(ch, methodError(PreconditionFailed, m, fmt.Sprintf("PRECONDITION_FAILED - queue '%s' in vhost '/' is not empty", m.Queue)))
 	}
 	if c.owned[m.Queue] {
 		delete(c.owned, m.Queue)
@@ -359,7 +363,28 @@ func (c *conn) queueDelete(ch *channel, m *QueueDelete) error {
 	if m.NoWait {
 		return nil
 	}
-	return c.send(ch.id, &QueueDeleteOK{})
+	return c.send(ch.id, &QueueDeleteOK{MessageCount: uint32(min(messages, 1<<32-1))})
+}
+
+// queueUse returns the messages queue holds (ready, unacknowledged and
+// delayed, its bindings' included) and its consumers (Courier workers
+// too), as queue.delete's if-empty and if-unused see them.
+func (c *conn) queueUse(queue string) (messages, consumers int64) {
+	b := c.s.cfg.Broker
+	names := []string{queue}
+	for _, x := range boundExchanges(b, queue) {
+		names = append(names, x+"/"+bindSub(queue))
+	}
+	for i, name := range names {
+		if q := b.Queue(name); q != nil {
+			st := q.Stats()
+			messages += max(st.Messages(), 0)
+			if i == 0 {
+				consumers = st.Consumers
+			}
+		}
+	}
+	return messages, consumers
 }
 
 // queuePurge drops the queue's ready messages, with the read permission
