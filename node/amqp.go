@@ -25,7 +25,7 @@ func (n *Node) startAMQP() (net.Listener, error) {
 		maxMessage = n.cfg.Limits.MaxFrame / 2
 	}
 	s, err := amqp.New(amqp.Config{Listen: n.cfg.AMQP, TLS: tlsCfg, Users: n.users, Log: n.cfg.Log,
-		Broker: n.broker, MaxMessage: maxMessage})
+		Broker: n.broker, MaxMessage: maxMessage, OutboxLimit: n.cfg.Limits.AMQPOutboxBytes})
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}

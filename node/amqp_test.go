@@ -210,19 +210,6 @@ func TestAMQPExchangeErrors(t *testing.T) {
 		{"unknown type", func(ch *amqp091.Channel) error {
 			return ch.ExchangeDeclare("w", "x-weird", false, false, false, false, nil)
 		}, amqp.CommandInvalid},
-		{"auto-delete", func(ch *amqp091.Channel) error {
-			return ch.ExchangeDeclare("ad", "fanout", false, true, false, false, nil)
-		}, amqp.NotImplemented},
-		{"mandatory", func(ch *amqp091.Channel) error {
-			if err := ch.ExchangeDeclare("m", "fanout", false, false, false, false, nil); err != nil {
-				return err
-			}
-			closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
-			if err := ch.PublishWithContext(ctx, "m", "", true, false, amqp091.Publishing{}); err != nil {
-				return err
-			}
-			return testutil.Recv(t, closed, 30*time.Second)
-		}, amqp.NotImplemented},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, ch := amqpChannel(t, url)
@@ -599,5 +586,33 @@ func TestAMQPFlowControl(t *testing.T) {
 	}
 	if b := testutil.Recv(t, blocked, time.Minute); b.Active {
 		t.Fatalf("second notification %+v, want unblocked", b)
+	}
+}
+
+// TestAMQPOutboxBytes: Limits.AMQPOutboxBytes sets the AMQP listener's
+// outbox limit, 16 MiB by default, raised to twice the largest message
+// and 64 KiB; a negative one is refused.
+func TestAMQPOutboxBytes(t *testing.T) {
+	for _, c := range []struct {
+		limits Limits
+		want   int
+	}{
+		{Limits{}, 16 << 20},
+		{Limits{AMQPOutboxBytes: 32 << 20}, 32 << 20},
+		// Messages of at most 256 KiB - 64 KiB: the floor is 448 KiB.
+		{Limits{MaxFrame: 256 << 10, AMQPOutboxBytes: 100 << 10}, 448 << 10},
+	} {
+		n, err := Start(Config{DataDir: t.TempDir(), Log: quiet, AMQP: "127.0.0.1:0", Limits: c.limits})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := n.amqp.OutboxLimit()
+		n.Close()
+		if got != c.want {
+			t.Errorf("limits %+v: AMQP outbox limit %d, want %d", c.limits, got, c.want)
+		}
+	}
+	if _, err := Start(Config{DataDir: t.TempDir(), Log: quiet, AMQP: "127.0.0.1:0", Limits: Limits{AMQPOutboxBytes: -1}}); err == nil || !strings.Contains(err.Error(), "amqp_outbox_bytes") {
+		t.Fatalf("a negative AMQP outbox: %v", err)
 	}
 }

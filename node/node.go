@@ -217,6 +217,12 @@ type Limits struct {
 	// SlowConsumerTimeout is how long data frames wait for a client that
 	// does not read before it is disconnected. Default: 10s.
 	SlowConsumerTimeout time.Duration `toml:"slow_consumer_timeout"`
+	// AMQPOutboxBytes bounds what waits to be written to one AMQP
+	// client: a delivery that would take it past the limit cuts the
+	// client off as a slow consumer (docs/amqp.md, "Slow consumers").
+	// It is raised to at least twice the largest AMQP message and
+	// 64 KiB (8.1 MiB with the default max_frame). Default: 16 MiB.
+	AMQPOutboxBytes int `toml:"amqp_outbox_bytes"`
 	// ExprCost bounds one evaluation of a key or route expression, in
 	// CEL cost units; it bounds what the evaluation allocates as well
 	// (1 MiB at the default). An expression whose estimated cost is over
@@ -260,6 +266,7 @@ func DefaultConfig() Config {
 			MaxHTTPConns:     admin.DefaultMaxConns,
 			HandshakeTimeout: sd.HandshakeTimeout, Credit: sd.Credit, OutboxBytes: sd.OutboxLimit,
 			SlowConsumerTimeout: sd.SlowTimeout, ExprCost: broker.DefaultExprCost, ExprTime: broker.DefaultExprTime,
+			AMQPOutboxBytes: amqp.DefaultConfig().OutboxLimit,
 		},
 		Supervision: Supervision{MaxRestarts: 5, RestartWindow: time.Minute},
 	}
@@ -292,6 +299,7 @@ func (c *Config) setDefaults() {
 	setDefault(&l.Credit, dl.Credit)
 	setDefault(&l.OutboxBytes, dl.OutboxBytes)
 	setDefault(&l.SlowConsumerTimeout, dl.SlowConsumerTimeout)
+	setDefault(&l.AMQPOutboxBytes, dl.AMQPOutboxBytes)
 	setDefault(&l.ExprCost, dl.ExprCost)
 	setDefault(&l.ExprTime, dl.ExprTime)
 	setDefault(&c.Supervision.MaxRestarts, d.Supervision.MaxRestarts)
@@ -361,6 +369,7 @@ func (c Config) Validate() error {
 		{"limits.credit", l.Credit == 1},
 		{"limits.outbox_bytes", l.OutboxBytes < 0},
 		{"limits.slow_consumer_timeout", l.SlowConsumerTimeout < 0},
+		{"limits.amqp_outbox_bytes", l.AMQPOutboxBytes < 0},
 		{"limits.expr_time", l.ExprTime < 0},
 		{"supervision.max_restarts", c.Supervision.MaxRestarts < 0},
 		{"supervision.restart_window", c.Supervision.RestartWindow < 0},

@@ -87,6 +87,37 @@ func TestServerAMQPOffInConfig(t *testing.T) {
 	}
 }
 
+// TestServerAMQPOutboxBytes: limits.amqp_outbox_bytes in the file, and
+// --amqp-outbox-bytes over it.
+func TestServerAMQPOutboxBytes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "courier.toml")
+	if err := os.WriteFile(path, []byte("[limits]\namqp_outbox_bytes = 33554432\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{nil, 16 << 20},
+		{[]string{"--config", path}, 32 << 20},
+		{[]string{"--config", path, "--amqp-outbox-bytes", "67108864"}, 64 << 20},
+	} {
+		sc := defaultServerConfig()
+		cmd := newServerCmd(&sc)
+		if err := cmd.ParseFlags(c.args); err != nil {
+			t.Fatal(err)
+		}
+		if cfgPath, _ := cmd.Flags().GetString("config"); cfgPath != "" {
+			if _, err := loadServerConfig(cfgPath, cmd.Flags(), &sc); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if sc.Limits.AMQPOutboxBytes != c.want {
+			t.Errorf("%v: amqp outbox %d, want %d", c.args, sc.Limits.AMQPOutboxBytes, c.want)
+		}
+	}
+}
+
 // TestCrashKeepsAMQPConfirms kills a real server with SIGKILL while an
 // AMQP publisher sends persistent messages to a durable queue under
 // publisher confirms, restarts it, and consumes the queue: every message

@@ -252,6 +252,7 @@ manage users with 'courier users'.`,
 	f.IntVar(&l.MaxDurableSubscriptions, "max-durable-subscriptions", dl.MaxDurableSubscriptions, "durable subscriptions of the node")
 	f.IntVar(&l.MaxPatternsPerPeer, "max-patterns-per-peer", dl.MaxPatternsPerPeer, "in a cluster, another node's subscription patterns held here per exchange")
 	f.DurationVar(&l.MaxDeadline, "max-request-deadline", dl.MaxDeadline, "longest request deadline; requests without one get it (0: no maximum)")
+	f.IntVar(&l.AMQPOutboxBytes, "amqp-outbox-bytes", dl.AMQPOutboxBytes, "bytes waiting for one AMQP client past which a delivery cuts it off as a slow consumer (at least twice the largest message)")
 	f.IntVar(&cfg.Supervision.MaxRestarts, "max-restarts", d.Supervision.MaxRestarts, "restarts of a component allowed within --restart-window before it is marked failed")
 	f.DurationVar(&cfg.Supervision.RestartWindow, "restart-window", d.Supervision.RestartWindow, "period of the restart intensity")
 	f.StringVar(&cfg.TLS.CertFile, "tls-cert", "", "PEM certificate (chain) file: the client listener speaks TLS only (courier+tls://)")

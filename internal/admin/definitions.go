@@ -136,7 +136,11 @@ func (s *Server) importDefinitions(r *http.Request, d *Definitions) (*ImportResu
 		if err := r.Context().Err(); err != nil {
 			return res, err
 		}
-		if err := s.b.DurableSubscribe(sd.Exchange, sd.Name, sd.Patterns); err != nil {
+		subscribe := func() error { return s.b.DurableSubscribe(sd.Exchange, sd.Name, sd.Patterns) }
+		if len(sd.Headers) > 0 {
+			subscribe = func() error { return s.b.DurableSubscribeHeaders(sd.Exchange, sd.Name, sd.Headers) }
+		}
+		if err := subscribe(); err != nil {
 			return res, fmt.Errorf("durable subscription %q of %q: %w", sd.Name, sd.Exchange, err)
 		}
 	}

@@ -55,7 +55,7 @@ func bindPattern(m Method, kind, key string) (string, *Error) {
 	case "fanout":
 		return "#", nil
 	case "headers":
-		return "", methodError(NotImplemented, m, "bindings to headers exchanges are not built yet in Courier's AMQP gateway")
+		return "#", nil // the key does not count: the filter does
 	case "direct":
 		for _, w := range strings.Split(key, ".") {
 			if w == "*" || w == "#" {
@@ -117,12 +117,19 @@ func (c *conn) queueBind(ch *channel, m *QueueBind) error {
 	if e := c.checkBind(m, m.Queue, m.Exchange); e != nil {
 		return c.closeChannel(ch, e)
 	}
-	if len(m.Arguments) > 0 && c.s.kinds.get(m.Exchange) != "headers" {
-		return methodError(NotImplemented, m, "binding arguments are not supported by Courier's AMQP gateway")
+	kind := c.exchangeKind(m.Exchange, m.Queue)
+	if len(m.Arguments) > 0 && kind != "headers" {
+		return methodError(NotImplemented, m, "binding arguments are not supported by Courier's AMQP gateway but to headers exchanges")
 	}
-	pattern, e := bindPattern(m, c.s.kinds.get(m.Exchange), m.RoutingKey)
+	pattern, e := bindPattern(m, kind, m.RoutingKey)
 	if e != nil {
 		return e
+	}
+	var filter broker.HeaderFilter
+	if kind == "headers" {
+		if filter, e = headerFilter(m, m.Arguments); e != nil {
+			return c.closeChannel(ch, e)
+		}
 	}
 	if ok, err := c.queueExists(m.Queue); err != nil {
 		return err
@@ -134,11 +141,20 @@ func (c *conn) queueBind(ch *channel, m *QueueBind) error {
 		return methodError(NotImplemented, m, fmt.Sprintf("NOT_IMPLEMENTED - queue '%s' cannot be bound: Courier binds queues named with dot-separated words of letters, digits, '_', '-', ':'", m.Queue))
 	}
 	c.s.kinds.mu.Lock()
-	patterns, _ := subPatterns(b, m.Exchange, sub)
-	if !slices.Contains(patterns, pattern) {
-		patterns = append(slices.Clone(patterns), pattern)
+	var err error
+	if kind == "headers" {
+		filters, _ := b.Filters(m.Exchange, sub)
+		if !slices.ContainsFunc(filters, func(f broker.HeaderFilter) bool { return sameFilter(f, filter) }) {
+			filters = append(filters, filter)
+		}
+		err = b.DurableSubscribeHeaders(m.Exchange, sub, filters)
+	} else {
+		patterns, _ := subPatterns(b, m.Exchange, sub)
+		if !slices.Contains(patterns, pattern) {
+			patterns = append(slices.Clone(patterns), pattern)
+		}
+		err = b.DurableSubscribe(m.Exchange, sub, patterns)
 	}
-	err := b.DurableSubscribe(m.Exchange, sub, patterns)
 	c.s.kinds.mu.Unlock()
 	if err != nil {
 		e := wireErr(err)
@@ -170,7 +186,11 @@ func (c *conn) queueUnbind(ch *channel, m *QueueUnbind) error {
 	if e := c.checkBind(m, m.Queue, m.Exchange); e != nil {
 		return c.closeChannel(ch, e)
 	}
-	pattern, e := bindPattern(m, c.s.kinds.get(m.Exchange), m.RoutingKey)
+	kind := c.exchangeKind(m.Exchange, m.Queue)
+	if kind == "headers" {
+		return c.unbindHeaders(ch, m)
+	}
+	pattern, e := bindPattern(m, kind, m.RoutingKey)
 	if e != nil {
 		return e
 	}
@@ -194,6 +214,7 @@ func (c *conn) queueUnbind(ch *channel, m *QueueUnbind) error {
 		e.ClassID, e.MethodID = m.ClassMethod()
 		return c.channelError(ch, e)
 	}
+	c.bindingGone(m.Exchange)
 	// Unbinding what is not bound succeeds, as in RabbitMQ.
 	return c.send(ch.id, &QueueUnbindOK{})
 }
@@ -203,6 +224,7 @@ func (c *conn) dropBindings(queue string) {
 	b := c.s.cfg.Broker
 	for _, x := range boundExchanges(b, queue) {
 		b.DeleteQueue(x + "/" + bindSub(queue))
+		c.bindingGone(x)
 	}
 }
 
@@ -248,4 +270,91 @@ func wireErr(err error) *Error {
 		code = we.Code
 	}
 	return fromWire(code, err.Error())
+}
+
+// exchangeKind is the type exchange was declared with over AMQP; for one
+// the listener has not seen declared since it started, "headers" when
+// queue's binding to it has header filters (kept by the broker), "" else.
+func (c *conn) exchangeKind(exchange, queue string) string {
+	if k := c.s.kinds.get(exchange); k != "" {
+		return k
+	}
+	if fs, _ := c.s.cfg.Broker.Filters(exchange, bindSub(queue)); len(fs) > 0 {
+		return "headers"
+	}
+	return ""
+}
+
+// headerFilter maps a headers binding's arguments onto a Courier header
+// filter: x-match, and the headers to match, each value as text as a
+// message's headers are carried (void: present with any value).
+func headerFilter(m Method, args Table) (broker.HeaderFilter, *Error) {
+	f := broker.HeaderFilter{Match: broker.MatchAll, Headers: make(map[string]*string, len(args))}
+	for k, v := range args {
+		if k == "x-match" {
+			s, _ := v.(string)
+			switch s {
+			case broker.MatchAll, broker.MatchAny, broker.MatchAllWithX, broker.MatchAnyWithX:
+				f.Match = s
+			default:
+				return f, methodError(PreconditionFailed, m, fmt.Sprintf("PRECONDITION_FAILED - Invalid x-match field value %v; expected one of all, any, all-with-x, or any-with-x", v))
+			}
+			continue
+		}
+		if v == nil {
+			f.Headers[k] = nil
+			continue
+		}
+		text := headerText(v)
+		f.Headers[k] = &text
+	}
+	if len(f.Headers) > broker.MaxFilterHeaders {
+		return f, methodError(PreconditionFailed, m, fmt.Sprintf("PRECONDITION_FAILED - a headers binding of %d headers: Courier takes at most %d", len(f.Headers), broker.MaxFilterHeaders))
+	}
+	return f, nil
+}
+
+// sameFilter reports whether two header filters match the same headers.
+func sameFilter(a, b broker.HeaderFilter) bool {
+	if a.Match != b.Match || len(a.Headers) != len(b.Headers) {
+		return false
+	}
+	for k, v := range a.Headers {
+		w, ok := b.Headers[k]
+		if !ok || (v == nil) != (w == nil) || v != nil && *v != *w {
+			return false
+		}
+	}
+	return true
+}
+
+// unbindHeaders removes a headers binding: the filter its arguments
+// make; the subscription goes with its last filter.
+func (c *conn) unbindHeaders(ch *channel, m *QueueUnbind) error {
+	filter, e := headerFilter(m, m.Arguments)
+	if e != nil {
+		return c.closeChannel(ch, e)
+	}
+	b, sub := c.s.cfg.Broker, bindSub(m.Queue)
+	c.s.kinds.mu.Lock()
+	filters, ok := b.Filters(m.Exchange, sub)
+	var err error
+	if ok {
+		rest := slices.DeleteFunc(slices.Clone(filters), func(f broker.HeaderFilter) bool { return sameFilter(f, filter) })
+		switch {
+		case len(rest) == len(filters):
+		case len(rest) == 0:
+			err = b.DeleteQueue(m.Exchange + "/" + sub)
+		default:
+			err = b.DurableSubscribeHeaders(m.Exchange, sub, rest)
+		}
+	}
+	c.s.kinds.mu.Unlock()
+	if err != nil {
+		e := wireErr(err)
+		e.ClassID, e.MethodID = m.ClassMethod()
+		return c.channelError(ch, e)
+	}
+	c.bindingGone(m.Exchange)
+	return c.send(ch.id, &QueueUnbindOK{})
 }

@@ -24,11 +24,15 @@ type channel struct {
 	tags      deliveries
 	// reply is the channel's consumer of amq.rabbitmq.reply-to (rpc.go).
 	reply *replyConsumer
+	// pullers are the pull attachments of its basic.get, by source
+	// (get.go).
+	pullers map[getSource]uint32
 }
 
 // pending is a basic.publish waiting for its content header and body.
 type pending struct {
 	exchange, key string
+	mandatory     bool
 	props         Properties
 	size          uint64
 	haveHeader    bool
@@ -236,6 +240,12 @@ func (c *conn) brokerMethod(ch *channel, m Method) (bool, error) {
 		return true, c.settle(ch, m, m.DeliveryTag, false, true, m.Requeue)
 	case *BasicRecover:
 		return true, c.basicRecover(ch, m)
+	case *BasicGet:
+		return true, c.basicGet(ch, m)
+	case *ExchangeBind, *ExchangeUnbind:
+		return true, methodError(NotImplemented, m, fmt.Sprintf("NOT_IMPLEMENTED - %s: exchange-to-exchange bindings are not supported by Courier's AMQP gateway (a Courier exchange routes to subscribers and queues, not to other exchanges): bind the queues to the source exchange", m.Name()))
+	case *TxSelect, *TxCommit, *TxRollback:
+		return true, methodError(NotImplemented, m, fmt.Sprintf("NOT_IMPLEMENTED - %s: transactions are not supported by Courier's AMQP gateway: use publisher confirms (confirm.select)", m.Name()))
 	case *ConfirmSelect:
 		ch.confirm = true
 		if m.Nowait {
@@ -251,10 +261,8 @@ func (c *conn) basicPublish(ch *channel, m *BasicPublish) error {
 	switch {
 	case m.Immediate:
 		return methodError(NotImplemented, m, "NOT_IMPLEMENTED - immediate=true")
-	case m.Mandatory:
-		return methodError(NotImplemented, m, "NOT_IMPLEMENTED - mandatory=true (basic.return) is not built yet in Courier's AMQP gateway")
 	}
-	ch.pending = &pending{exchange: m.Exchange, key: m.RoutingKey}
+	ch.pending = &pending{exchange: m.Exchange, key: m.RoutingKey, mandatory: m.Mandatory}
 	return nil
 }
 
@@ -264,4 +272,5 @@ func (c *conn) cancelConsumers(ch *channel) {
 	for _, cs := range ch.consumers {
 		c.cancelConsumer(cs)
 	}
+	c.dropPullers(ch)
 }

@@ -74,6 +74,11 @@ func (c *conn) closeSession() {
 			c.cancelReplyTo(ch)
 		}
 		c.gw.sess.Close()
+		for _, ch := range c.channels {
+			for _, cs := range ch.consumers {
+				c.consumerReleased(cs.queue)
+			}
+		}
 		c.deleteOwned()
 	}
 }
@@ -229,8 +234,6 @@ func (c *conn) exchangeDeclare(ch *channel, m *ExchangeDeclare) error {
 			return methodError(CommandInvalid, m, fmt.Sprintf("COMMAND_INVALID - unknown exchange type '%s'", m.Type))
 		}
 		switch {
-		case m.AutoDelete:
-			return methodError(NotImplemented, m, "auto-delete exchanges are not supported by Courier's AMQP gateway")
 		case m.Internal:
 			return methodError(NotImplemented, m, "internal exchanges are not supported by Courier's AMQP gateway")
 		case len(m.Arguments) > 0:
@@ -259,6 +262,7 @@ func (c *conn) exchangeDeclare(ch *channel, m *ExchangeDeclare) error {
 	}
 	if !m.Passive {
 		c.s.kinds.set(m.Exchange, m.Type)
+		c.s.autoDelX.set(m.Exchange, m.AutoDelete)
 	}
 	if m.NoWait {
 		return nil
@@ -278,6 +282,7 @@ func (c *conn) exchangeDelete(ch *channel, m *ExchangeDelete) error {
 	if done, err := c.deleteInBroker(ch, m, m.Exchange, 0); !done {
 		return err
 	}
+	c.s.autoDelX.set(m.Exchange, false)
 	if m.NoWait {
 		return nil
 	}
@@ -326,11 +331,21 @@ func (c *conn) publish(ch *channel, p *pending) error {
 	if p.exchange == "" {
 		switch {
 		case strings.HasPrefix(p.key, replyTo+"."):
-			c.s.directReply(p.key, &p.props, p.body)
+			if !c.s.directReply(p.key, &p.props, p.body) && p.mandatory {
+				if err := c.returnUnroutable(ch, p); err != nil {
+					return err
+				}
+			}
 			return c.confirmNow(ch)
 		case p.props.ReplyTo != "" && c.isRequestExchange(p.key):
 			c.request(ch, p)
 			return nil
+		}
+	}
+	if p.mandatory && !c.routed(p) {
+		// Returned first, then confirmed: RabbitMQ's order.
+		if err := c.returnUnroutable(ch, p); err != nil {
+			return err
 		}
 	}
 	f := wire.NewFrame(wire.TypePublish)
@@ -357,6 +372,28 @@ func (c *conn) publish(ch *channel, p *pending) error {
 	}
 	c.flow()
 	return nil
+}
+
+// routed reports whether a publication would reach a queue or a
+// subscriber now; one to an exchange that does not exist counts as
+// routed, its publish failing with 404 instead, as in RabbitMQ.
+func (c *conn) routed(p *pending) bool {
+	b := c.s.cfg.Broker
+	if p.exchange == "" {
+		ex := b.Exchange(p.key)
+		return ex != nil && ex.Config().Pattern == wire.PatternTasks
+	}
+	if b.Exchange(p.exchange) == nil {
+		return true
+	}
+	return b.Routed(p.exchange, p.key, propsToHeaders(&p.props))
+}
+
+// returnUnroutable sends a mandatory publication back with basic.return
+// 312 NO_ROUTE.
+func (c *conn) returnUnroutable(ch *channel, p *pending) error {
+	r := &BasicReturn{ReplyCode: NoRoute, ReplyText: "NO_ROUTE", Exchange: p.exchange, RoutingKey: p.key}
+	return c.sendContent(ch.id, r, &p.props, p.body, nil)
 }
 
 // confirmNow confirms a publication the gateway delivered itself.

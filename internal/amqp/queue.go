@@ -162,9 +162,8 @@ func queueArgs(m *QueueDeclare) (wire.ExchangeConfig, *Error) {
 			default:
 				return cfg, methodError(NotImplemented, m, fmt.Sprintf("x-overflow %v is not supported: Courier has drop-head and reject-publish", v))
 			}
-		case "x-dead-letter-exchange":
-			s, _ := v.(string)
-			cfg.DeadLetter = s
+		case "x-dead-letter-exchange", "x-dead-letter-routing-key":
+			// Both at once, after the loop.
 		case "x-single-active-consumer":
 			if b, _ := v.(bool); b {
 				cfg.Strategy = wire.StrategySingleActive
@@ -185,7 +184,33 @@ func queueArgs(m *QueueDeclare) (wire.ExchangeConfig, *Error) {
 			return cfg, methodError(NotImplemented, m, fmt.Sprintf("queue argument %s is not supported by Courier's AMQP gateway", k))
 		}
 	}
-	return cfg, nil
+	dl, e := deadLetterArgs(m)
+	cfg.DeadLetter = dl
+	return cfg, e
+}
+
+// deadLetterArgs maps x-dead-letter-exchange and
+// x-dead-letter-routing-key onto the Courier exchange that takes the
+// queue's dead letters: the exchange; or, with the default exchange ""
+// and a routing key, the queue the key names, as RabbitMQ routes it.
+func deadLetterArgs(m *QueueDeclare) (string, *Error) {
+	xv, hasX := m.Arguments["x-dead-letter-exchange"]
+	kv, hasK := m.Arguments["x-dead-letter-routing-key"]
+	x, xok := xv.(string)
+	k, kok := kv.(string)
+	switch {
+	case hasX && !xok:
+		return "", methodError(PreconditionFailed, m, fmt.Sprintf("PRECONDITION_FAILED - invalid arg 'x-dead-letter-exchange' for queue '%s': %v", m.Queue, xv))
+	case hasK && !kok:
+		return "", methodError(PreconditionFailed, m, fmt.Sprintf("PRECONDITION_FAILED - invalid arg 'x-dead-letter-routing-key' for queue '%s': %v", m.Queue, kv))
+	case hasK && !hasX:
+		return "", methodError(PreconditionFailed, m, fmt.Sprintf("PRECONDITION_FAILED - invalid arg 'x-dead-letter-routing-key' for queue '%s': Key x-dead-letter-exchange should be specified", m.Queue))
+	case hasK && x != "":
+		return "", methodError(NotImplemented, m, "NOT_IMPLEMENTED - x-dead-letter-routing-key with an x-dead-letter-exchange other than the default exchange \"\": a dead letter keeps its own key")
+	case hasK:
+		return k, nil
+	}
+	return x, nil
 }
 
 // intArg reads an integer argument of any integer field type.
@@ -219,9 +244,6 @@ func randomName(prefix string) string {
 
 // queueDeclare maps queue.declare onto a DECLARE of a task exchange.
 func (c *conn) queueDeclare(ch *channel, m *QueueDeclare) error {
-	if m.AutoDelete {
-		return methodError(NotImplemented, m, "auto-delete queues are not built yet in Courier's AMQP gateway")
-	}
 	name := m.Queue
 	if name == "" && !m.Passive {
 		name = randomName("amq.gen-")
@@ -290,6 +312,9 @@ func (c *conn) queueDeclare(ch *channel, m *QueueDeclare) error {
 	if info.Pattern != "" && info.Pattern != wire.PatternTasks {
 		return c.closeChannel(ch, methodError(PreconditionFailed, m, fmt.Sprintf("PRECONDITION_FAILED - '%s' is a Courier %s exchange, not a queue", name, info.Pattern)))
 	}
+	if m.AutoDelete && !m.Passive {
+		c.s.autoDel.declared(name)
+	}
 	if m.NoWait {
 		return nil
 	}
@@ -314,24 +339,52 @@ func (c *conn) queueExists(queue string) (bool, error) {
 
 // queueDelete maps queue.delete onto a DELETE of the queue.
 func (c *conn) queueDelete(ch *channel, m *QueueDelete) error {
-	if m.IfUnused || m.IfEmpty {
-		return methodError(NotImplemented, m, "queue.delete if-unused and if-empty are not built yet in Courier's AMQP gateway")
-	}
 	if c.lockedBy(m.Queue) {
 		return c.closeChannel(ch, locked(m, m.Queue))
+	}
+	messages, consumers := c.queueUse(m.Queue)
+	switch {
+	case m.IfUnused && consumers > 0:
+		return c.closeChannel(ch, methodError(PreconditionFailed, m, fmt.Sprintf("PRECONDITION_FAILED - queue '%s' in vhost '/' in use", m.Queue)))
+	case m.IfEmpty && messages > 0:
+		return c.closeChannel(ch, methodError(PreconditionFailed, m, fmt.Sprintf("PRECONDITION_FAILED - queue '%s' in vhost '/' is not empty", m.Queue)))
 	}
 	if c.owned[m.Queue] {
 		delete(c.owned, m.Queue)
 		defer c.s.owners.release(m.Queue, c)
 	}
-	defer c.dropBindings(m.Queue)
+	c.s.autoDel.forget(m.Queue)
 	if done, err := c.deleteInBroker(ch, m, m.Queue, 1); !done {
 		return err
 	}
+	// Before delete-ok: a client that has it sees the bindings gone, and
+	// an auto-delete exchange with them.
+	c.dropBindings(m.Queue)
 	if m.NoWait {
 		return nil
 	}
-	return c.send(ch.id, &QueueDeleteOK{})
+	return c.send(ch.id, &QueueDeleteOK{MessageCount: uint32(min(messages, 1<<32-1))})
+}
+
+// queueUse returns the messages queue holds (ready, unacknowledged and
+// delayed, its bindings' included) and its consumers (Courier workers
+// too), as queue.delete's if-empty and if-unused see them.
+func (c *conn) queueUse(queue string) (messages, consumers int64) {
+	b := c.s.cfg.Broker
+	names := []string{queue}
+	for _, x := range boundExchanges(b, queue) {
+		names = append(names, x+"/"+bindSub(queue))
+	}
+	for i, name := range names {
+		if q := b.Queue(name); q != nil {
+			st := q.Stats()
+			messages += max(st.Messages(), 0)
+			if i == 0 {
+				consumers = st.Consumers
+			}
+		}
+	}
+	return messages, consumers
 }
 
 // queuePurge drops the queue's ready messages, with the read permission
@@ -427,6 +480,7 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 		return c.channelError(ch, e)
 	}
 	ch.consumers[tag] = cs
+	c.s.autoDel.consumed(m.Queue)
 	for _, x := range boundExchanges(c.s.cfg.Broker, m.Queue) {
 		if err := c.attachSource(cs, x); err != nil {
 			return err
@@ -474,6 +528,7 @@ func (c *conn) cancelConsumer(cs *consumer) {
 	for _, id := range ids {
 		c.detach(id)
 	}
+	c.consumerReleased(cs.queue)
 }
 
 // detach ends one attachment of a consumer.

@@ -116,14 +116,15 @@ func (c *conn) rewriteReplyTo(ch *channel, p *pending) bool {
 // directReply delivers a publication on the default exchange to
 // amq.rabbitmq.reply-to.<token>; one for a consumer gone is dropped, as
 // RabbitMQ drops it.
-func (s *Server) directReply(key string, props *Properties, body []byte) {
+func (s *Server) directReply(key string, props *Properties, body []byte) bool {
 	rc := s.replies.get(strings.TrimPrefix(key, replyTo+"."))
 	if rc == nil {
-		return
+		return false
 	}
 	tag := rc.ch.tags.add(held{}, false)
 	d := &BasicDeliver{ConsumerTag: rc.tag, DeliveryTag: tag, RoutingKey: key}
 	rc.c.sendContent(rc.ch.id, d, props, body, nil)
+	return true
 }
 
 // isRequestExchange reports whether name is a Courier request-response

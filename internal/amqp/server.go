@@ -8,11 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/internal/netserve"
 )
 
 // DefaultPort is AMQP's IANA port, where RabbitMQ listens.
@@ -151,9 +151,11 @@ type Server struct {
 	mu          sync.Mutex // guards ln, conns, handshaking, open, shutdown
 	ln          net.Listener
 	conns       map[*conn]struct{}
-	owners      owners        // exclusive queues
-	kinds       exchangeKinds // exchange types, for bindings
-	replies     replies       // direct reply-to consumers
+	owners      owners              // exclusive queues
+	kinds       exchangeKinds       // exchange types, for bindings
+	autoDel     autoDeletes         // auto-delete queues
+	autoDelX    autoDeleteExchanges // auto-delete exchanges
+	replies     replies             // direct reply-to consumers
 	handshaking int
 	open        int
 	shutdown    bool
@@ -188,6 +190,10 @@ func (s *Server) Addr() net.Addr {
 	return s.ln.Addr()
 }
 
+// OutboxLimit returns the outbox limit in force: [Config.OutboxLimit]
+// after its default and its floor (twice MaxMessage and 64 KiB).
+func (s *Server) OutboxLimit() int { return s.cfg.OutboxLimit }
+
 // Conns returns the number of open connections, in their handshake or not.
 func (s *Server) Conns() int {
 	s.mu.Lock()
@@ -207,28 +213,18 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.ln = ln
 	s.mu.Unlock()
 	s.log.Info("amqp listening", "addr", ln.Addr().String(), "tls", s.cfg.TLS != nil)
-	var backoff time.Duration
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			s.mu.Lock()
-			down := s.shutdown
-			s.mu.Unlock()
-			if down {
-				return ErrServerClosed
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				s.log.Warn("amqp accept failed; retrying", "err", err, "in", backoff)
-				time.Sleep(backoff)
-				continue
-			}
-			return fmt.Errorf("amqp: accept: %w", err)
-		}
-		backoff = 0
-		s.accept(nc)
+	err := netserve.Serve(ln, s.log, "amqp accept failed; retrying", s.stopped, s.accept)
+	if errors.Is(err, netserve.ErrStopped) {
+		return ErrServerClosed
 	}
+	return fmt.Errorf("amqp: accept: %w", err)
+}
+
+// stopped reports whether Shutdown ran.
+func (s *Server) stopped() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.shutdown
 }
 
 func (s *Server) accept(nc net.Conn) {
@@ -301,12 +297,5 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, c := range conns {
 		c.shutdown()
 	}
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return netserve.Wait(ctx, &s.wg)
 }

@@ -36,6 +36,8 @@ type SubscriptionDef struct {
 	Name     string   `json:"name"`
 	Queue    string   `json:"queue,omitempty"`
 	Patterns []string `json:"patterns"`
+	// Headers are its header filters (an AMQP headers binding), if any.
+	Headers []HeaderFilter `json:"headers,omitempty"`
 }
 
 // Definitions lists the broker's exchanges, task queues and durable
@@ -59,7 +61,7 @@ func (b *Broker) Definitions() ([]ExchangeDef, []QueueDef, []SubscriptionDef) {
 		if def.Sub == "" {
 			qs = append(qs, QueueDef{Name: def.Name, Exchange: def.Exchange, Durable: !def.Config.Transient})
 		} else {
-			subs = append(subs, SubscriptionDef{Exchange: def.Exchange, Name: def.Sub, Queue: def.Name, Patterns: slices.Clone(def.Patterns)})
+			subs = append(subs, SubscriptionDef{Exchange: def.Exchange, Name: def.Sub, Queue: def.Name, Patterns: slices.Clone(def.Patterns), Headers: slices.Clone(def.Headers)})
 		}
 		return true
 	})

@@ -66,6 +66,13 @@ func (ex *Exchange) fanout(f *wire.Frame, pc *publishConfirm) (durable *taskQueu
 func (ex *Exchange) fanoutTo(f *wire.Frame, pc *publishConfirm, subs []*Attachment) (durable *taskQueue) {
 	last := len(subs) - 1
 	for i, a := range subs {
+		if bs, ok := a.s.sink.(bindingSink); ok && !bs.tq.admits(f.Header) {
+			// A headers binding the publication does not pass.
+			if i == last {
+				f.Release()
+			}
+			continue
+		}
 		g := f
 		if i != last {
 			g = f.Clone()

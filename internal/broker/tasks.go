@@ -42,6 +42,8 @@ type queueDef struct {
 	// Sub and Patterns describe a durable subscription.
 	Sub      string   `json:"sub,omitempty"`
 	Patterns []string `json:"patterns,omitempty"`
+	// Headers are a durable subscription's header filters (headers.go).
+	Headers []HeaderFilter `json:"headers,omitempty"`
 	// DeclaredBy is the user who declared a task exchange, whose write
 	// permission on its dead_letter exchange is checked at each dead
 	// letter; Trusted marks a declarer that nothing checks (an embedded
@@ -76,6 +78,8 @@ type taskQueue struct {
 	def     queueDef
 	defVer  uint64      // bumped whenever def changes
 	binding *Attachment // durable subscription: its subscriber in ex
+	// filters are def.Headers, read by the publications (nil: none).
+	filters atomic.Pointer[[]HeaderFilter]
 
 	// cp is the queue's part of the last checkpoint; owned by the
 	// checkpoint (durability.cpMu).
@@ -210,6 +214,7 @@ func (b *Broker) newTaskQueue(ex *Exchange, def queueDef, by Declarer, rb *queue
 		qc.BackoffBase, qc.MaxAttempts = 0, 0
 	}
 	tq := &taskQueue{b: b, ex: ex, def: def}
+	tq.setFilters(def.Headers)
 	tq.owner.Store(b.ownerOf(def, by))
 	qc.Scheduler = b.sched
 	qc.Logger = b.log
@@ -789,6 +794,12 @@ func (tq *taskQueue) bind(patterns []string) {
 // connection (see chargeBound); a refused ATTACH creates or changes
 // nothing, and counts nothing.
 func (b *Broker) durableSub(ex *Exchange, sub string, patterns []string, a *Attachment) (*taskQueue, error) {
+	return b.durableSubFiltered(ex, sub, patterns, nil, a)
+}
+
+// durableSubFiltered is durableSub that also sets the subscription's
+// header filters to filters, unless filters is nil.
+func (b *Broker) durableSubFiltered(ex *Exchange, sub string, patterns []string, filters []HeaderFilter, a *Attachment) (*taskQueue, error) {
 	if ex.cfg.Controlled {
 		return nil, wire.Errorf(wire.CodeNotAllowed, "exchange %q is controlled: durable subscriptions need an exchange without a controller", ex.name)
 	}
@@ -806,7 +817,7 @@ func (b *Broker) durableSub(ex *Exchange, sub string, patterns []string, a *Atta
 			return nil, wire.Errorf(wire.CodeClash, "durable subscription %q belongs to an exchange deleted since", name)
 		}
 		tq.defMu.Lock()
-		same := slices.Equal(tq.def.Patterns, patterns)
+		same := slices.Equal(tq.def.Patterns, patterns) && (filters == nil || sameFilters(tq.def.Headers, filters))
 		def := tq.def
 		tq.defMu.Unlock()
 		n := len(def.Patterns)
@@ -820,7 +831,20 @@ func (b *Broker) durableSub(ex *Exchange, sub string, patterns []string, a *Atta
 			return tq, nil
 		}
 		def.Patterns = patterns
-		if err := b.defineQueue(def, func() { tq.bind(patterns) })(); err != nil {
+		if filters != nil {
+			def.Headers = filters
+		}
+		rebind := func() {
+			if filters != nil {
+				tq.defMu.Lock()
+				tq.def.Headers = filters
+				tq.defVer++
+				tq.defMu.Unlock()
+				tq.setFilters(filters)
+			}
+			tq.bind(patterns)
+		}
+		if err := b.defineQueue(def, rebind)(); err != nil {
 			uncharge(a)
 			return nil, err
 		}
@@ -833,7 +857,7 @@ func (b *Broker) durableSub(ex *Exchange, sub string, patterns []string, a *Atta
 	if err := b.chargeBound(a, len(patterns), what); err != nil {
 		return nil, err
 	}
-	def := queueDef{Name: name, Exchange: ex.name, Config: ex.cfg, Sub: sub, Patterns: patterns}
+	def := queueDef{Name: name, Exchange: ex.name, Config: ex.cfg, Sub: sub, Patterns: patterns, Headers: filters}
 	if b.dur != nil {
 		def.ID = b.dur.newID()
 	}

@@ -34,6 +34,7 @@ type Consumer struct {
 	id, tag string
 	deliver func(Delivery)
 	gone    atomic.Bool // removed, or the queue closed: skip its deliveries
+	pull    bool        // a puller (pull.go): never pushed, not listed
 
 	// Guarded by q.mu.
 	prefetch     int
@@ -115,14 +116,16 @@ func (q *Queue) RemoveConsumer(c *Consumer) error {
 	c.removed = true
 	c.gone.Store(true)
 	q.hungry.remove(c)
-	for i, x := range q.consumers {
-		if x == c {
-			q.consumers = slices.Delete(q.consumers, i, i+1)
-			break
+	if !c.pull {
+		for i, x := range q.consumers {
+			if x == c {
+				q.consumers = slices.Delete(q.consumers, i, i+1)
+				break
+			}
 		}
+		delete(q.byID, c.id)
+		q.stats.consumers.Add(-1)
 	}
-	delete(q.byID, c.id)
-	q.stats.consumers.Add(-1)
 	if c.eligible {
 		c.eligible = false
 		if q.cfg.SingleActive {

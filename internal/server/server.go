@@ -14,11 +14,11 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/internal/netserve"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -238,28 +238,18 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.ln = ln
 	s.mu.Unlock()
 	s.log.Info("listening", "addr", ln.Addr().String(), "tls", s.cfg.TLS != nil, "users", s.cfg.Users != nil && s.cfg.Users.HasUsers())
-	var backoff time.Duration
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			s.mu.Lock()
-			down := s.shutdown
-			s.mu.Unlock()
-			if down {
-				return ErrServerClosed
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				s.log.Warn("accept failed; retrying", "err", err, "in", backoff)
-				time.Sleep(backoff)
-				continue
-			}
-			return fmt.Errorf("server: accept: %w", err)
-		}
-		backoff = 0
-		s.accept(nc)
+	err := netserve.Serve(ln, s.log, "accept failed; retrying", s.stopped, s.accept)
+	if errors.Is(err, netserve.ErrStopped) {
+		return ErrServerClosed
 	}
+	return fmt.Errorf("server: accept: %w", err)
+}
+
+// stopped reports whether the server stopped accepting.
+func (s *Server) stopped() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.shutdown
 }
 
 func (s *Server) accept(nc net.Conn) {
@@ -400,12 +390,5 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, c := range s.stopAccepting() {
 		c.fail(&wire.Error{Code: wire.CodeShutdown, Msg: "the server is shutting down"}, true)
 	}
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return netserve.Wait(ctx, &s.wg)
 }

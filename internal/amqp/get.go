@@ -1,0 +1,108 @@
+package amqp
+
+import (
+	"fmt"
+
+	"github.com/courier-mq/courier/wire"
+)
+
+// basic.get: the channel pulls one message from the queue with a pull
+// attachment of the session (broker.Session.Get), one per queue it takes
+// from: Q itself first, then the durable subscription of each exchange Q
+// is bound to, as a consumer of Q takes from all of them. A message got
+// with acks is held by the channel until basic.ack, nack or reject, as a
+// delivery; one got with no-ack is acked once written. The channel's
+// pull attachments are detached when it closes, and what they hold goes
+// back to the queue.
+
+// getSource is one queue basic.get takes from: Q's own (sub "") or the
+// binding subscription of exchange.
+type getSource struct{ exchange, sub string }
+
+// basicGet answers basic.get with get-ok and the message, or get-empty.
+func (c *conn) basicGet(ch *channel, m *BasicGet) error {
+	if c.lockedBy(m.Queue) {
+		return c.closeChannel(ch, locked(m, m.Queue))
+	}
+	sources := []getSource{{exchange: m.Queue}}
+	for _, x := range boundExchanges(c.s.cfg.Broker, m.Queue) {
+		sources = append(sources, getSource{exchange: x, sub: bindSub(m.Queue)})
+	}
+	for i, src := range sources {
+		id := c.pullerOf(ch, src)
+		d, ok, _, err := c.gw.sess.Get(id, src.exchange, src.sub)
+		if err != nil {
+			if i > 0 {
+				// A binding gone meanwhile: the others are still there.
+				c.s.log.Debug("amqp get skipped a binding", "peer", c.peer, "queue", m.Queue, "exchange", src.exchange, "err", err)
+				continue
+			}
+			e := wireErr(err)
+			switch e.Code {
+			case NotFound:
+				e.Text = fmt.Sprintf("NOT_FOUND - no queue '%s' in vhost '/'", m.Queue)
+			case PreconditionFailed:
+				e.Text = fmt.Sprintf("PRECONDITION_FAILED - '%s' is not a queue: %s", m.Queue, err)
+			}
+			e.ClassID, e.MethodID = m.ClassMethod()
+			return c.channelError(ch, e)
+		}
+		if !ok {
+			continue
+		}
+		tag := ch.tags.add(held{attach: id, task: d.ID}, !m.NoAck)
+		okm := &BasicGetOK{DeliveryTag: tag, Redelivered: d.Attempts > 0, RoutingKey: m.Queue, MessageCount: c.readyIn(sources)}
+		if src.sub != "" {
+			okm.Exchange, okm.RoutingKey = src.exchange, d.Key
+		}
+		var after func()
+		if m.NoAck {
+			after = func() {
+				a := wire.NewFrame(wire.TypeAck)
+				a.Attach, a.Ref = id, d.ID
+				c.gw.sess.Handle(a)
+			}
+		}
+		return c.sendContent(ch.id, okm, headersToProps(d.Headers), d.Body, after)
+	}
+	return c.send(ch.id, &BasicGetEmpty{})
+}
+
+// pullerOf returns the id of the channel's pull attachment of src,
+// chosen on first use.
+func (c *conn) pullerOf(ch *channel, src getSource) uint32 {
+	if id, ok := ch.pullers[src]; ok {
+		return id
+	}
+	if ch.pullers == nil {
+		ch.pullers = make(map[getSource]uint32)
+	}
+	c.nextAttach++
+	ch.pullers[src] = c.nextAttach
+	return c.nextAttach
+}
+
+// readyIn counts the messages ready in the sources, for get-ok's
+// message-count.
+func (c *conn) readyIn(sources []getSource) uint32 {
+	var n int64
+	for _, src := range sources {
+		name := src.exchange
+		if src.sub != "" {
+			name += "/" + src.sub
+		}
+		if q := c.s.cfg.Broker.Queue(name); q != nil {
+			n += max(q.Stats().Ready, 0)
+		}
+	}
+	return uint32(min(n, 1<<32-1))
+}
+
+// dropPullers detaches the pull attachments of a channel that closes:
+// what they hold goes back to the queue.
+func (c *conn) dropPullers(ch *channel) {
+	for _, id := range ch.pullers {
+		c.detach(id)
+	}
+	ch.pullers = nil
+}
