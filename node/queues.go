@@ -73,8 +73,10 @@ func (s queueSource) Queue(name string) (admin.QueueInfo, bool) {
 // CreateQueue declares a task exchange of that name. The RabbitMQ
 // arguments that map onto its options are understood:
 // x-message-ttl (ms), x-dead-letter-exchange, x-delivery-limit,
-// x-single-active-consumer, x-max-length, x-max-length-bytes and
-// x-overflow (reject-publish or drop-head).
+// x-single-active-consumer, x-max-length, x-max-length-bytes,
+// x-overflow (reject-publish or drop-head) and
+// x-quorum-initial-group-size (the replicas, as RabbitMQ's quorum
+// queues name it).
 func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.QueueInfo, bool, error) {
 	cfg := wire.ExchangeConfig{Pattern: wire.PatternTasks, Transient: !spec.Durable}
 	for k, v := range spec.Arguments {
@@ -82,7 +84,7 @@ func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.Queue
 			return wire.Errorf(wire.CodeBadOptions, "queue %q: argument %s: bad value %v", name, k, v)
 		}
 		switch k {
-		case "x-message-ttl", "x-delivery-limit", "x-max-length", "x-max-length-bytes":
+		case "x-message-ttl", "x-delivery-limit", "x-max-length", "x-max-length-bytes", "x-quorum-initial-group-size":
 			n, ok := v.(float64)
 			if !ok || n < 0 || n != float64(int64(n)) {
 				return admin.QueueInfo{}, false, bad()
@@ -94,6 +96,11 @@ func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.Queue
 				cfg.MaxAttempts = int(n)
 			case "x-max-length":
 				cfg.MaxLength = int64(n)
+			case "x-quorum-initial-group-size":
+				if n > wire.MaxReplicas {
+					return admin.QueueInfo{}, false, bad()
+				}
+				cfg.Replicas = int(n)
 			default:
 				cfg.MaxBytes = int64(n)
 			}

@@ -513,6 +513,14 @@ func (b *Broker) declare(name string, spec Spec, by Declarer, rq *recoveredQueue
 	if c := b.catalog(); c != nil && rq == nil {
 		return b.declareCluster(c, name, spec, by, vet)
 	}
+	if rq == nil && spec.Pattern == wire.PatternTasks {
+		// A node alone holds every queue on itself: one replica, which
+		// is what the queue's Replicas 0 means here.
+		if spec.Replicas > 1 {
+			return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: replicas %d needs a cluster of at least %d nodes; this node is alone", name, spec.Replicas, spec.Replicas)
+		}
+		spec.Replicas = 0
+	}
 	return b.declareHere(name, spec, by, rq, vet)
 }
 

@@ -149,8 +149,8 @@ func newExchange(b *Broker, name string, spec Spec) (*Exchange, error) {
 		ex.cfg.Transient = true
 	}
 	if cfg.Pattern != wire.PatternTasks && (cfg.MaxAttempts != 0 || cfg.TTLMS != 0 || cfg.BackoffMS != 0 || cfg.BackoffMaxMS != 0 || cfg.DeadLetter != "" ||
-		cfg.MaxLength != 0 || cfg.MaxBytes != 0 || cfg.Overflow != "" || cfg.DedupWindowMS != 0) {
-		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: max_attempts, ttl_ms, backoff, dead_letter, max_length, max_bytes, overflow and dedup_window_ms are options of task exchanges", name)
+		cfg.MaxLength != 0 || cfg.MaxBytes != 0 || cfg.Overflow != "" || cfg.DedupWindowMS != 0 || cfg.Replicas != 0) {
+		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: max_attempts, ttl_ms, backoff, dead_letter, max_length, max_bytes, overflow, dedup_window_ms and replicas are options of task exchanges", name)
 	}
 	ex.view.Store(&view{all: &group{}, byTag: map[string]*group{}})
 	return ex, nil
@@ -239,7 +239,7 @@ func (ex *Exchange) Info() wire.ExchangeInfo {
 		info.MaxAttempts, info.TTLMS, info.DeadLetter = c.MaxAttempts, c.TTLMS, c.DeadLetter
 		info.BackoffMS, info.BackoffMaxMS = c.BackoffMS, c.BackoffMaxMS
 		info.MaxLength, info.MaxBytes, info.Overflow = c.MaxLength, c.MaxBytes, c.Overflow
-		info.DedupWindowMS = c.DedupWindowMS
+		info.DedupWindowMS, info.Replicas = c.DedupWindowMS, c.Replicas
 		info.Queue = ex.tq.info()
 	}
 	return info
