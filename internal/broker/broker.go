@@ -348,6 +348,9 @@ type Broker struct {
 	peerLinks atomic.Pointer[Peers]
 	// cat is the cluster's catalog of declarations; nil alone.
 	cat atomic.Pointer[Catalog]
+	// repl answers where the cluster's replicated queues are served;
+	// nil alone (replicated.go).
+	repl atomic.Pointer[Replicated]
 	// rr is the state of request-response across nodes (peer_view.go).
 	rr rrCluster
 
@@ -639,6 +642,9 @@ func (b *Broker) Exchange(name string) *Exchange {
 func (b *Broker) lookup(name string) (*Exchange, error) {
 	if ex := b.Exchange(name); ex != nil {
 		return ex, nil
+	}
+	if err := b.notServedHere(name); err != nil {
+		return nil, err
 	}
 	return nil, wire.Errorf(wire.CodeNotFound, "exchange %q not found", name)
 }

@@ -234,12 +234,16 @@ func (ex *Exchange) Info() wire.ExchangeInfo {
 		info.Subscribers = ex.nsubs
 		ex.subMu.RUnlock()
 	}
-	if ex.tq != nil {
+	if ex.cfg.Pattern == wire.PatternTasks {
+		// A replicated queue served on another node has no queue here
+		// (replicated.go): its options, without counters.
 		c := ex.cfg
 		info.MaxAttempts, info.TTLMS, info.DeadLetter = c.MaxAttempts, c.TTLMS, c.DeadLetter
 		info.BackoffMS, info.BackoffMaxMS = c.BackoffMS, c.BackoffMaxMS
 		info.MaxLength, info.MaxBytes, info.Overflow = c.MaxLength, c.MaxBytes, c.Overflow
 		info.DedupWindowMS, info.Replicas = c.DedupWindowMS, c.Replicas
+	}
+	if ex.tq != nil {
 		info.Queue = ex.tq.info()
 	}
 	return info
@@ -372,7 +376,10 @@ func (ex *Exchange) eventBody(v *view, changed *Attachment) []byte {
 }
 
 // close detaches everyone after the exchange was deleted.
-func (ex *Exchange) close() {
+func (ex *Exchange) close() { ex.closeWith(fmt.Sprintf("exchange %q was deleted", ex.name)) }
+
+// closeWith closes the exchange, telling its members why.
+func (ex *Exchange) closeWith(why string) {
 	ex.mu.Lock()
 	ex.closed = true
 	members := ex.members
@@ -401,10 +408,10 @@ func (ex *Exchange) close() {
 	}
 	for _, a := range append(members, subs...) {
 		a.s.forget(a)
-		a.detached(fmt.Sprintf("exchange %q was deleted", ex.name))
+		a.detached(why)
 		if a.role == wire.RoleHandler {
 			for _, sl := range a.s.handling.takeAttachment(a) {
-				sl.handlerGone(fmt.Sprintf("exchange %q was deleted", ex.name))
+				sl.handlerGone(why)
 			}
 		}
 	}

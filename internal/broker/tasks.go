@@ -64,6 +64,9 @@ type taskQueue struct {
 	q       *queue.Queue
 	ex      *Exchange // the task exchange, or the subscription's pub-sub exchange
 	durable bool
+	// replicated: the queue's journal is its Raft group's, not the
+	// broker's store (replicated.go); it is in no checkpoint of the store.
+	replicated bool
 
 	// attachMu orders consumers joining and leaving with the exchange's
 	// group, so that the oldest member, the leader, is the oldest consumer,
@@ -199,6 +202,12 @@ func (tq *taskQueue) full(size int) bool {
 // subscription, journaled when durable and the broker has a store. rb,
 // if not nil, rebuilds it from the store's records.
 func (b *Broker) newTaskQueue(ex *Exchange, def queueDef, by Declarer, rb *queue.Rebuilder) (*taskQueue, error) {
+	return b.newQueueOn(ex, def, by, rb, nil)
+}
+
+// newQueueOn is newTaskQueue; j, if not nil, is the queue's journal (a
+// replicated queue's, replicated.go) instead of the broker's store.
+func (b *Broker) newQueueOn(ex *Exchange, def queueDef, by Declarer, rb *queue.Rebuilder, j queue.Journal) (*taskQueue, error) {
 	qc, err := queueConfig(def.Config)
 	if err != nil {
 		return nil, wire.Errorf(wire.CodeBadOptions, "queue %q: %v", def.Name, err)
@@ -216,7 +225,14 @@ func (b *Broker) newTaskQueue(ex *Exchange, def queueDef, by Declarer, rb *queue
 	qc.DeadLetter = tq.deadLetter
 	qc.Memory = b.cfg.Memory
 	durable := !def.Config.Transient || def.Sub != ""
-	if durable && b.dur != nil {
+	switch {
+	case j != nil:
+		tq.durable, tq.replicated = true, true
+		qc.Journal = j
+		// Its bodies stay in memory: the replicated journal is no
+		// Reader yet, so nothing is paged out (docs/replication.md).
+		qc.Memory = nil
+	case durable && b.dur != nil:
 		tq.durable = true
 		qc.Journal = queue.StoreJournal{Log: b.dur.log, QueueID: def.ID}
 	}
@@ -235,6 +251,9 @@ func (b *Broker) newTaskQueue(ex *Exchange, def queueDef, by Declarer, rb *queue
 type recoveredQueue struct {
 	def queueDef
 	rb  *queue.Rebuilder
+	// journal, if not nil, is a replicated queue's: the queue is served
+	// here as its group's leader, rebuilt from its replica (replicated.go).
+	journal queue.Journal
 }
 
 // declareTasks creates a task exchange and its queue; the caller checked
@@ -252,7 +271,11 @@ func (b *Broker) declareTasks(ex *Exchange, spec Spec, by Declarer, rq *recovere
 	} else if b.dur != nil && !ex.cfg.Transient {
 		def.ID = b.dur.newID()
 	}
-	tq, err := b.newTaskQueue(ex, def, by, rb)
+	var j queue.Journal
+	if rq != nil {
+		j = rq.journal
+	}
+	tq, err := b.newQueueOn(ex, def, by, rb, j)
 	if err != nil {
 		b.qmu.Unlock()
 		return nil, err
