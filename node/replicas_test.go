@@ -208,25 +208,22 @@ func TestReplicatedQueueFailover(t *testing.T) {
 		}
 		want[body] = true
 	}
-	// A worker on the leader's node acks 5 unkeyed tasks, then holds
-	// the next ones unsettled until its node stops.
+	// A worker on the leader's node acks 5 unkeyed tasks and holds the
+	// others it gets unsettled until its node stops.
 	var mu sync.Mutex
 	acked := map[string]bool{}
-	hold := make(chan struct{})
-	defer close(hold)
 	held := 0
 	if _, err := lj.Work(ctx, func(j *courier.Job) error {
 		mu.Lock()
+		defer mu.Unlock()
 		if strings.HasPrefix(string(j.Body), "free-") && len(acked) < 5 {
 			acked[string(j.Body)] = true
-			mu.Unlock()
 			return nil
 		}
 		held++
-		mu.Unlock()
-		<-hold
-		return errors.New("held")
-	}, courier.Prefetch(4)); err != nil {
+		j.Defer()
+		return nil
+	}, courier.Prefetch(8)); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, 30*time.Second, "five acked and a task held", func() bool {
