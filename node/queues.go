@@ -129,10 +129,16 @@ func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.Queue
 		}
 	}
 	existed := s.b.Queue(name) != nil
-	if _, err := s.b.DeclareAs(name, broker.Spec{ExchangeConfig: cfg}, spec.Declarer); err != nil {
+	ex, err := s.b.DeclareAs(name, broker.Spec{ExchangeConfig: cfg}, spec.Declarer)
+	if err != nil {
 		return admin.QueueInfo{}, false, err
 	}
 	q := s.b.Queue(name)
+	if q == nil && ex != nil && ex.Info().Replicas > 0 {
+		// A replicated queue served by another node (its replicas'
+		// leader): declared, its counters are there.
+		return admin.QueueInfo{Name: name}, !existed, nil
+	}
 	if q == nil {
 		return admin.QueueInfo{}, false, fmt.Errorf("queue %q vanished", name)
 	}

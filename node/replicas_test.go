@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -156,6 +157,23 @@ func TestReplicatedQueuePlaced(t *testing.T) {
 		t.Fatalf("Replicas(2) placed as %+v", ex)
 	}
 
+	// The management API's RabbitMQ-shaped argument, on every node.
+	for _, n := range nodes {
+		name := "http-" + n.cfg.Name
+		req, err := http.NewRequestWithContext(ctx, "PUT", n.HTTPURL()+"/api/queues/"+name, strings.NewReader(`{"durable":true,"arguments":{"x-quorum-initial-group-size":2}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if ex, _ := n.Meta().Exchange(name); resp.StatusCode/100 != 2 || len(ex.ReplicaNodes()) != 2 {
+			t.Fatalf("PUT /api/queues/%s with x-quorum-initial-group-size 2 on %s: %d, placed as %+v", name, n.cfg.Name, resp.StatusCode, ex)
+		}
+	}
+
 	if err := conn.DeleteExchange(ctx, "jobs"); err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +268,9 @@ func TestReplicatedQueueFailover(t *testing.T) {
 	for b := range acked {
 		delete(want, b)
 	}
-	lc.Close()
+	// The node stops with the worker's tasks in flight (a worker that
+	// disconnects fails its tasks, as on a node alone; a node that stops
+	// does not).
 	if err := leader.Close(); err != nil {
 		t.Logf("closing the leader's node: %v", err)
 	}

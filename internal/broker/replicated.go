@@ -116,8 +116,13 @@ func (b *Broker) StopServing(name, why string) {
 		return
 	}
 	ex := v.(*Exchange)
-	ex.closeWith(why)
 	tq := ex.tq
+	// Closed first, not purged: from now on it delivers nothing and
+	// journals nothing (a worker's tasks do not come back as failed
+	// attempts: a new leader delivers them again as they are), and its
+	// records, the group's, stay.
+	tq.q.Close()
+	ex.closeWith(why)
 	b.qmu.Lock()
 	if v, ok := b.queues.Load(name); ok && v == tq {
 		b.removeQueue(name)
@@ -132,8 +137,6 @@ func (b *Broker) StopServing(name, why string) {
 	for _, a := range consumers {
 		tq.detachConsumer(a)
 	}
-	// Closed, not purged: its records are the group's, and stay.
-	tq.q.Close()
 	b.log.Info("replicated queue: no longer served here", "queue", name, "why", why)
 }
 
