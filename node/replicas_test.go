@@ -60,6 +60,38 @@ func servingNode(t *testing.T, nodes []*Node, name string) *Node {
 	return leader
 }
 
+// declareTasks declares a task exchange through c, again while the
+// cluster answers code 29 for want of a metadata quorum or a queue
+// leader (a loaded machine loses leaders; a user retries code 29 too).
+func declareTasks(ctx context.Context, t *testing.T, c *courier.Conn, name string, opts ...courier.ExchangeOption) (*courier.Tasks, error) {
+	t.Helper()
+	for {
+		tk, err := c.Tasks(ctx, name, opts...)
+		if wireCode(err) != wire.CodeUnavailable || strings.Contains(err.Error(), "live nodes") || ctx.Err() != nil {
+			return tk, err
+		}
+		t.Logf("declare %s: %v; again", name, err)
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// liveOn returns the live records of the replicated queue name in n's
+// replica, -1 while n has not opened its group.
+func liveOn(n *Node, name string) int {
+	n.replicas.mu.Lock()
+	q := n.replicas.queues[name]
+	n.replicas.mu.Unlock()
+	if q == nil {
+		return -1
+	}
+	q.gmu.Lock()
+	defer q.gmu.Unlock()
+	if q.st == nil {
+		return -1
+	}
+	return q.st.Live()
+}
+
 func wireCode(err error) wire.Code {
 	var we *wire.Error
 	if errors.As(err, &we) {
@@ -81,7 +113,7 @@ func TestReplicatedQueuePlaced(t *testing.T) {
 	defer cancel()
 	conn := nodes[1].Connect()
 	defer conn.Close()
-	jobs, err := conn.Tasks(ctx, "jobs")
+	jobs, err := declareTasks(ctx, t, conn, "jobs")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +135,7 @@ func TestReplicatedQueuePlaced(t *testing.T) {
 	leader := servingNode(t, nodes, "jobs")
 	lc := leader.Connect()
 	defer lc.Close()
-	lj, err := lc.Tasks(ctx, "jobs", courier.Replicas(3))
+	lj, err := declareTasks(ctx, t, lc, "jobs", courier.Replicas(3))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,13 +150,7 @@ func TestReplicatedQueuePlaced(t *testing.T) {
 	// Every replica has the ten tasks in its journal state.
 	waitUntil(t, 30*time.Second, "every replica applied the ten tasks", func() bool {
 		for _, n := range nodes {
-			n.replicas.mu.Lock()
-			q := n.replicas.queues["jobs"]
-			n.replicas.mu.Unlock()
-			q.gmu.Lock()
-			live := q.st.Live()
-			q.gmu.Unlock()
-			if live != 10 {
+			if liveOn(n, "jobs") != 10 {
 				return false
 			}
 		}
@@ -135,21 +161,26 @@ func TestReplicatedQueuePlaced(t *testing.T) {
 			continue
 		}
 		oc := n.Connect()
-		oj, err := oc.Tasks(ctx, "jobs")
+		oj, err := declareTasks(ctx, t, oc, "jobs")
 		if err != nil {
 			t.Fatalf("declare jobs again on %s: %v", n.cfg.Name, err)
 		}
-		_, err = oj.Submit(ctx, courier.Task{Body: []byte("x")})
+		// A submit is forwarded to the leader, and confirmed from there.
+		if _, err := oj.Submit(ctx, courier.Task{Body: []byte("from " + n.cfg.Name)}); err != nil {
+			t.Fatalf("submit on %s, forwarded to %s: %v", n.cfg.Name, leader.cfg.Name, err)
+		}
+		// A worker is not, yet.
+		_, err = oj.Work(ctx, func(*courier.Job) error { return nil })
 		if wireCode(err) != wire.CodeUnavailable || !strings.Contains(err.Error(), leader.cfg.Name) {
-			t.Fatalf("submit on %s, which does not serve jobs: %v, want unavailable naming %s", n.cfg.Name, err, leader.cfg.Name)
+			t.Fatalf("worker on %s, which does not serve jobs: %v, want unavailable naming %s", n.cfg.Name, err, leader.cfg.Name)
 		}
 		oc.Close()
 	}
 
-	if _, err := conn.Tasks(ctx, "big", courier.Replicas(5)); wireCode(err) != wire.CodeUnavailable {
+	if _, err := declareTasks(ctx, t, conn, "big", courier.Replicas(5)); wireCode(err) != wire.CodeUnavailable {
 		t.Fatalf("Replicas(5) on 3 nodes: %v, want unavailable", err)
 	}
-	two, err := conn.Tasks(ctx, "two", courier.Replicas(2))
+	two, err := declareTasks(ctx, t, conn, "two", courier.Replicas(2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,6 +205,9 @@ func TestReplicatedQueuePlaced(t *testing.T) {
 		}
 	}
 
+	if q := leader.Broker().Queue("jobs"); q == nil || q.Stats().Messages() != 12 {
+		t.Fatalf("the leader's queue after 2 forwarded submits: %v", q.Stats())
+	}
 	if err := conn.DeleteExchange(ctx, "jobs"); err != nil {
 		t.Fatal(err)
 	}
@@ -198,13 +232,13 @@ func TestReplicatedQueueFailover(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
 	defer cancel()
 	decl := nodes[0].Connect()
-	if _, err := decl.Tasks(ctx, "work"); err != nil {
+	if _, err := declareTasks(ctx, t, decl, "work"); err != nil {
 		t.Fatal(err)
 	}
 	decl.Close()
 	leader := servingNode(t, nodes, "work")
 	lc := leader.Connect()
-	lj, err := lc.Tasks(ctx, "work")
+	lj, err := declareTasks(ctx, t, lc, "work")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,6 +260,27 @@ func TestReplicatedQueueFailover(t *testing.T) {
 		}
 		want[body] = true
 	}
+	// Submits on another node are forwarded to the leader and confirmed.
+	var other *Node
+	for _, n := range nodes {
+		if n != leader {
+			other = n
+			break
+		}
+	}
+	oc := other.Connect()
+	oj, err := declareTasks(ctx, t, oc, "work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		body := fmt.Sprintf("fwd-%02d", i)
+		if _, err := oj.Submit(ctx, courier.Task{Body: []byte(body)}); err != nil {
+			t.Fatalf("submit %s on %s, forwarded: %v", body, other.cfg.Name, err)
+		}
+		want[body] = true
+	}
+	oc.Close()
 	// A worker on the leader's node acks 5 unkeyed tasks and holds the
 	// others it gets unsettled until its node stops.
 	var mu sync.Mutex
@@ -253,13 +308,7 @@ func TestReplicatedQueueFailover(t *testing.T) {
 	// wait until every replica applied them.
 	waitUntil(t, 30*time.Second, "every replica applied the acks", func() bool {
 		for _, n := range nodes {
-			n.replicas.mu.Lock()
-			q := n.replicas.queues["work"]
-			n.replicas.mu.Unlock()
-			q.gmu.Lock()
-			live := q.st.Live()
-			q.gmu.Unlock()
-			if live != len(want)-5 {
+			if liveOn(n, "work") != len(want)-5 {
 				return false
 			}
 		}
@@ -283,7 +332,7 @@ func TestReplicatedQueueFailover(t *testing.T) {
 	next := servingNode(t, rest, "work")
 	nc := next.Connect()
 	defer nc.Close()
-	nj, err := nc.Tasks(ctx, "work")
+	nj, err := declareTasks(ctx, t, nc, "work")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,6 +388,20 @@ func TestReplicatedQueueFailover(t *testing.T) {
 	mu.Unlock()
 	if _, err := nj.Submit(ctx, courier.Task{Body: []byte("after")}); err != nil {
 		t.Fatalf("submit on the new leader: %v", err)
+	}
+	for _, n := range rest {
+		if n == next {
+			continue
+		}
+		c := n.Connect()
+		j, err := declareTasks(ctx, t, c, "work")
+		if err == nil {
+			_, err = j.Submit(ctx, courier.Task{Body: []byte("after, forwarded")})
+		}
+		if err != nil {
+			t.Fatalf("submit on %s, forwarded to the new leader %s: %v", n.cfg.Name, next.cfg.Name, err)
+		}
+		c.Close()
 	}
 
 	// One node of three left: it confirms nothing.

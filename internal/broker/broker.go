@@ -346,6 +346,8 @@ type Broker struct {
 	// alone.
 	peers     peerTable
 	peerLinks atomic.Pointer[Peers]
+	// fwd holds the submits forwarded to other nodes (forward.go).
+	fwd forwardTable
 	// cat is the cluster's catalog of declarations; nil alone.
 	cat atomic.Pointer[Catalog]
 	// repl answers where the cluster's replicated queues are served;

@@ -455,6 +455,14 @@ func (s *Session) submit(f *wire.Frame) {
 		return
 	}
 	ex, err := s.b.lookup(f.Name)
+	if err != nil && s.peer == nil && flags&wire.FlagWatch == 0 {
+		// A replicated queue led by another node: forwarded there. A
+		// submit from another node is never forwarded again.
+		if node := s.b.forwardTarget(f.Name); node != "" {
+			s.forwardSubmit(node, f)
+			return
+		}
+	}
 	if err == nil && ex.tq == nil {
 		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is %s: submit needs a task exchange", ex.name, ex.cfg.Pattern)
 	}
