@@ -208,7 +208,17 @@ func TestReplicatedQueuePlaced(t *testing.T) {
 	if q := leader.Broker().Queue("jobs"); q == nil || q.Stats().Messages() != 12 {
 		t.Fatalf("the leader's queue after 2 forwarded submits: %v", q.Stats())
 	}
-	if err := conn.DeleteExchange(ctx, "jobs"); err != nil {
+	// Deleted as a queue on a node that does not serve it.
+	var notLeader *Node
+	for _, n := range nodes {
+		if n != leader {
+			notLeader = n
+			break
+		}
+	}
+	dc := notLeader.Connect()
+	defer dc.Close()
+	if err := dc.DeleteQueue(ctx, "jobs"); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, 30*time.Second, "jobs served nowhere and its groups closed", func() bool {

@@ -962,6 +962,11 @@ func distinct(patterns []string) []string {
 func (b *Broker) DeleteQueue(name string) error {
 	v, ok := b.queues.Load(name)
 	if !ok {
+		if r := b.replicated(); r != nil {
+			if _, _, ok := r.Queue(name); ok {
+				return b.Delete(name) // a replicated queue served elsewhere
+			}
+		}
 		return wire.Errorf(wire.CodeNotFound, "queue %q not found", name)
 	}
 	tq := v.(*taskQueue)
