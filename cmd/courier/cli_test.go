@@ -311,8 +311,8 @@ func TestCLI(t *testing.T) {
 		cliFails(t, exitNotFound, u("exchanges", "delete", "cli.news"), "not found", `"cli.news"`)
 
 		// --replicas: a server alone keeps a queue on itself only.
-		cliOK(t, u("exchanges", "create", "cli.jobs", "--pattern", "tasks", "--replicas", "1")...)
-		cliFails(t, exitFailure, u("exchanges", "create", "cli.jobs3", "--pattern", "tasks", "--replicas", "3"), "replicas 3 needs a cluster")
+		cliOK(t, u("exchanges", "create", "cli.r1", "--pattern", "tasks", "--replicas", "1")...)
+		cliFails(t, exitFailure, u("exchanges", "create", "cli.r3", "--pattern", "tasks", "--replicas", "3"), "replicas 3 needs a cluster")
 	})
 
 	t.Run("ReplyReq", func(t *testing.T) {
