@@ -78,6 +78,16 @@ func DedupWindow(d time.Duration) ExchangeOption {
 	})
 }
 
+// Replicas sets how many nodes of a cluster hold a task exchange's
+// queue, as one Raft group: a submit is confirmed once a majority of
+// them has the task on disk, and the queue goes on while a majority is
+// up (docs/queues.md, "Replicated queues"). 0 keeps the default: 3 in a
+// cluster of three or more live nodes, else every live node. 1 keeps
+// the queue on one node. A node alone accepts only 0 and 1.
+func Replicas(n int) ExchangeOption {
+	return exchangeOptionFunc(func(e *ExchangeSpec) { e.Replicas = n })
+}
+
 // MaxLength bounds a task queue to n tasks (ready, delayed and unacked);
 // a submit to a full queue fails with [ErrQueueFull] unless the queue
 // drops its head ([DropHead]).

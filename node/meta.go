@@ -39,6 +39,9 @@ func (n *Node) joinCluster() error {
 	}
 	n.broker.SetPeers(fabricPeers{f})
 	f.SetHandler(n.broker)
+	if err := n.startReplicas(); err != nil {
+		return err
+	}
 	expect := n.cfg.Cluster.BootstrapExpect
 	if expect == 0 {
 		expect = 1 + len(n.cfg.Cluster.Join)
@@ -54,6 +57,8 @@ func (n *Node) joinCluster() error {
 		BootstrapExpect: expect, Observer: obs, Log: n.cfg.Log.With("part", "meta"),
 	})
 	if err != nil {
+		n.replicas.close()
+		n.replicas = nil
 		return fmt.Errorf("node: metadata group: %w", err)
 	}
 	n.meta = m
@@ -68,6 +73,9 @@ func (n *Node) joinCluster() error {
 
 // leaveCluster stops the metadata group's loop and the group.
 func (n *Node) leaveCluster() {
+	if n.replicas != nil {
+		n.replicas.close()
+	}
 	if n.meta == nil {
 		return
 	}
@@ -210,6 +218,15 @@ type metaObserver struct {
 func (o *metaObserver) Apply(c meta.Change) {
 	n := o.n
 	var err error
+	switch {
+	case c.Exchange.Replicated() && (c.Kind == meta.ExchangeDeclared || c.Kind == meta.ExchangeRehomed):
+		// Served where its group's leader is (replicas.go).
+		n.replicas.placed(c.Exchange)
+		return
+	case c.Exchange.Replicated() && c.Kind == meta.ExchangeDeleted:
+		n.replicas.removed(c.Exchange.Name)
+		return
+	}
 	switch c.Kind {
 	case meta.ExchangeDeclared:
 		err = n.broker.ApplyDeclare(c.Exchange.Name, c.Exchange.Config, c.Exchange.DeclaredBy, c.Exchange.DeclaredBy == "")
@@ -243,6 +260,7 @@ func (o *metaObserver) Restore(st meta.State) {
 	if err := n.users.ApplyUsers(users); err != nil {
 		n.cfg.Log.Error("metadata group: restoring the users failed", "err", err)
 	}
+	n.replicas.restore(st)
 	for _, info := range n.broker.Exchanges() {
 		if _, ok := st.Exchanges[info.Name]; ok {
 			continue
@@ -256,6 +274,9 @@ func (o *metaObserver) Restore(st meta.State) {
 		}
 	}
 	for _, ex := range st.Exchanges {
+		if ex.Replicated() {
+			continue // placed above
+		}
 		if err := n.broker.ApplyDeclare(ex.Name, ex.Config, ex.DeclaredBy, ex.DeclaredBy == ""); err != nil {
 			n.cfg.Log.Error("metadata group: restore: declaring an exchange", "exchange", ex.Name, "err", err)
 		}

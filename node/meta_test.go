@@ -64,9 +64,9 @@ func TestClusterDeclareAnywhere(t *testing.T) {
 	if _, err := other.ReqResp(ctx, "prices"); err == nil {
 		t.Error("declaring prices as reqresp on c: no error")
 	}
-	// Task exchanges wait for replicated queues.
-	if _, err := other.Tasks(ctx, "jobs"); !errors.Is(err, broker.ErrTasksInCluster) {
-		t.Errorf("a task exchange in a cluster: %v, want ErrTasksInCluster", err)
+	// Task queues in a cluster are replicated: a transient one is refused.
+	if _, err := other.Tasks(ctx, "jobs", courier.Transient()); !errors.Is(err, broker.ErrTasksInCluster) {
+		t.Errorf("a transient task exchange in a cluster: %v, want ErrTasksInCluster", err)
 	}
 	if err := nodes[0].Connect().DeleteExchange(ctx, "prices"); err != nil {
 		t.Fatal(err)

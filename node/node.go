@@ -413,8 +413,11 @@ type Node struct {
 	fabric *cluster.Fabric
 	// meta is the cluster's metadata group, and metaStop and metaDone
 	// end and await its membership loop; nil for a single node.
-	meta     *meta.Meta
-	hooks    *clusterHooks
+	meta  *meta.Meta
+	hooks *clusterHooks
+	// replicas is the replica host and the replicated queues placed on
+	// this node (replicas.go); nil for a single node.
+	replicas *queueReplicas
 	metaStop chan struct{}
 	metaDone chan struct{}
 	started  time.Time

@@ -73,8 +73,10 @@ func (s queueSource) Queue(name string) (admin.QueueInfo, bool) {
 // CreateQueue declares a task exchange of that name. The RabbitMQ
 // arguments that map onto its options are understood:
 // x-message-ttl (ms), x-dead-letter-exchange, x-delivery-limit,
-// x-single-active-consumer, x-max-length, x-max-length-bytes and
-// x-overflow (reject-publish or drop-head).
+// x-single-active-consumer, x-max-length, x-max-length-bytes,
+// x-overflow (reject-publish or drop-head) and
+// x-quorum-initial-group-size (the replicas, as RabbitMQ's quorum
+// queues name it).
 func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.QueueInfo, bool, error) {
 	cfg := wire.ExchangeConfig{Pattern: wire.PatternTasks, Transient: !spec.Durable}
 	for k, v := range spec.Arguments {
@@ -82,7 +84,7 @@ func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.Queue
 			return wire.Errorf(wire.CodeBadOptions, "queue %q: argument %s: bad value %v", name, k, v)
 		}
 		switch k {
-		case "x-message-ttl", "x-delivery-limit", "x-max-length", "x-max-length-bytes":
+		case "x-message-ttl", "x-delivery-limit", "x-max-length", "x-max-length-bytes", "x-quorum-initial-group-size":
 			n, ok := v.(float64)
 			if !ok || n < 0 || n != float64(int64(n)) {
 				return admin.QueueInfo{}, false, bad()
@@ -94,6 +96,11 @@ func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.Queue
 				cfg.MaxAttempts = int(n)
 			case "x-max-length":
 				cfg.MaxLength = int64(n)
+			case "x-quorum-initial-group-size":
+				if n > wire.MaxReplicas {
+					return admin.QueueInfo{}, false, bad()
+				}
+				cfg.Replicas = int(n)
 			default:
 				cfg.MaxBytes = int64(n)
 			}
@@ -122,10 +129,16 @@ func (s queueSource) CreateQueue(name string, spec admin.QueueSpec) (admin.Queue
 		}
 	}
 	existed := s.b.Queue(name) != nil
-	if _, err := s.b.DeclareAs(name, broker.Spec{ExchangeConfig: cfg}, spec.Declarer); err != nil {
+	ex, err := s.b.DeclareAs(name, broker.Spec{ExchangeConfig: cfg}, spec.Declarer)
+	if err != nil {
 		return admin.QueueInfo{}, false, err
 	}
 	q := s.b.Queue(name)
+	if q == nil && ex != nil && ex.Info().Replicas > 0 {
+		// A replicated queue served by another node (its replicas'
+		// leader): declared, its counters are there.
+		return admin.QueueInfo{Name: name}, !existed, nil
+	}
 	if q == nil {
 		return admin.QueueInfo{}, false, fmt.Errorf("queue %q vanished", name)
 	}

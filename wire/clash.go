@@ -49,6 +49,8 @@ func (c ExchangeConfig) Clash(name string, want ExchangeConfig) error {
 		return clash("overflow", c.Overflow, want.Overflow)
 	case want.DedupWindowMS != 0 && want.DedupWindowMS != c.DedupWindowMS:
 		return clash("dedup_window_ms", c.DedupWindowMS, want.DedupWindowMS)
+	case want.Replicas != 0 && want.Replicas != c.Replicas:
+		return clash("replicas", c.Replicas, want.Replicas)
 	}
 	return nil
 }

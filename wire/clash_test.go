@@ -43,3 +43,27 @@ func TestExchangeConfigClash(t *testing.T) {
 		})
 	}
 }
+
+// TestReplicasClashAndRange: replicas 0 matches the number recorded,
+// another number clashes; the range is 0 to MaxReplicas.
+func TestReplicasClashAndRange(t *testing.T) {
+	c := ExchangeConfig{Pattern: PatternTasks, Replicas: 3}
+	if err := c.Clash("q", ExchangeConfig{Pattern: PatternTasks}); err != nil {
+		t.Fatalf("replicas 0 against 3: %v", err)
+	}
+	if err := c.Clash("q", ExchangeConfig{Replicas: 3}); err != nil {
+		t.Fatalf("replicas 3 against 3: %v", err)
+	}
+	err := c.Clash("q", ExchangeConfig{Replicas: 5})
+	if err == nil || !strings.Contains(err.Error(), "replicas 3, not 5") {
+		t.Fatalf("replicas 5 against 3: %v", err)
+	}
+	for _, n := range []int{-1, MaxReplicas + 1} {
+		if err := (&ExchangeConfig{Pattern: PatternTasks, Replicas: n}).Check(); err == nil {
+			t.Errorf("replicas %d passed Check", n)
+		}
+	}
+	if err := (&ExchangeConfig{Pattern: PatternTasks, Replicas: MaxReplicas}).Check(); err != nil {
+		t.Errorf("replicas %d: %v", MaxReplicas, err)
+	}
+}

@@ -103,7 +103,17 @@ type ExchangeConfig struct {
 	// submit's pid and seq task options to store a resend once: 0 takes
 	// the default (120,000: 2 minutes), -1 turns deduplication off.
 	DedupWindowMS int64 `json:"dedup_window_ms,omitempty"`
+	// Replicas is how many nodes of a cluster hold the task exchange's
+	// queue, one Raft group over them (docs/queues.md, "Replicated
+	// queues"): 0 takes the default (3 in a cluster of three or more
+	// live nodes, else as many as there are), 1 keeps the queue on one
+	// node. On a node alone only 0 and 1 are accepted. The cluster
+	// records the number it chose, so a later declaration with 0 matches.
+	Replicas int `json:"replicas,omitempty"`
 }
+
+// MaxReplicas is the largest Replicas of a task exchange.
+const MaxReplicas = 7
 
 // Overflow policies of a bounded task queue, as RabbitMQ names them.
 const (
@@ -137,6 +147,7 @@ type ExchangeInfo struct {
 	MaxBytes      int64      `json:"max_bytes,omitempty"`
 	Overflow      string     `json:"overflow,omitempty"`
 	DedupWindowMS int64      `json:"dedup_window_ms,omitempty"`
+	Replicas      int        `json:"replicas,omitempty"`
 	Queue         *QueueInfo `json:"queue,omitempty"`
 }
 

@@ -53,7 +53,7 @@ func checkCount(field string, n, lo, hi int64) error {
 // Check validates the numbers of a task exchange's configuration
 // against their ranges: max_attempts -1 to MaxMaxAttempts; ttl_ms,
 // backoff_ms and backoff_max_ms 0 to MaxDurationMS; max_length and
-// max_bytes 0 to MaxCount. Zero values, which take the defaults, pass.
+// max_bytes 0 to MaxCount; replicas 0 to MaxReplicas. Zero values, which take the defaults, pass.
 func (c *ExchangeConfig) Check() error {
 	if err := checkCount("max_attempts", int64(c.MaxAttempts), -1, MaxMaxAttempts); err != nil {
 		return err
@@ -70,6 +70,9 @@ func (c *ExchangeConfig) Check() error {
 		return err
 	}
 	if err := checkCount("dedup_window_ms", c.DedupWindowMS, -1, MaxDurationMS); err != nil {
+		return err
+	}
+	if err := checkCount("replicas", int64(c.Replicas), 0, MaxReplicas); err != nil {
 		return err
 	}
 	return checkCount("max_bytes", c.MaxBytes, 0, MaxCount)

@@ -309,6 +309,10 @@ func TestCLI(t *testing.T) {
 			t.Error("cli.news still listed after delete")
 		}
 		cliFails(t, exitNotFound, u("exchanges", "delete", "cli.news"), "not found", `"cli.news"`)
+
+		// --replicas: a server alone keeps a queue on itself only.
+		cliOK(t, u("exchanges", "create", "cli.r1", "--pattern", "tasks", "--replicas", "1")...)
+		cliFails(t, exitFailure, u("exchanges", "create", "cli.r3", "--pattern", "tasks", "--replicas", "3"), "replicas 3 needs a cluster")
 	})
 
 	t.Run("ReplyReq", func(t *testing.T) {

@@ -512,6 +512,7 @@ func exchangesCmd() *cobra.Command {
 	cc.Flags().Int64Var(&spec.MaxBytes, "max-bytes", 0, "tasks: most body bytes the queue holds (0: no bound)")
 	cc.Flags().StringVar(&spec.Overflow, "overflow", "", "tasks: at the bound, reject-publish (default) or drop-head")
 	cc.Flags().Int64Var(&spec.DedupWindowMS, "dedup-window-ms", 0, "tasks: how long a resent submit (same producer and seq) is stored once, in ms (0: default 120000, -1: off)")
+	cc.Flags().IntVar(&spec.Replicas, "replicas", 0, "tasks: nodes of the cluster that hold the queue (0: default, 3 with three or more nodes; 1: one node)")
 	cc.Flags().StringVar(&spec.KeyExpr, "key-expr", "", "sticky-fun key expression (CEL, docs/protocol.md §5.1)")
 	cc.Flags().StringVar(&spec.RouteExpr, "route-expr", "", "fun routing expression (CEL, docs/protocol.md §5.1)")
 	cc.Flags().BoolVar(&spec.Controlled, "controlled", false, "pub-sub: a controller decides on subscriptions")

@@ -349,8 +349,13 @@ type Broker struct {
 	// alone.
 	peers     peerTable
 	peerLinks atomic.Pointer[Peers]
+	// fwd holds the submits forwarded to other nodes (forward.go).
+	fwd forwardTable
 	// cat is the cluster's catalog of declarations; nil alone.
 	cat atomic.Pointer[Catalog]
+	// repl answers where the cluster's replicated queues are served;
+	// nil alone (replicated.go).
+	repl atomic.Pointer[Replicated]
 	// rr is the state of request-response across nodes (peer_view.go).
 	rr rrCluster
 
@@ -516,6 +521,14 @@ func (b *Broker) declare(name string, spec Spec, by Declarer, rq *recoveredQueue
 	if c := b.catalog(); c != nil && rq == nil {
 		return b.declareCluster(c, name, spec, by, vet)
 	}
+	if rq == nil && spec.Pattern == wire.PatternTasks {
+		// A node alone holds every queue on itself: one replica, which
+		// is what the queue's Replicas 0 means here.
+		if spec.Replicas > 1 {
+			return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: replicas %d needs a cluster of at least %d nodes; this node is alone", name, spec.Replicas, spec.Replicas)
+		}
+		spec.Replicas = 0
+	}
 	return b.declareHere(name, spec, by, rq, vet)
 }
 
@@ -634,6 +647,9 @@ func (b *Broker) Exchange(name string) *Exchange {
 func (b *Broker) lookup(name string) (*Exchange, error) {
 	if ex := b.Exchange(name); ex != nil {
 		return ex, nil
+	}
+	if err := b.notServedHere(name); err != nil {
+		return nil, err
 	}
 	return nil, wire.Errorf(wire.CodeNotFound, "exchange %q not found", name)
 }

@@ -39,11 +39,10 @@ const catalogTimeout = 10 * time.Second
 // Go function: a function cannot be replicated to the other nodes.
 var ErrFuncsInCluster = &wire.Error{Code: wire.CodeBadOptions, Msg: courier.ErrFuncsNotReplicable.Error()}
 
-// ErrTasksInCluster refuses, in a cluster, a task exchange: its queue
-// would live on one node, which the cluster cannot yet reach from the
-// others; replicated queues, reachable from every node, are the next
-// step (docs/cluster.md).
-var ErrTasksInCluster = wire.Errorf(wire.CodeBadOptions, "task exchanges are not available in a cluster yet: a queue must be replicated to be reachable from every node (docs/cluster.md, \"Not yet\"); run task queues on a single node")
+// ErrTasksInCluster refuses, in a cluster, a transient task exchange: a
+// cluster's task queues are replicated (a Raft group over their replica
+// nodes, on disk), which a queue kept in memory only is not.
+var ErrTasksInCluster = wire.Errorf(wire.CodeBadOptions, "transient task exchanges are not available in a cluster: a cluster's queues are replicated on disk (docs/queues.md, \"Replicated queues\"); declare it durable")
 
 // SetCatalog makes the broker declare and delete exchanges through c.
 // Call it before clients connect.
@@ -84,13 +83,19 @@ func (b *Broker) declareCluster(c Catalog, name string, spec Spec, by Declarer, 
 		ex.adopt(spec, by)
 		return ex, nil
 	}
+	deadline := time.Now().Add(catalogTimeout)
+	if r := b.replicated(); r != nil {
+		if _, _, ok := r.Queue(name); ok {
+			return b.declareReplicated(name, spec, deadline)
+		}
+	}
 	if spec.Passive {
 		return nil, wire.Errorf(wire.CodeNotFound, "exchange %q not found", name)
 	}
 	if err := spec.ExchangeConfig.Check(); err != nil {
 		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: %v", name, err)
 	}
-	if spec.Pattern == wire.PatternTasks {
+	if spec.Pattern == wire.PatternTasks && (spec.Transient || b.replicated() == nil) {
 		return nil, ErrTasksInCluster
 	}
 	probe, err := newExchange(b, name, spec)
@@ -104,6 +109,9 @@ func (b *Broker) declareCluster(c Catalog, name string, spec Spec, by Declarer, 
 	}
 	if err := c.Declare(ctx, name, probe.cfg, by.User, by.Policy == nil); err != nil {
 		return nil, catalogError(err)
+	}
+	if spec.Pattern == wire.PatternTasks {
+		return b.declareReplicated(name, spec, deadline)
 	}
 	ex = b.Exchange(name)
 	if ex == nil {

@@ -419,7 +419,7 @@ func (r *recovering) loadState(d *durability, p []byte) error {
 func (d *durability) snapshot() []byte {
 	var list []*taskQueue
 	d.b.queues.Range(func(_, v any) bool {
-		if tq := v.(*taskQueue); tq.durable {
+		if tq := v.(*taskQueue); tq.durable && !tq.replicated {
 			list = append(list, tq)
 		}
 		return true

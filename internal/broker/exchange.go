@@ -149,8 +149,8 @@ func newExchange(b *Broker, name string, spec Spec) (*Exchange, error) {
 		ex.cfg.Transient = true
 	}
 	if cfg.Pattern != wire.PatternTasks && (cfg.MaxAttempts != 0 || cfg.TTLMS != 0 || cfg.BackoffMS != 0 || cfg.BackoffMaxMS != 0 || cfg.DeadLetter != "" ||
-		cfg.MaxLength != 0 || cfg.MaxBytes != 0 || cfg.Overflow != "" || cfg.DedupWindowMS != 0) {
-		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: max_attempts, ttl_ms, backoff, dead_letter, max_length, max_bytes, overflow and dedup_window_ms are options of task exchanges", name)
+		cfg.MaxLength != 0 || cfg.MaxBytes != 0 || cfg.Overflow != "" || cfg.DedupWindowMS != 0 || cfg.Replicas != 0) {
+		return nil, wire.Errorf(wire.CodeBadOptions, "exchange %q: max_attempts, ttl_ms, backoff, dead_letter, max_length, max_bytes, overflow, dedup_window_ms and replicas are options of task exchanges", name)
 	}
 	ex.view.Store(&view{all: &group{}, byTag: map[string]*group{}})
 	return ex, nil
@@ -234,12 +234,16 @@ func (ex *Exchange) Info() wire.ExchangeInfo {
 		info.Subscribers = ex.nsubs
 		ex.subMu.RUnlock()
 	}
-	if ex.tq != nil {
+	if ex.cfg.Pattern == wire.PatternTasks {
+		// A replicated queue served on another node has no queue here
+		// (replicated.go): its options, without counters.
 		c := ex.cfg
 		info.MaxAttempts, info.TTLMS, info.DeadLetter = c.MaxAttempts, c.TTLMS, c.DeadLetter
 		info.BackoffMS, info.BackoffMaxMS = c.BackoffMS, c.BackoffMaxMS
 		info.MaxLength, info.MaxBytes, info.Overflow = c.MaxLength, c.MaxBytes, c.Overflow
-		info.DedupWindowMS = c.DedupWindowMS
+		info.DedupWindowMS, info.Replicas = c.DedupWindowMS, c.Replicas
+	}
+	if ex.tq != nil {
 		info.Queue = ex.tq.info()
 	}
 	return info
@@ -372,7 +376,10 @@ func (ex *Exchange) eventBody(v *view, changed *Attachment) []byte {
 }
 
 // close detaches everyone after the exchange was deleted.
-func (ex *Exchange) close() {
+func (ex *Exchange) close() { ex.closeWith(fmt.Sprintf("exchange %q was deleted", ex.name)) }
+
+// closeWith closes the exchange, telling its members why.
+func (ex *Exchange) closeWith(why string) {
 	ex.mu.Lock()
 	ex.closed = true
 	members := ex.members
@@ -401,10 +408,10 @@ func (ex *Exchange) close() {
 	}
 	for _, a := range append(members, subs...) {
 		a.s.forget(a)
-		a.detached(fmt.Sprintf("exchange %q was deleted", ex.name))
+		a.detached(why)
 		if a.role == wire.RoleHandler {
 			for _, sl := range a.s.handling.takeAttachment(a) {
-				sl.handlerGone(fmt.Sprintf("exchange %q was deleted", ex.name))
+				sl.handlerGone(why)
 			}
 		}
 	}

@@ -139,6 +139,12 @@ func (b *Broker) FromPeer(node string, f *wire.Frame) {
 		b.peerRequest(p, f)
 	case wire.TypeResponse, wire.TypeAsk, wire.TypeAnswer, wire.TypeCancel:
 		p.s.Handle(f)
+	case wire.TypeSubmit:
+		// A SUBMIT forwarded to this node, its queue's leader
+		// (forward.go): the peer session's, answered on the link.
+		p.s.Handle(f)
+	case wire.TypeOK, wire.TypeError:
+		b.forwardAnswer(node, f)
 	default:
 		b.log.Warn("unexpected frame from a peer node", "node", node, "type", f.Type)
 		f.Release()

@@ -11,4 +11,5 @@ func (b *Broker) peerUp(p *peer) {
 func (b *Broker) peerDown(p *peer) {
 	b.pubsubPeerDown(p)
 	b.rrPeerDown(p)
+	b.forwardPeerDown(p.node)
 }

@@ -66,6 +66,9 @@ type taskQueue struct {
 	q       *queue.Queue
 	ex      *Exchange // the task exchange, or the subscription's pub-sub exchange
 	durable bool
+	// replicated: the queue's journal is its Raft group's, not the
+	// broker's store (replicated.go); it is in no checkpoint of the store.
+	replicated bool
 
 	// attachMu orders consumers joining and leaving with the exchange's
 	// group, so that the oldest member, the leader, is the oldest consumer,
@@ -203,6 +206,12 @@ func (tq *taskQueue) full(size int) bool {
 // subscription, journaled when durable and the broker has a store. rb,
 // if not nil, rebuilds it from the store's records.
 func (b *Broker) newTaskQueue(ex *Exchange, def queueDef, by Declarer, rb *queue.Rebuilder) (*taskQueue, error) {
+	return b.newQueueOn(ex, def, by, rb, nil)
+}
+
+// newQueueOn is newTaskQueue; j, if not nil, is the queue's journal (a
+// replicated queue's, replicated.go) instead of the broker's store.
+func (b *Broker) newQueueOn(ex *Exchange, def queueDef, by Declarer, rb *queue.Rebuilder, j queue.Journal) (*taskQueue, error) {
 	qc, err := queueConfig(def.Config)
 	if err != nil {
 		return nil, wire.Errorf(wire.CodeBadOptions, "queue %q: %v", def.Name, err)
@@ -221,7 +230,14 @@ func (b *Broker) newTaskQueue(ex *Exchange, def queueDef, by Declarer, rb *queue
 	qc.DeadLetter = tq.deadLetter
 	qc.Memory = b.cfg.Memory
 	durable := !def.Config.Transient || def.Sub != ""
-	if durable && b.dur != nil {
+	switch {
+	case j != nil:
+		tq.durable, tq.replicated = true, true
+		qc.Journal = j
+		// Its bodies stay in memory: the replicated journal is no
+		// Reader yet, so nothing is paged out (docs/replication.md).
+		qc.Memory = nil
+	case durable && b.dur != nil:
 		tq.durable = true
 		qc.Journal = queue.StoreJournal{Log: b.dur.log, QueueID: def.ID}
 	}
@@ -240,6 +256,9 @@ func (b *Broker) newTaskQueue(ex *Exchange, def queueDef, by Declarer, rb *queue
 type recoveredQueue struct {
 	def queueDef
 	rb  *queue.Rebuilder
+	// journal, if not nil, is a replicated queue's: the queue is served
+	// here as its group's leader, rebuilt from its replica (replicated.go).
+	journal queue.Journal
 }
 
 // declareTasks creates a task exchange and its queue; the caller checked
@@ -257,7 +276,11 @@ func (b *Broker) declareTasks(ex *Exchange, spec Spec, by Declarer, rq *recovere
 	} else if b.dur != nil && !ex.cfg.Transient {
 		def.ID = b.dur.newID()
 	}
-	tq, err := b.newTaskQueue(ex, def, by, rb)
+	var j queue.Journal
+	if rq != nil {
+		j = rq.journal
+	}
+	tq, err := b.newQueueOn(ex, def, by, rb, j)
 	if err != nil {
 		b.qmu.Unlock()
 		return nil, err
@@ -437,6 +460,14 @@ func (s *Session) submit(f *wire.Frame) {
 		return
 	}
 	ex, err := s.b.lookup(f.Name)
+	if err != nil && s.peer == nil && flags&wire.FlagWatch == 0 {
+		// A replicated queue led by another node: forwarded there. A
+		// submit from another node is never forwarded again.
+		if node := s.b.forwardTarget(f.Name); node != "" {
+			s.forwardSubmit(node, f)
+			return
+		}
+	}
 	if err == nil && ex.tq == nil {
 		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is %s: submit needs a task exchange", ex.name, ex.cfg.Pattern)
 	}
@@ -955,6 +986,11 @@ func distinct(patterns []string) []string {
 func (b *Broker) DeleteQueue(name string) error {
 	v, ok := b.queues.Load(name)
 	if !ok {
+		if r := b.replicated(); r != nil {
+			if _, _, ok := r.Queue(name); ok {
+				return b.Delete(name) // a replicated queue served elsewhere
+			}
+		}
 		return wire.Errorf(wire.CodeNotFound, "queue %q not found", name)
 	}
 	tq := v.(*taskQueue)

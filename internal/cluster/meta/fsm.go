@@ -7,6 +7,7 @@ import (
 	"io"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/courier-mq/courier"
@@ -34,6 +35,7 @@ const (
 	opForget     = "forget"
 	opUnforget   = "unforget"
 	opNoop       = "noop"
+	// opQueueLeader is in queues.go.
 	// maxCommandLen bounds a command, leaving room in a forwarding
 	// frame for the request around it.
 	maxCommandLen = maxFrame - 4096
@@ -59,6 +61,9 @@ type command struct {
 	Permissions  *auth.Permissions `json:"permissions,omitempty"`
 	MustExist    bool              `json:"must_exist,omitempty"`
 	MustNotExist bool              `json:"must_not_exist,omitempty"`
+
+	// queue-leader: the group, and its term in Epoch
+	Group uint64 `json:"group,omitempty"`
 
 	// renew, bump-epoch
 	Epoch   uint64 `json:"epoch,omitempty"`
@@ -207,6 +212,8 @@ func (f *fsm) apply(index uint64, c *command) (result, []Change) {
 	case opUnforget:
 		delete(st.Removed, c.Name)
 		return result{}, nil
+	case opQueueLeader:
+		return applyQueueLeader(st, index, c)
 	case opNoop:
 		return result{}, nil
 	}
@@ -245,6 +252,16 @@ func applyDeclare(st *State, index uint64, c *command) (result, []Change) {
 		return result{Err: err}, nil
 	}
 	ex := Exchange{Name: c.Name, Config: cfg, DeclaredBy: c.By, Home: c.Home, Index: index, Homed: index}
+	if cfg.Pattern == wire.PatternTasks && !cfg.Transient {
+		replicas, err := place(st, c.Home, &ex.Config)
+		if err != nil {
+			return result{Err: err}, nil
+		}
+		ex.Replicas, ex.Group = strings.Join(replicas, ","), index
+		// The home is the leader's node: until the group elects one
+		// and its node records itself, the preferred leader.
+		ex.Home = replicas[0]
+	}
 	st.Exchanges[c.Name] = ex
 	return result{Exchange: &ex, Created: true}, []Change{{Index: index, Kind: ExchangeDeclared, Exchange: ex}}
 }
@@ -419,6 +436,9 @@ func rehome(st *State, index uint64, from string) (result, []Change) {
 	}
 	var moving []string
 	for name, ex := range st.Exchanges {
+		if ex.Replicated() {
+			continue // homed where its group's leader is
+		}
 		if _, ok := load[ex.Home]; ok {
 			load[ex.Home]++
 		}

@@ -161,6 +161,11 @@ func TestPeerIdentityLimitsCommands(t *testing.T) {
 			t.Errorf("%s %s%s from n9: %+v", tc.cmd.Op, tc.cmd.Name, tc.cmd.Home, resp.Err)
 		}
 	}
+	// A queue's leader records only itself as the queue's home.
+	ql := command{V: cmdVersion, Op: opQueueLeader, Name: "q", Home: "n1", Group: 1, Epoch: 1}
+	if resp := lead.handle(typeApply, &request{TimeoutMS: 5000, Command: &ql}, "n9"); resp.Err == nil || !errors.Is(resp.Err.err(), ErrBadFrame) {
+		t.Errorf("queue-leader n1 from n9: %+v", resp.Err)
+	}
 	// A heartbeat too: only for the sender's own record, once the
 	// leader has started its term, and only from a node that marks it
 	// on the voters (one of an older version renews through the log).

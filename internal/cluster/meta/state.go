@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/courier-mq/courier/internal/auth"
 	"github.com/courier-mq/courier/wire"
@@ -28,6 +29,25 @@ type Exchange struct {
 	// creation, or its last re-homing): it only grows, and fences what
 	// a former home does with the exchange's members.
 	Homed uint64 `json:"homed,omitempty"`
+	// Replicas are the nodes that hold a replicated task exchange's
+	// queue, comma-separated (node names have no comma), the preferred
+	// leader first: see [Exchange.ReplicaNodes]. Group is the id of
+	// their Raft group (the Index of the declaration), 0 for any other
+	// exchange. LeaderTerm is the group's term in which Home, the node
+	// whose replica leads, was recorded. Records from before replicated
+	// queues have none of them. (A string keeps Exchange comparable.)
+	Replicas   string `json:"replicas,omitempty"`
+	Group      uint64 `json:"group,omitempty"`
+	LeaderTerm uint64 `json:"leader_term,omitempty"`
+}
+
+// ReplicaNodes returns the nodes of a replicated queue, the preferred
+// leader first; none for any other exchange.
+func (e Exchange) ReplicaNodes() []string {
+	if e.Replicas == "" {
+		return nil
+	}
+	return strings.Split(e.Replicas, ",")
 }
 
 // HomeEpoch is the fencing epoch of the exchange's home: Homed, or Index
