@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"net"
 	"net/http"
@@ -27,8 +28,11 @@ const WebSocketPath = "/ws"
 // layer (docs/protocol.md, "WebSocket"): it upgrades a request to a
 // WebSocket and serves the Courier protocol on it, one frame per binary
 // message, with the same connection engine, handshake, authentication,
-// limits and error codes as the TCP listener. The handler returns when
-// the connection ends.
+// limits and error codes as the TCP listener. The handler returns once
+// the connection is upgraded, and the connection is served on a
+// goroutine of its own: net/http's state for the request (its buffers,
+// the request and its headers) is let go rather than kept for the
+// connection's life.
 //
 // origins are the browser origins allowed besides the listener's own
 // (same-origin) one: host patterns such as "chat.example.com" or
@@ -65,7 +69,7 @@ func (s *Server) WebSocketHandler(origins []string) http.Handler {
 		hw.raw.SetDeadline(time.Time{})
 		nc := wsnet.NewConn(ws, hw.raw, int64(s.cfg.MaxFrame)+5)
 		if c := s.admit(nc, ProtoWebSocket); c != nil {
-			s.run(c) // on the handler's goroutine: one fewer per connection
+			go s.run(c)
 		}
 	})
 }
@@ -96,7 +100,31 @@ func (h *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	// one batch of the write loop reach the socket in one write.
 	co := wsnet.NewCoalescer(nc)
 	h.raw = co
-	return co, bufio.NewReadWriter(brw.Reader, bufio.NewWriterSize(co, 4<<10)), nil
+	return co, bufio.NewReadWriter(smallReader(brw.Reader), bufio.NewWriterSize(co, wsWriteBuffer)), nil
+}
+
+// The buffers the WebSocket library keeps for the connection's life. The
+// Coalescer gathers what is written, so the library's write buffer only
+// needs to hold a control frame (at most 127 bytes from a server) in one
+// piece; larger messages pass through it. Reads of a frame's body larger
+// than the read buffer go straight into the engine's reader, which
+// adapts to the traffic; the read buffer takes the headers and small
+// frames, several at a time.
+const (
+	wsReadBuffer  = 1 << 10
+	wsWriteBuffer = 256
+)
+
+// smallReader returns a reader of wsReadBuffer bytes holding what br,
+// net/http's reader of 4 KiB, has buffered beyond the request (a client
+// may send its first frames right behind it). The library reads the
+// connection through it from then on.
+func smallReader(br *bufio.Reader) *bufio.Reader {
+	n := br.Buffered()
+	ahead, _ := br.Peek(n)
+	r := bufio.NewReaderSize(bytes.NewReader(bytes.Clone(ahead)), max(wsReadBuffer, n))
+	r.Peek(n) // into the buffer: the library takes it from there
+	return r
 }
 
 // release finds the Releaser under nc (through TLS and other wrappers

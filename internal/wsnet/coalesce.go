@@ -21,14 +21,23 @@ type Coalescer struct {
 // NewCoalescer wraps nc, the connection a WebSocket is opened on.
 func NewCoalescer(nc net.Conn) *Coalescer { return &Coalescer{Conn: nc} }
 
-// maxKept bounds the batch buffer kept between batches.
+// maxKept bounds a batch buffer given back to batchBufs for the next
+// batch; a larger one is let go.
 const maxKept = 64 << 10
+
+// batchBufs holds the batch buffers between batches: a connection keeps
+// none while it is idle, and thousands of idle connections share the
+// few the busy ones use.
+var batchBufs = sync.Pool{New: func() any { return new([]byte) }}
 
 // Write writes p to the socket, or adds it to the batch being gathered.
 func (c *Coalescer) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.holding {
+		if c.buf == nil {
+			c.buf = *batchBufs.Get().(*[]byte)
+		}
 		c.buf = append(c.buf, p...)
 		return len(p), nil
 	}
@@ -47,14 +56,18 @@ func (c *Coalescer) release() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.holding = false
-	if len(c.buf) == 0 {
+	if c.buf == nil {
 		return nil
 	}
-	_, err := c.Conn.Write(c.buf)
-	c.buf = c.buf[:0]
-	if cap(c.buf) > maxKept {
-		c.buf = nil
+	var err error
+	if len(c.buf) > 0 {
+		_, err = c.Conn.Write(c.buf)
 	}
+	if cap(c.buf) <= maxKept {
+		b := c.buf[:0]
+		batchBufs.Put(&b)
+	}
+	c.buf = nil
 	return err
 }
 

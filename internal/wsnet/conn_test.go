@@ -225,3 +225,31 @@ func TestReadTimeoutLeavesWrites(t *testing.T) {
 		t.Fatalf("after the timeout: % x, %v", p, err)
 	}
 }
+
+// TestCoalescerKeepsNoBufferIdle: a batch's buffer goes back to the
+// pool once it is written, so an idle connection keeps none; what was
+// gathered reaches the socket in one write, whole.
+func TestCoalescerKeepsNoBufferIdle(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	got := make(chan []byte, 1)
+	go func() {
+		p := make([]byte, 64)
+		n, _ := b.Read(p)
+		got <- p[:n]
+	}()
+	co := NewCoalescer(a)
+	co.hold()
+	co.Write([]byte("one "))
+	co.Write([]byte("two"))
+	if err := co.release(); err != nil {
+		t.Fatal(err)
+	}
+	if p := <-got; string(p) != "one two" {
+		t.Fatalf("the socket got %q in its first write, want the whole batch", p)
+	}
+	if co.buf != nil {
+		t.Fatalf("an idle Coalescer keeps a buffer of %d bytes", cap(co.buf))
+	}
+}

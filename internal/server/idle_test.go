@@ -1,0 +1,164 @@
+package server_test
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/courier-mq/courier/node"
+	"github.com/courier-mq/courier/wire"
+)
+
+// goroutines returns the stacks of the process's goroutines.
+func goroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Split(string(buf[:n]), "\n\n")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// count returns how many of stacks hold every one of parts.
+func count(stacks []string, parts ...string) int {
+	n := 0
+	for _, s := range stacks {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(s, p)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
+}
+
+// TestIdleConnHoldsOneGoroutine: an idle connection, over TCP or over
+// WebSocket, holds one goroutine, its read loop. The write loop runs
+// only while there is something to write, and a WebSocket connection
+// is served apart from the HTTP handler that upgraded it, so that
+// net/http's state for the request is let go.
+func TestIdleConnHoldsOneGoroutine(t *testing.T) {
+	const conns = 8
+	// The raw clients send no PINGs: a long heartbeat keeps them.
+	n := startWSNode(t, func(c *node.Config) { c.Heartbeat = time.Minute })
+	for range conns {
+		c := dialRaw(t, n)
+		c.hello()
+		w := mustDialWS(t, n)
+		w.welcome()
+	}
+	// A write loop that ended starts again for the next frame.
+	c := dialRaw(t, n)
+	c.hello()
+	for i := range 3 {
+		c.send(&wire.Frame{Type: wire.TypePing, Ref: uint64(i)})
+		if f := c.next(); f == nil || f.Type != wire.TypePong || f.Ref != uint64(i) {
+			t.Fatalf("want PONG %d, got %+v", i, f)
+		}
+		waitNoWriters(t)
+	}
+	const total = 2*conns + 1
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		stacks := goroutines()
+		readers := count(stacks, "server.(*conn).readLoop")
+		writers := count(stacks, "server.(*conn).writeLoop")
+		inHandler := count(stacks, "server.(*conn).readLoop", "net/http.(*conn).serve")
+		if readers == total && writers == 0 && inHandler == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d idle connections hold %d read loops (%d of them in an HTTP handler) and %d write loops; want %d, 0 and 0",
+				total, readers, inHandler, writers, total)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitNoWriters waits until no connection runs a write loop.
+func waitNoWriters(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for count(goroutines(), "server.(*conn).writeLoop") > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a write loop still runs on an idle connection")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestWebSocketFrameBehindUpgrade: a frame sent in the same packet as
+// the upgrade request (read by net/http along with it) is not lost when
+// the connection moves to the WebSocket's own reader.
+func TestWebSocketFrameBehindUpgrade(t *testing.T) {
+	n := startWSNode(t, nil)
+	nc, err := net.Dial("tcp", n.HTTPAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	body, _ := json.Marshal(wire.Hello{Versions: []int{wire.Version}, Name: "pipelined"})
+	hello, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeHello, Body: body}, 0)
+	req := "GET /ws HTTP/1.1\r\nHost: " + n.HTTPAddr().String() + "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+	nc.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := nc.Write(append([]byte(req), maskedBinary(hello)...)); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(nc)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade answered %s", resp.Status)
+	}
+	// The server's first message: one frame, WELCOME.
+	var head [2]byte
+	if _, err := io.ReadFull(br, head[:]); err != nil {
+		t.Fatal(err)
+	}
+	size := int(head[1] & 0x7f)
+	if size == 126 {
+		var ext [2]byte
+		io.ReadFull(br, ext[:])
+		size = int(binary.BigEndian.Uint16(ext[:]))
+	}
+	p := make([]byte, size)
+	if _, err := io.ReadFull(br, p); err != nil {
+		t.Fatal(err)
+	}
+	var f wire.Frame
+	if err := wire.Decode(p[4:], &f); err != nil || f.Type != wire.TypeWelcome {
+		t.Fatalf("want WELCOME for the HELLO sent behind the upgrade, got %+v (%v)", f, err)
+	}
+}
+
+// maskedBinary returns p as one masked binary WebSocket message, as a
+// client sends it.
+func maskedBinary(p []byte) []byte {
+	key := [4]byte{1, 2, 3, 4}
+	out := []byte{0x82}
+	switch {
+	case len(p) < 126:
+		out = append(out, 0x80|byte(len(p)))
+	default:
+		out = append(out, 0x80|126, byte(len(p)>>8), byte(len(p)))
+	}
+	out = append(out, key[:]...)
+	for i, b := range p {
+		out = append(out, b^key[i%4])
+	}
+	return out
+}
