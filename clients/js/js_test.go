@@ -143,8 +143,9 @@ func nodeCommand(t *testing.T) (string, []string) {
 }
 
 // TestJS runs the JavaScript client's tests (clients/js/test) in
-// Node.js against a real server: its WebSocket URL in COURIER_WS_URL, a
-// Go handler of exchange go.echo on it, a node with user admin
+// Node.js against a real server: its WebSocket URL in COURIER_WS_URL, Go
+// handlers of exchanges go.echo and go.ask (which asks its requester a
+// question) on it, a node with user admin
 // (password s3cret-pass) in COURIER_WS_AUTH_URL, and the Go codec's
 // frames in COURIER_GOLDEN.
 func TestJS(t *testing.T) {
@@ -171,6 +172,22 @@ func TestJS(t *testing.T) {
 	}
 	if _, err := echo.Handle(ctx, func(r *courier.Request) {
 		r.Reply(append([]byte("go:"), r.Body()...))
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A Go handler that asks its requester a question (ask and answer).
+	asker, err := gc.ReqResp(ctx, "go.ask", courier.RoundRobin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := asker.Handle(ctx, func(r *courier.Request) {
+		a, err := r.Ask(ctx, append([]byte("go asks: "), r.Body()...))
+		if err != nil {
+			r.Fail(err)
+			return
+		}
+		r.Reply(append([]byte("go got: "), a...))
 	}); err != nil {
 		t.Fatal(err)
 	}
