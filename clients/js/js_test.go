@@ -142,16 +142,15 @@ func nodeCommand(t *testing.T) (string, []string) {
 	return bin, nil
 }
 
-// TestJS runs the JavaScript client's tests (clients/js/test) in
-// Node.js against a real server: its WebSocket URL in COURIER_WS_URL, Go
-// handlers of exchanges go.echo and go.ask (which asks its requester a
-// question) on it, a node with user admin
-// (password s3cret-pass) in COURIER_WS_AUTH_URL, and the Go codec's
-// frames in COURIER_GOLDEN.
-func TestJS(t *testing.T) {
-	bin, flags := nodeCommand(t)
-	n, err := node.Start(node.Config{
-		DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0",
+// suiteServers starts what the JavaScript client's suite runs against:
+// a node n with Go handlers of exchanges go.echo and go.ask (which asks
+// its requester a question) over TCP, and a node secure with user admin
+// (password s3cret-pass). origins are allowed on both (a browser's page).
+func suiteServers(t *testing.T, origins ...string) (n, secure *node.Node) {
+	t.Helper()
+	var err error
+	n, err = node.Start(node.Config{
+		DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0", WSOrigins: origins,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -193,8 +192,8 @@ func TestJS(t *testing.T) {
 	}
 
 	// A node with users, for the credentials.
-	secure, err := node.Start(node.Config{
-		DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0",
+	secure, err = node.Start(node.Config{
+		DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0", WSOrigins: origins,
 		AdminUser: "admin", AdminPassword: "s3cret-pass",
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -202,6 +201,18 @@ func TestJS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { secure.Close() })
+
+	return n, secure
+}
+
+// TestJS runs the JavaScript client's tests (clients/js/test) in
+// Node.js against a real server (suiteServers): its WebSocket URL in
+// COURIER_WS_URL, the node with users in COURIER_WS_AUTH_URL, and the Go
+// codec's frames in COURIER_GOLDEN.
+func TestJS(t *testing.T) {
+	bin, flags := nodeCommand(t)
+	n, secure := suiteServers(t)
+	ctx := context.Background()
 
 	g, _ := json.Marshal(goldenFrames(t))
 	gf := filepath.Join(t.TempDir(), "golden.json")
