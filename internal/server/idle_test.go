@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"io"
@@ -9,9 +11,11 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/courier-mq/courier/internal/testutil"
 	"github.com/courier-mq/courier/node"
 	"github.com/courier-mq/courier/wire"
 )
@@ -161,4 +165,79 @@ func maskedBinary(p []byte) []byte {
 		out = append(out, b^key[i%4])
 	}
 	return out
+}
+
+// TestWebSocketPingFloodKeepsReadLoop: a client that floods WebSocket
+// pings and reads nothing does not hold the server's read loop in a
+// pong write (the library's, which would wait 5 s and then close the
+// connection): pongs are skipped once the socket's send queue holds
+// more than a little, and the client's next frame, a DECLARE sent after
+// 100,000 pings, is still served.
+func TestWebSocketPingFloodKeepsReadLoop(t *testing.T) {
+	n := startWSNode(t, func(c *node.Config) { c.Heartbeat = time.Minute })
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		// A small receive buffer: the server's pongs back up at once.
+		rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return nil
+	}}
+	nc, err := d.Dial("tcp", n.HTTPAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	req := "GET /ws HTTP/1.1\r\nHost: " + n.HTTPAddr().String() + "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+	nc.SetDeadline(time.Now().Add(2 * time.Minute))
+	if _, err := nc.Write([]byte(req)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(nc), nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	body, _ := json.Marshal(wire.Hello{Versions: []int{wire.Version}, Name: "ping-flood"})
+	hello, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeHello, Body: body}, 0)
+	if _, err := nc.Write(maskedBinary(hello)); err != nil {
+		t.Fatal(err)
+	}
+	// 100,000 pings of 125 bytes (13 MB), a thousand to a write, and
+	// nothing read meanwhile.
+	ping := []byte{0x89, 0x80 | 125, 1, 2, 3, 4}
+	ping = append(ping, make([]byte, 125)...)
+	burst := bytes.Repeat(ping, 1000)
+	for i := range 100 {
+		if _, err := nc.Write(burst); err != nil {
+			t.Fatalf("after %d pings the server stopped reading: %v", i*1000, err)
+		}
+	}
+	cfg, _ := json.Marshal(wire.ExchangeConfig{Pattern: "pubsub"})
+	declare, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeDeclare, Ref: 1, Name: "after.flood", Body: cfg}, 0)
+	if _, err := nc.Write(maskedBinary(declare)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitForf(t, 60*time.Second, func() bool {
+		resp, err := http.Get(n.HTTPURL() + "/api/exchanges/after.flood")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, "the DECLARE sent after the ping flood to be served")
+}
+
+// TestWebSocketPingAnswered: a client that reads gets its pings
+// answered.
+func TestWebSocketPingAnswered(t *testing.T) {
+	n := startWSNode(t, func(c *node.Config) { c.Heartbeat = time.Minute })
+	c := mustDialWS(t, n)
+	c.welcome()
+	ctx := c.ws.CloseRead(context.Background())
+	for range 3 {
+		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err := c.ws.Ping(pctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("ping not answered: %v", err)
+		}
+	}
 }

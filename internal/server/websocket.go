@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -41,10 +42,6 @@ const WebSocketPath = "/ws"
 // with 403 before the upgrade. A request without Origin (not a
 // browser) is let in: a browser always sends one.
 func (s *Server) WebSocketHandler(origins []string) http.Handler {
-	opts := &websocket.AcceptOptions{
-		Subprotocols:   []string{wsnet.Subprotocol},
-		OriginPatterns: origins,
-	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		down := s.shutdown
@@ -54,7 +51,13 @@ func (s *Server) WebSocketHandler(origins []string) http.Handler {
 			return
 		}
 		hw := &hijackWriter{ResponseWriter: w}
-		ws, err := websocket.Accept(hw, r, opts)
+		ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{
+			Subprotocols:   []string{wsnet.Subprotocol},
+			OriginPatterns: origins,
+			// A ping is answered only when its pong need not wait: the
+			// library writes pongs from the read loop.
+			OnPingReceived: func(ctx context.Context, p []byte) bool { return hw.raw != nil && hw.raw.AnswerPing(ctx, p) },
+		})
 		if err != nil {
 			// Accept has answered the request (403 for a refused
 			// origin, 426 for a request that is no upgrade).
@@ -79,7 +82,7 @@ func (s *Server) WebSocketHandler(origins []string) http.Handler {
 // took in its count of HTTP connections (see [Releaser]).
 type hijackWriter struct {
 	http.ResponseWriter
-	raw net.Conn
+	raw *wsnet.Coalescer
 }
 
 // Releaser is a connection that counts against a limit of the HTTP

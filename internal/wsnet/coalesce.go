@@ -1,8 +1,11 @@
 package wsnet
 
 import (
+	"context"
 	"net"
 	"sync"
+	"sync/atomic"
+	"syscall"
 )
 
 // Coalescer is the connection under a WebSocket whose writes a [Conn]
@@ -16,6 +19,8 @@ type Coalescer struct {
 	mu      sync.Mutex // guards holding, buf; held across the socket write of a batch
 	holding bool
 	buf     []byte
+	// writing is set while a write to the socket is in progress.
+	writing atomic.Bool
 }
 
 // NewCoalescer wraps nc, the connection a WebSocket is opened on.
@@ -41,7 +46,60 @@ func (c *Coalescer) Write(p []byte) (int, error) {
 		c.buf = append(c.buf, p...)
 		return len(p), nil
 	}
+	c.writing.Store(true)
+	defer c.writing.Store(false)
 	return c.Conn.Write(p)
+}
+
+// pongRoom is the most a socket's send queue may hold for a ping to be
+// answered: well under the smallest send buffer Linux gives a socket
+// (4,608 bytes), so that a pong (at most 127 bytes) never waits for
+// room.
+const pongRoom = 2 << 10
+
+// AnswerPing reports whether a WebSocket ping is to be answered, as
+// websocket.AcceptOptions.OnPingReceived: only when its pong can be
+// written at once, with no write to the socket in progress and (on
+// Linux; elsewhere the first alone) less than pongRoom bytes waiting in
+// its send queue. Else the
+// pong is skipped: RFC 6455 lets an endpoint answer only the latest of
+// the pings it got, and a peer that reads nothing needs none. The
+// WebSocket library writes pongs from the read loop, under a timeout of
+// 5 s after which it closes the connection: a client that floods pings
+// and reads nothing would hold the read loop in a pong write that long,
+// and its other frames with it. The peer's heartbeat and the
+// slow-consumer timeout still apply to it.
+func (c *Coalescer) AnswerPing(context.Context, []byte) bool {
+	if c.writing.Load() {
+		return false
+	}
+	return unsent(c.Conn) < pongRoom // -1 when it cannot tell
+}
+
+// unsent returns how many bytes wait in the send queue of the socket
+// under nc (through wrappers with a NetConn method), or -1 when it
+// cannot tell (other systems than Linux, no socket).
+func unsent(nc net.Conn) int {
+	for {
+		w, ok := nc.(interface{ NetConn() net.Conn })
+		if !ok {
+			break
+		}
+		nc = w.NetConn()
+	}
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return -1
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	n := -1
+	if err := rc.Control(func(fd uintptr) { n = unsentFD(fd) }); err != nil {
+		return -1
+	}
+	return n
 }
 
 // hold starts gathering writes.
@@ -61,7 +119,9 @@ func (c *Coalescer) release() error {
 	}
 	var err error
 	if len(c.buf) > 0 {
+		c.writing.Store(true)
 		_, err = c.Conn.Write(c.buf)
+		c.writing.Store(false)
 	}
 	if cap(c.buf) <= maxKept {
 		b := c.buf[:0]
