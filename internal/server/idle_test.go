@@ -7,14 +7,22 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+	"weak"
 
+	"github.com/coder/websocket"
+
+	"github.com/courier-mq/courier/internal/broker"
+	"github.com/courier-mq/courier/internal/server"
 	"github.com/courier-mq/courier/internal/testutil"
 	"github.com/courier-mq/courier/node"
 	"github.com/courier-mq/courier/wire"
@@ -240,4 +248,72 @@ func TestWebSocketPingAnswered(t *testing.T) {
 			t.Fatalf("ping not answered: %v", err)
 		}
 	}
+}
+
+// markedWriter is a ResponseWriter that holds a marker, to tell whether
+// the writer outlives the upgrade.
+type markedWriter struct {
+	http.ResponseWriter
+	marker *[64]byte
+}
+
+func (m *markedWriter) Unwrap() http.ResponseWriter { return m.ResponseWriter }
+
+// TestWebSocketLetsGoOfHTTPState: once a WebSocket is upgraded and its
+// handler returned, nothing holds the request's ResponseWriter (and
+// with it net/http's buffers, the request and its headers, about 10 KB
+// a connection), though the connection stays open and served.
+func TestWebSocketLetsGoOfHTTPState(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	b := broker.New(broker.Config{Log: log})
+	defer b.Close()
+	srv, err := server.New(server.Config{Listen: "127.0.0.1:0", Log: log, Heartbeat: time.Minute}, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := srv.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Shutdown(context.Background())
+	var mu sync.Mutex
+	var marks []weak.Pointer[[64]byte]
+	ws := srv.WebSocketHandler(nil)
+	pages := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m := &markedWriter{ResponseWriter: w, marker: new([64]byte)}
+		mu.Lock()
+		marks = append(marks, weak.Make(m.marker))
+		mu.Unlock()
+		ws.ServeHTTP(m, r)
+	}))
+	defer pages.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const conns = 4
+	for range conns {
+		c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(pages.URL, "http")+"/ws", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+		w := &wsRaw{t: t, ws: c}
+		w.welcome()
+		// A ping answered: the connection is served and reads.
+		pctx := c.CloseRead(ctx)
+		if err := c.Ping(pctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitForf(t, 30*time.Second, func() bool {
+		runtime.GC()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range marks {
+			if m.Value() != nil {
+				return false
+			}
+		}
+		return len(marks) == conns
+	}, "the ResponseWriters of %d upgraded connections to be let go", conns)
 }

@@ -51,12 +51,16 @@ func (s *Server) WebSocketHandler(origins []string) http.Handler {
 			return
 		}
 		hw := &hijackWriter{ResponseWriter: w}
+		// co is the upgraded connection, set before its first read. The
+		// callback holds it alone: hw holds net/http's state for the
+		// request, which must go once the handler returns.
+		var co *wsnet.Coalescer
 		ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{
 			Subprotocols:   []string{wsnet.Subprotocol},
 			OriginPatterns: origins,
 			// A ping is answered only when its pong need not wait: the
 			// library writes pongs from the read loop.
-			OnPingReceived: func(ctx context.Context, p []byte) bool { return hw.raw != nil && hw.raw.AnswerPing(ctx, p) },
+			OnPingReceived: func(ctx context.Context, p []byte) bool { return co != nil && co.AnswerPing(ctx, p) },
 		})
 		if err != nil {
 			// Accept has answered the request (403 for a refused
@@ -68,6 +72,7 @@ func (s *Server) WebSocketHandler(origins []string) http.Handler {
 			ws.CloseNow()
 			return
 		}
+		co = hw.raw
 		// net/http may have left its deadlines on the connection.
 		hw.raw.SetDeadline(time.Time{})
 		nc := wsnet.NewConn(ws, hw.raw, int64(s.cfg.MaxFrame)+5)

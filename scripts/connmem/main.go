@@ -5,9 +5,9 @@
 // pub-sub exchanges, lets them settle, reads the same again and prints
 // the difference per connection.
 //
-//	courier server --data d --listen 127.0.0.1:17500 --http 127.0.0.1:17580 --amqp off &
-//	go run ./scripts/connmem --pid $! --http 127.0.0.1:17580 --url ws://127.0.0.1:17580/ws --conns 2000
-//	go run ./scripts/connmem --pid $! --http 127.0.0.1:17580 --url courier://127.0.0.1:17500 --conns 2000
+//	courier server --data d --listen 127.0.0.1:17500 --http 127.0.0.1:17580 --amqp off --heartbeat 30s &
+//	go run ./scripts/connmem --pid $! --http 127.0.0.1:17580 --url ws://127.0.0.1:17580/ws --conns 10000 --heartbeat 30s
+//	go run ./scripts/connmem --pid $! --http 127.0.0.1:17580 --url courier://127.0.0.1:17500 --conns 10000 --heartbeat 30s
 //
 // Run the two against fresh servers: memory a server took stays with
 // its process. The clients run in this process, so the server's figures
@@ -48,6 +48,7 @@ func main() {
 	httpAddr := flag.String("http", "127.0.0.1:7480", "the server's management address (for pprof)")
 	pid := flag.Int("pid", 0, "the server's process id (for its RSS)")
 	settle := flag.Duration("settle", 3*time.Second, "wait after the last connection before reading")
+	heartbeat := flag.Duration("heartbeat", 0, "heartbeat interval the clients ask for (0: the server's); with thousands of clients in one process on a loaded machine, a long one (and the server's --heartbeat) keeps them from missing heartbeats")
 	flag.Parse()
 	if *url == "" || *pid == 0 {
 		log.Fatal("connmem: give --url and --pid")
@@ -58,7 +59,7 @@ func main() {
 		log.Fatal(err)
 	}
 	var reconnects atomic.Int64
-	conns, err := open(ctx, *url, *n, &reconnects)
+	conns, err := open(ctx, *url, *n, *heartbeat, &reconnects)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func main() {
 }
 
 // open opens n connections, each subscribed, 16 at a time.
-func open(ctx context.Context, url string, n int, reconnects *atomic.Int64) ([]*courier.Conn, error) {
+func open(ctx context.Context, url string, n int, heartbeat time.Duration, reconnects *atomic.Int64) ([]*courier.Conn, error) {
 	conns := make([]*courier.Conn, n)
 	errs := make([]error, n)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -93,7 +94,7 @@ func open(ctx context.Context, url string, n int, reconnects *atomic.Int64) ([]*
 			defer wg.Done()
 			defer func() { <-sem }()
 			c, err := client.Dial(ctx, url, client.Options{
-				Name: fmt.Sprint("connmem-", i), Log: quiet,
+				Name: fmt.Sprint("connmem-", i), Log: quiet, Heartbeat: heartbeat,
 				OnConnEvent: func(e courier.ConnEvent) {
 					if e.Kind == courier.ConnDisconnected {
 						reconnects.Add(1)
