@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // Coalescer is the connection under a WebSocket whose writes a [Conn]
@@ -19,8 +20,8 @@ type Coalescer struct {
 	mu      sync.Mutex // guards holding, buf; held across the socket write of a batch
 	holding bool
 	buf     []byte
-	// writing is set while a write to the socket is in progress.
-	writing atomic.Bool
+	// lastPong is when a ping was last let through (unix ns).
+	lastPong atomic.Int64
 }
 
 // NewCoalescer wraps nc, the connection a WebSocket is opened on.
@@ -46,34 +47,36 @@ func (c *Coalescer) Write(p []byte) (int, error) {
 		c.buf = append(c.buf, p...)
 		return len(p), nil
 	}
-	c.writing.Store(true)
-	defer c.writing.Store(false)
 	return c.Conn.Write(p)
 }
 
-// pongRoom is the most a socket's send queue may hold for a ping to be
-// answered: well under the smallest send buffer Linux gives a socket
-// (4,608 bytes), so that a pong (at most 127 bytes) never waits for
-// room.
-const pongRoom = 2 << 10
+// pongRoom is how much a socket's send queue may hold for every ping to
+// be answered: well under the smallest send buffer Linux gives a socket
+// (4,608 bytes), so that a pong (at most 127 bytes) does not wait for
+// room. pongEvery is how often a ping is answered whatever the queue.
+const (
+	pongRoom  = 2 << 10
+	pongEvery = time.Second
+)
 
 // AnswerPing reports whether a WebSocket ping is to be answered, as
-// websocket.AcceptOptions.OnPingReceived: only when its pong can be
-// written at once, with no write to the socket in progress and (on
-// Linux; elsewhere the first alone) less than pongRoom bytes waiting in
-// its send queue. Else the
-// pong is skipped: RFC 6455 lets an endpoint answer only the latest of
-// the pings it got, and a peer that reads nothing needs none. The
-// WebSocket library writes pongs from the read loop, under a timeout of
-// 5 s after which it closes the connection: a client that floods pings
-// and reads nothing would hold the read loop in a pong write that long,
-// and its other frames with it. The peer's heartbeat and the
-// slow-consumer timeout still apply to it.
+// websocket.AcceptOptions.OnPingReceived. The WebSocket library writes
+// pongs from the read loop, under a timeout of 5 s after which it closes
+// the connection: a client that floods pings and reads nothing would
+// hold the read loop in a pong write that long, and its other frames
+// with it. So a ping is answered when the socket's send queue holds
+// under pongRoom bytes (on Linux; elsewhere always), and otherwise only
+// if none was answered for pongEvery: the pongs of a flood back up to a
+// trickle. RFC 6455 lets an endpoint answer only the latest of the pings
+// it got; a client that pings at most once a second always gets its
+// pong. The heartbeat and the slow-consumer timeout still apply.
 func (c *Coalescer) AnswerPing(context.Context, []byte) bool {
-	if c.writing.Load() {
+	now := time.Now().UnixNano()
+	if now-c.lastPong.Load() < int64(pongEvery) && unsent(c.Conn) >= pongRoom {
 		return false
 	}
-	return unsent(c.Conn) < pongRoom // -1 when it cannot tell
+	c.lastPong.Store(now)
+	return true
 }
 
 // unsent returns how many bytes wait in the send queue of the socket
@@ -119,9 +122,7 @@ func (c *Coalescer) release() error {
 	}
 	var err error
 	if len(c.buf) > 0 {
-		c.writing.Store(true)
 		_, err = c.Conn.Write(c.buf)
-		c.writing.Store(false)
 	}
 	if cap(c.buf) <= maxKept {
 		b := c.buf[:0]
