@@ -317,3 +317,41 @@ func TestWebSocketLetsGoOfHTTPState(t *testing.T) {
 		return len(marks) == conns
 	}, "the ResponseWriters of %d upgraded connections to be let go", conns)
 }
+
+// TestWebSocketPingAfterQuiet: a ping that comes when the server has
+// written nothing for longer than the slow-consumer timeout is answered.
+// The engine leaves its last write's deadline on the socket; the pong,
+// written by the WebSocket library, must not inherit it once passed.
+func TestWebSocketPingAfterQuiet(t *testing.T) {
+	const slow = 100 * time.Millisecond
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	b := broker.New(broker.Config{Log: log})
+	defer b.Close()
+	srv, err := server.New(server.Config{Listen: "127.0.0.1:0", Log: log, Heartbeat: time.Minute, SlowTimeout: slow}, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := srv.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Shutdown(context.Background())
+	pages := httptest.NewServer(srv.WebSocketHandler(nil))
+	defer pages.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(pages.URL, "http")+"/ws", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	(&wsRaw{t: t, ws: c}).welcome()
+	// The WELCOME's write deadline (its time plus slow) passes: the
+	// precondition, not a wait for an outcome.
+	time.Sleep(3 * slow)
+	pctx := c.CloseRead(ctx)
+	if err := c.Ping(pctx); err != nil {
+		t.Fatalf("a ping after the server was quiet for %s: %v", 3*slow, err)
+	}
+}

@@ -22,6 +22,8 @@ type Coalescer struct {
 	buf     []byte
 	// lastPong is when a ping was last let through (unix ns).
 	lastPong atomic.Int64
+	// deadline is the write deadline last set (unix ns, 0: none).
+	deadline atomic.Int64
 }
 
 // NewCoalescer wraps nc, the connection a WebSocket is opened on.
@@ -47,7 +49,45 @@ func (c *Coalescer) Write(p []byte) (int, error) {
 		c.buf = append(c.buf, p...)
 		return len(p), nil
 	}
+	// The library's own frame (a pong, a close): the write deadline the
+	// engine left may have passed long ago (it sets one before each of
+	// its writes), and the library bounds the write itself (5 s).
+	if d := c.deadline.Load(); d != 0 && time.Now().UnixNano() > d {
+		c.Conn.SetWriteDeadline(time.Now().Add(controlWrite))
+		defer func() {
+			// Back to the engine's, which it may have set meanwhile.
+			var t time.Time
+			if d := c.deadline.Load(); d != 0 {
+				t = time.Unix(0, d)
+			}
+			c.Conn.SetWriteDeadline(t)
+		}()
+	}
 	return c.Conn.Write(p)
+}
+
+// controlWrite bounds a write of the library's own frames when the
+// engine's deadline has passed: the library's own bound.
+const controlWrite = 5 * time.Second
+
+// SetWriteDeadline sets the write deadline of the connection, and
+// notes it for the library's own frames.
+func (c *Coalescer) SetWriteDeadline(t time.Time) error {
+	if t.IsZero() {
+		c.deadline.Store(0)
+	} else {
+		c.deadline.Store(t.UnixNano())
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// SetDeadline sets the read and write deadlines of the connection, and
+// notes the write deadline as SetWriteDeadline does.
+func (c *Coalescer) SetDeadline(t time.Time) error {
+	if err := c.SetWriteDeadline(t); err != nil {
+		return err
+	}
+	return c.Conn.SetReadDeadline(t)
 }
 
 // pongRoom is how much a socket's send queue may hold for every ping to
