@@ -79,6 +79,7 @@ type Outbox struct {
 	room    chan struct{} // closed and replaced when room is made
 	batch   *Batch        // the last Batch that deferred a write here
 	ready   chan struct{}
+	wake    func() // called instead of signalling ready, when set
 	max     int
 	limit   int
 	// writeTimeout bounds every write of the write loop; pendingSince
@@ -331,6 +332,10 @@ func (o *Outbox) flushBatch(b *Batch, inline bool) {
 }
 
 func (o *Outbox) kick() {
+	if o.wake != nil {
+		o.wake()
+		return
+	}
 	select {
 	case o.ready <- struct{}{}:
 	default:
@@ -513,6 +518,14 @@ func (o *Outbox) Writes() uint64 { return o.writes.Load() }
 
 // Ready receives a value when there is something for [Outbox.Flush].
 func (o *Outbox) Ready() <-chan struct{} { return o.ready }
+
+// SetWake makes the outbox call wake instead of signalling [Outbox.Ready]
+// whenever there is something for [Outbox.Flush], and when it is closed:
+// for a connection whose write loop runs only while there is something
+// to write, so that an idle connection holds no goroutine for it. wake
+// is called without the outbox's lock, from producers' goroutines; it
+// must not block. Set it before the outbox is used.
+func (o *Outbox) SetWake(wake func()) { o.wake = wake }
 
 // Flush writes everything buffered, unless a producer is writing (it
 // kicks the write loop again when done). It returns the first write error

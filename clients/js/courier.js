@@ -240,6 +240,7 @@ export class Connection {
         this._lastError = new CourierError(Number(f.aux), f.tag || 'the server closed the connection');
         return;
       case Type.RESPONSE: return this._response(f);
+      case Type.ASK: return this._ask(f);
       case Type.TASKEVENT: return this._taskEvent(f);
       case Type.REQUEST: case Type.CANCEL: case Type.MESSAGE: case Type.EVENT: case Type.ANSWER:
       case Type.TASK: case Type.SUBREQUEST: {
@@ -345,8 +346,13 @@ export class Connection {
   /**
    * request sends a request and resolves to its first final response,
    * {body, headers, member, text()}; an error response rejects with a
-   * CourierError. Options: key, tag, headers, timeoutMs, signal, and
-   * onChunk(chunk) to receive a streamed response's chunks.
+   * CourierError. Options: key, tag, headers, timeoutMs, signal,
+   * onChunk(chunk) to receive a streamed response's chunks, and
+   * onAsk(question) to answer the questions a handler asks while it
+   * serves the request (docs/protocol.md §6.6): what it returns (a
+   * body) is the answer, a throw an error answer with its message.
+   * Without onAsk every question is answered with an error, "the
+   * requester takes no questions", as the Go client does.
    */
   request(exchange, body, opts = {}) {
     return new Promise((resolve, reject) => {
@@ -378,7 +384,7 @@ export class Connection {
     const id = this._nextRef();
     const f = { type: Type.REQUEST, ref: id, name: exchange, key: opts.key, tag: opts.tag, headers: opts.headers, body: toBytes(body) };
     if (opts.timeoutMs) f.aux = Math.max(1, Math.ceil(opts.timeoutMs));
-    const state = { sink, done: false };
+    const state = { sink, done: false, onAsk: opts.onAsk };
     this._requests.set(id, state);
     if (opts.signal) {
       const abort = () => {
@@ -412,6 +418,28 @@ export class Connection {
     if (!st.sink.all && st.done) return;
     st.done = true;
     st.sink.final(r, null, last);
+  }
+
+  // _ask answers a handler's question about one of this connection's
+  // requests with the request's onAsk. A question for a request that
+  // ended is dropped: the broker answers the handler itself.
+  _ask(f) {
+    const st = this._requests.get(f.ref);
+    if (!st) return;
+    const answer = (a) => {
+      try { this._send({ type: Type.ANSWER, ref: f.ref, aux: f.aux, ...a }); } catch { /* closed */ }
+    };
+    if (!st.onAsk) {
+      answer({ flags: Flag.ERROR, tag: 'the requester takes no questions' });
+      return;
+    }
+    const q = new Question(f);
+    Promise.resolve()
+      .then(() => st.onAsk(q))
+      .then(
+        (out) => answer({ body: toBytes(isReply(out) ? out.body : out) }),
+        (err) => answer({ flags: Flag.ERROR, tag: String(err?.message ?? err) || 'the requester could not answer' }),
+      );
   }
 
   /**
@@ -634,6 +662,11 @@ export class Attachment {
         if (req) { this._legs.delete(f.ref); req._cancel(); }
         return;
       }
+      case Type.ANSWER: {
+        const req = this._legs.get(f.ref);
+        if (req) req._answer(f);
+        return;
+      }
       case Type.MESSAGE:
         if (this._h.message) this._h.message(new Message(f));
         return;
@@ -763,7 +796,56 @@ export class Request {
     this.cancelled = false;
     this._chunked = false;
     this._finished = false;
+    this._asks = new Map(); // ask id → {resolve, reject}
+    this._nextAsk = 0;
     this.oncancel = null;
+  }
+  /**
+   * ask sends the requester a question while the request is served and
+   * resolves to its answer, {body, text(), json()} (docs/protocol.md
+   * §6.6). An error answer rejects with a CourierError of code 18
+   * (APPLICATION) and the requester's reason; so does a requester that
+   * takes no questions. It rejects with code 9 (CANCELLED) once the
+   * request is cancelled or answered, or the connection is lost, and
+   * with code 8 (TIMEOUT) after opts.timeoutMs; opts.signal aborts it.
+   */
+  ask(question, opts = {}) {
+    if (this.cancelled) return Promise.reject(new CourierError(Code.CANCELLED, 'the request was cancelled'));
+    if (this._finished) return Promise.reject(new CourierError(Code.CANCELLED, 'the request was answered already'));
+    const id = ++this._nextAsk;
+    return new Promise((resolve, reject) => {
+      let timer = null;
+      const settle = (fn, v) => {
+        if (!this._asks.has(id)) return;
+        this._asks.delete(id);
+        if (timer !== null) clearTimeout(timer);
+        if (opts.signal) opts.signal.removeEventListener('abort', abort);
+        fn(v);
+      };
+      const abort = () => settle(reject, new CourierError(Code.CANCELLED, 'ask aborted'));
+      this._asks.set(id, { resolve: (v) => settle(resolve, v), reject: (e) => settle(reject, e) });
+      if (opts.signal) {
+        if (opts.signal.aborted) { abort(); return; }
+        opts.signal.addEventListener('abort', abort, { once: true });
+      }
+      if (opts.timeoutMs) {
+        timer = setTimeout(() => settle(reject, new CourierError(Code.TIMEOUT, `no answer within ${opts.timeoutMs} ms`)), opts.timeoutMs);
+      }
+      try {
+        this._a.conn._send({ type: Type.ASK, ref: this._leg, attach: this._a.id, aux: id, body: toBytes(question) });
+      } catch (err) {
+        settle(reject, err);
+      }
+    });
+  }
+  _answer(f) {
+    const w = this._asks.get(Number(f.aux));
+    if (!w) return;
+    if (f.flags & Flag.ERROR) w.reject(new CourierError(Code.APPLICATION, f.tag));
+    else w.resolve(new Answer(f));
+  }
+  _endAsks(why) {
+    for (const w of [...this._asks.values()]) w.reject(new CourierError(Code.CANCELLED, why));
   }
   /** text decodes the body as UTF-8. */
   text() { return textDecoder.decode(this.body); }
@@ -778,15 +860,39 @@ export class Request {
   _final(f) {
     this._finished = true;
     this._a._legs.delete(this._leg);
+    this._endAsks('the request was answered');
     if (!this.cancelled) {
       try { this._a.conn._send(f); } catch { /* closed */ }
     }
   }
-  _cancel() {
+  _cancel(err) {
     this.cancelled = true;
     this._finished = true;
+    this._endAsks(err ? `the connection was lost: ${err.message}` : 'the request was cancelled');
     if (this.oncancel) this.oncancel();
   }
+}
+
+/** Question is a question a handler asks a requester (request's onAsk). */
+export class Question {
+  constructor(f) {
+    this.body = f.body;
+    /** member is the asking handler's member id. */
+    this.member = f.name;
+  }
+  /** text decodes the body as UTF-8. */
+  text() { return textDecoder.decode(this.body); }
+  /** json parses the body as JSON. */
+  json() { return JSON.parse(this.text()); }
+}
+
+/** Answer is a requester's answer to a handler's question (Request.ask). */
+export class Answer {
+  constructor(f) { this.body = f.body; }
+  /** text decodes the body as UTF-8. */
+  text() { return textDecoder.decode(this.body); }
+  /** json parses the body as JSON. */
+  json() { return JSON.parse(this.text()); }
 }
 
 /** Task is a task delivered to a worker (or a durable subscriber), to be settled once. */

@@ -168,6 +168,36 @@ export interface RequestOptions {
   signal?: AbortSignal;
   /** Receives the chunks of a streamed response. */
   onChunk?: (chunk: Response) => void;
+  /**
+   * Answers the questions a handler asks while it serves the request
+   * (docs/protocol.md §6.6): what it returns is the answer, a throw an
+   * error answer with its message. Without it every question is
+   * answered with an error, "the requester takes no questions".
+   */
+  onAsk?: (question: Question) => Body | { body?: Body } | Promise<Body | { body?: Body }>;
+}
+
+/** A question a handler asks the requester (RequestOptions.onAsk). */
+export declare class Question {
+  readonly body: Uint8Array;
+  /** The asking handler's member id. */
+  readonly member: string;
+  text(): string;
+  json(): unknown;
+}
+
+/** The requester's answer to a handler's question (Request.ask). */
+export declare class Answer {
+  readonly body: Uint8Array;
+  text(): string;
+  json(): unknown;
+}
+
+export interface AskOptions {
+  /** Rejects with code 8 (TIMEOUT) when no answer came within it. */
+  timeoutMs?: number;
+  /** Rejects with code 9 (CANCELLED) when aborted. */
+  signal?: AbortSignal;
 }
 
 export type Reply = Body | { body?: Body; headers?: Headers } | undefined | void;
@@ -267,6 +297,12 @@ export declare class Request {
   json(): unknown;
   /** Sends one chunk of a streamed response. */
   chunk(body: Body, headers?: Headers): void;
+  /**
+   * Asks the requester a question and resolves to its answer. An error
+   * answer rejects with a CourierError of code 18 (APPLICATION); a
+   * request cancelled or answered, or a connection lost, with code 9.
+   */
+  ask(question: Body, opts?: AskOptions): Promise<Answer>;
 }
 
 export declare class Message {

@@ -142,15 +142,15 @@ func nodeCommand(t *testing.T) (string, []string) {
 	return bin, nil
 }
 
-// TestJS runs the JavaScript client's tests (clients/js/test) in
-// Node.js against a real server: its WebSocket URL in COURIER_WS_URL, a
-// Go handler of exchange go.echo on it, a node with user admin
-// (password s3cret-pass) in COURIER_WS_AUTH_URL, and the Go codec's
-// frames in COURIER_GOLDEN.
-func TestJS(t *testing.T) {
-	bin, flags := nodeCommand(t)
-	n, err := node.Start(node.Config{
-		DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0",
+// suiteServers starts what the JavaScript client's suite runs against:
+// a node n with Go handlers of exchanges go.echo and go.ask (which asks
+// its requester a question) over TCP, and a node secure with user admin
+// (password s3cret-pass). origins are allowed on both (a browser's page).
+func suiteServers(t *testing.T, origins ...string) (n, secure *node.Node) {
+	t.Helper()
+	var err error
+	n, err = node.Start(node.Config{
+		DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0", WSOrigins: origins,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -175,9 +175,25 @@ func TestJS(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A Go handler that asks its requester a question (ask and answer).
+	asker, err := gc.ReqResp(ctx, "go.ask", courier.RoundRobin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := asker.Handle(ctx, func(r *courier.Request) {
+		a, err := r.Ask(ctx, append([]byte("go asks: "), r.Body()...))
+		if err != nil {
+			r.Fail(err)
+			return
+		}
+		r.Reply(append([]byte("go got: "), a...))
+	}); err != nil {
+		t.Fatal(err)
+	}
+
 	// A node with users, for the credentials.
-	secure, err := node.Start(node.Config{
-		DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0",
+	secure, err = node.Start(node.Config{
+		DataDir: t.TempDir(), Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0", WSOrigins: origins,
 		AdminUser: "admin", AdminPassword: "s3cret-pass",
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -185,6 +201,18 @@ func TestJS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { secure.Close() })
+
+	return n, secure
+}
+
+// TestJS runs the JavaScript client's tests (clients/js/test) in
+// Node.js against a real server (suiteServers): its WebSocket URL in
+// COURIER_WS_URL, the node with users in COURIER_WS_AUTH_URL, and the Go
+// codec's frames in COURIER_GOLDEN.
+func TestJS(t *testing.T) {
+	bin, flags := nodeCommand(t)
+	n, secure := suiteServers(t)
+	ctx := context.Background()
 
 	g, _ := json.Marshal(goldenFrames(t))
 	gf := filepath.Join(t.TempDir(), "golden.json")

@@ -196,3 +196,32 @@ func TestServerConfigWSOrigins(t *testing.T) {
 		t.Errorf("the flag over the file: %q", sc.WSOrigins)
 	}
 }
+
+// TestServerConfigHandshakeLimits: the handshake limits from the file,
+// and --max-handshakes and --max-handshakes-per-address over it (a load
+// test opening thousands of WebSockets from one address needs the
+// second).
+func TestServerConfigHandshakeLimits(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "courier.toml")
+	os.WriteFile(path, []byte("[limits]\nmax_handshakes = 300\nmax_handshakes_per_address = 20\n"), 0o644)
+	for _, c := range []struct {
+		flags         []string
+		total, perAdd int
+	}{
+		{nil, 300, 20},
+		{[]string{"--max-handshakes", "4000", "--max-handshakes-per-address", "2000"}, 4000, 2000},
+	} {
+		sc := defaultServerConfig()
+		cmd := newServerCmd(&sc)
+		if err := cmd.ParseFlags(append([]string{"--config", path}, c.flags...)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := loadServerConfig(path, cmd.Flags(), &sc); err != nil {
+			t.Fatal(err)
+		}
+		if sc.Limits.MaxHandshakes != c.total || sc.Limits.MaxHandshakesPerAddr != c.perAdd {
+			t.Errorf("flags %q: max handshakes %d, per address %d; want %d and %d",
+				c.flags, sc.Limits.MaxHandshakes, sc.Limits.MaxHandshakesPerAddr, c.total, c.perAdd)
+		}
+	}
+}

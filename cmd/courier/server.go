@@ -245,6 +245,8 @@ manage users with 'courier users'.`,
 	f.IntVar(&l.MaxFrame, "max-frame", dl.MaxFrame, "largest frame in bytes")
 	f.IntVar(&l.MaxConns, "max-connections", dl.MaxConns, "connections the server accepts")
 	f.IntVar(&l.MaxConnsPerUser, "max-connections-per-user", dl.MaxConnsPerUser, "connections of one user (0: no limit)")
+	f.IntVar(&l.MaxHandshakes, "max-handshakes", dl.MaxHandshakes, "connections still in their handshake (no answered HELLO yet), TCP and WebSocket together")
+	f.IntVar(&l.MaxHandshakesPerAddr, "max-handshakes-per-address", dl.MaxHandshakesPerAddr, "connections in their handshake from one source address (IPv4 address or IPv6 /64), TCP and WebSocket together")
 	f.IntVar(&l.MaxAttachments, "max-attachments", dl.MaxAttachments, "attachments of one connection")
 	f.IntVar(&l.MaxInflight, "max-inflight", dl.MaxInflight, "requests in flight from one connection")
 	f.IntVar(&l.MaxPatternsPerAttachment, "max-patterns-per-attachment", dl.MaxPatternsPerAttachment, "subscription patterns of one subscriber")

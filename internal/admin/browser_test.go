@@ -225,10 +225,18 @@ func TestDashboardInBrowser(t *testing.T) {
 	waitText(`#exchanges-table tr[data-name="news"] td:nth-child(8)`, "news publish rate", func(s string) bool { return rate(s) > 0 })
 	shot("exchanges.png")
 
-	// Connections: embedded and network, with peers.
+	// Connections: embedded and network, with peers, protocols and
+	// transports (one client over WebSocket).
+	wsc, err := client.Dial(context.Background(), "ws://"+n.HTTPAddr().String()+"/ws", client.Options{Name: "ws-client", Log: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wsc.Close()
 	run("open connections", chromedp.Navigate(n.HTTPURL()+"/#connections"), chromedp.WaitVisible(chromedp.CSS(`#connections-table tbody tr[data-name]`)))
-	conns := waitText("#connections-table tbody", "connections", func(s string) bool { return strings.Contains(s, "load-subscriber") })
-	for _, w := range []string{"network", "embedded", "127.0.0.1:"} {
+	conns := waitText("#connections-table tbody", "connections", func(s string) bool {
+		return strings.Contains(s, "load-subscriber") && strings.Contains(s, "ws-client")
+	})
+	for _, w := range []string{"network", "embedded", "127.0.0.1:", "courier", "tcp", "websocket", "in-process"} {
 		if !strings.Contains(conns, w) {
 			t.Errorf("connections table lacks %q:\n%s", w, conns)
 		}

@@ -73,3 +73,8 @@ func (c *limitConn) Release() {
 		<-c.l.sem
 	})
 }
+
+// NetConn returns the connection under c, so that what looks through
+// wrappers at the socket (the bytes waiting in its queues, see
+// wire.Unread) finds it under a WebSocket too.
+func (c *limitConn) NetConn() net.Conn { return c.Conn }

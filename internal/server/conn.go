@@ -60,7 +60,16 @@ type conn struct {
 
 	closeOnce sync.Once
 	closing   chan struct{} // closed when the connection is to end
-	wdone     chan struct{} // closed when the write loop ended
+	wdone     chan struct{} // closed when the write loop ended for good
+
+	// The write loop runs only while there is something to write (or
+	// the connection is closing): an idle connection holds one
+	// goroutine, its read loop. writing is set while a write loop runs
+	// (and for good once it ended the connection's writes); woken is
+	// set by every wake, so that a loop about to stop sees what came
+	// meanwhile.
+	writing atomic.Bool
+	woken   atomic.Bool
 
 	// watch runs the heartbeat apart from the write loop, which a peer
 	// that does not read may hold in a write.
@@ -85,6 +94,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 	// Every write has a deadline: a peer that takes nothing for the
 	// slow-consumer timeout is cut, however the write loop got there.
 	c.out.SetWriteTimeout(s.cfg.SlowTimeout)
+	c.out.SetWake(c.wake)
 	c.watch = wire.Heartbeat{
 		Out:      c.out,
 		Interval: func() time.Duration { return time.Duration(c.heartbeat.Load()) },
@@ -136,11 +146,15 @@ var testHookRead atomic.Pointer[func()]
 // serve runs the connection to its end.
 func (c *conn) serve() {
 	log := c.s.log.With("peer", c.peer)
-	go c.writeLoop()
+	// The heartbeat runs on a timer, apart from the write loop, which a
+	// peer that does not read may hold in a write. (Before the
+	// handshake ends, HandshakeTimeout applies.)
+	stopWatch := c.watch.Start(c.s.cfg.Heartbeat)
 	var ended error // why the read loop ended
 	defer func() {
 		c.fail(nil, false)
 		<-c.wdone
+		stopWatch()
 		c.nc.Close()
 		if c.user != "" {
 			c.s.dropUser(c.user)
@@ -506,6 +520,7 @@ func (c *conn) fail(e *wire.Error, graceful bool) {
 			c.out.Put(f, wire.Control, 0)
 		}
 		close(c.closing)
+		c.wake() // for the last writes
 		// The write loop may be held in a write to a peer that does not
 		// read: the last writes get a second, then the socket closes;
 		// none at all when a write has waited that long already.
@@ -530,36 +545,50 @@ func (c *conn) cut(e *wire.Error) {
 // closeGrace is how long a closing connection's last writes may take.
 const closeGrace = time.Second
 
-// writeLoop writes what the outbox holds until the connection is to end;
-// a [wire.Heartbeat] watches the connection meanwhile. (Before the
-// handshake ends, HandshakeTimeout applies.)
+// wake runs the write loop unless it runs: the outbox has something to
+// write, or the connection is closing ([wire.Outbox.SetWake]).
+func (c *conn) wake() {
+	c.woken.Store(true)
+	if c.writing.CompareAndSwap(false, true) {
+		go c.writeLoop()
+	}
+}
+
+// writeLoop writes what the outbox holds until it holds nothing, then
+// ends; a wake starts it again. Once the connection is to end it makes
+// the last writes, closes wdone and leaves writing set, so that no loop
+// runs after it.
 func (c *conn) writeLoop() {
-	defer close(c.wdone)
-	defer c.watch.Start(c.s.cfg.Heartbeat)()
 	for {
+		c.woken.Store(false)
 		select {
-		case <-c.out.Ready():
-			select {
-			case <-c.closing:
-				// Closing wins over a peer that keeps the loop writing.
-				c.lastWrites()
-				return
-			default:
-			}
-			if _, err := c.out.Flush(); err != nil {
-				if errors.Is(err, wire.ErrWriteStalled) {
-					c.countEnd(&c.s.ends.slow)
-					c.s.log.Warn("slow consumer disconnected: it took nothing for the timeout", "peer", c.peer, "timeout", c.s.cfg.SlowTimeout)
-				}
-				// The peer is gone: producers waiting for room must not
-				// wait out the slow-consumer timeout for it.
-				c.out.Close()
-				c.fail(nil, false)
-				c.nc.Close()
-				return
-			}
 		case <-c.closing:
+			// Closing wins over a peer that keeps the loop writing.
 			c.lastWrites()
+			close(c.wdone)
+			return
+		default:
+		}
+		if _, err := c.out.Flush(); err != nil {
+			if errors.Is(err, wire.ErrWriteStalled) {
+				c.countEnd(&c.s.ends.slow)
+				c.s.log.Warn("slow consumer disconnected: it took nothing for the timeout", "peer", c.peer, "timeout", c.s.cfg.SlowTimeout)
+			}
+			// The peer is gone: producers waiting for room must not
+			// wait out the slow-consumer timeout for it.
+			c.out.Close()
+			c.fail(nil, false)
+			c.nc.Close()
+			close(c.wdone)
+			return
+		}
+		if c.woken.Load() {
+			continue
+		}
+		// Nothing more: stop, unless a wake came after the check above
+		// and found this loop still running.
+		c.writing.Store(false)
+		if !c.woken.Load() || !c.writing.CompareAndSwap(false, true) {
 			return
 		}
 	}

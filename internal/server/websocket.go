@@ -2,6 +2,8 @@ package server
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -27,8 +29,11 @@ const WebSocketPath = "/ws"
 // layer (docs/protocol.md, "WebSocket"): it upgrades a request to a
 // WebSocket and serves the Courier protocol on it, one frame per binary
 // message, with the same connection engine, handshake, authentication,
-// limits and error codes as the TCP listener. The handler returns when
-// the connection ends.
+// limits and error codes as the TCP listener. The handler returns once
+// the connection is upgraded, and the connection is served on a
+// goroutine of its own: net/http's state for the request (its buffers,
+// the request and its headers) is let go rather than kept for the
+// connection's life.
 //
 // origins are the browser origins allowed besides the listener's own
 // (same-origin) one: host patterns such as "chat.example.com" or
@@ -37,10 +42,6 @@ const WebSocketPath = "/ws"
 // with 403 before the upgrade. A request without Origin (not a
 // browser) is let in: a browser always sends one.
 func (s *Server) WebSocketHandler(origins []string) http.Handler {
-	opts := &websocket.AcceptOptions{
-		Subprotocols:   []string{wsnet.Subprotocol},
-		OriginPatterns: origins,
-	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		down := s.shutdown
@@ -50,7 +51,17 @@ func (s *Server) WebSocketHandler(origins []string) http.Handler {
 			return
 		}
 		hw := &hijackWriter{ResponseWriter: w}
-		ws, err := websocket.Accept(hw, r, opts)
+		// co is the upgraded connection, set before its first read. The
+		// callback holds it alone: hw holds net/http's state for the
+		// request, which must go once the handler returns.
+		var co *wsnet.Coalescer
+		ws, err := websocket.Accept(hw, r, &websocket.AcceptOptions{
+			Subprotocols:   []string{wsnet.Subprotocol},
+			OriginPatterns: origins,
+			// A ping is answered only when its pong need not wait: the
+			// library writes pongs from the read loop.
+			OnPingReceived: func(ctx context.Context, p []byte) bool { return co != nil && co.AnswerPing(ctx, p) },
+		})
 		if err != nil {
 			// Accept has answered the request (403 for a refused
 			// origin, 426 for a request that is no upgrade).
@@ -61,11 +72,12 @@ func (s *Server) WebSocketHandler(origins []string) http.Handler {
 			ws.CloseNow()
 			return
 		}
+		co = hw.raw
 		// net/http may have left its deadlines on the connection.
 		hw.raw.SetDeadline(time.Time{})
 		nc := wsnet.NewConn(ws, hw.raw, int64(s.cfg.MaxFrame)+5)
 		if c := s.admit(nc, ProtoWebSocket); c != nil {
-			s.run(c) // on the handler's goroutine: one fewer per connection
+			go s.run(c)
 		}
 	})
 }
@@ -75,7 +87,7 @@ func (s *Server) WebSocketHandler(origins []string) http.Handler {
 // took in its count of HTTP connections (see [Releaser]).
 type hijackWriter struct {
 	http.ResponseWriter
-	raw net.Conn
+	raw *wsnet.Coalescer
 }
 
 // Releaser is a connection that counts against a limit of the HTTP
@@ -96,7 +108,31 @@ func (h *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	// one batch of the write loop reach the socket in one write.
 	co := wsnet.NewCoalescer(nc)
 	h.raw = co
-	return co, bufio.NewReadWriter(brw.Reader, bufio.NewWriterSize(co, 4<<10)), nil
+	return co, bufio.NewReadWriter(smallReader(brw.Reader), bufio.NewWriterSize(co, wsWriteBuffer)), nil
+}
+
+// The buffers the WebSocket library keeps for the connection's life. The
+// Coalescer gathers what is written, so the library's write buffer only
+// needs to hold a control frame (at most 127 bytes from a server) in one
+// piece; larger messages pass through it. Reads of a frame's body larger
+// than the read buffer go straight into the engine's reader, which
+// adapts to the traffic; the read buffer takes the headers and small
+// frames, several at a time.
+const (
+	wsReadBuffer  = 1 << 10
+	wsWriteBuffer = 256
+)
+
+// smallReader returns a reader of wsReadBuffer bytes holding what br,
+// net/http's reader of 4 KiB, has buffered beyond the request (a client
+// may send its first frames right behind it). The library reads the
+// connection through it from then on.
+func smallReader(br *bufio.Reader) *bufio.Reader {
+	n := br.Buffered()
+	ahead, _ := br.Peek(n)
+	r := bufio.NewReaderSize(bytes.NewReader(bytes.Clone(ahead)), max(wsReadBuffer, n))
+	r.Peek(n) // into the buffer: the library takes it from there
+	return r
 }
 
 // release finds the Releaser under nc (through TLS and other wrappers

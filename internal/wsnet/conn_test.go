@@ -225,3 +225,78 @@ func TestReadTimeoutLeavesWrites(t *testing.T) {
 		t.Fatalf("after the timeout: % x, %v", p, err)
 	}
 }
+
+// TestCoalescerKeepsNoBufferIdle: a batch's buffer goes back to the
+// pool once it is written, so an idle connection keeps none; what was
+// gathered reaches the socket in one write, whole.
+func TestCoalescerKeepsNoBufferIdle(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	got := make(chan []byte, 1)
+	go func() {
+		p := make([]byte, 64)
+		n, _ := b.Read(p)
+		got <- p[:n]
+	}()
+	co := NewCoalescer(a)
+	co.hold()
+	co.Write([]byte("one "))
+	co.Write([]byte("two"))
+	if err := co.release(); err != nil {
+		t.Fatal(err)
+	}
+	if p := <-got; string(p) != "one two" {
+		t.Fatalf("the socket got %q in its first write, want the whole batch", p)
+	}
+	if co.buf != nil {
+		t.Fatalf("an idle Coalescer keeps a buffer of %d bytes", cap(co.buf))
+	}
+}
+
+// TestAnswerPingWhenBackedUp: with the socket's send queue backed up (a
+// peer that reads nothing), a ping is answered once a second at most;
+// with it empty, every ping is.
+func TestAnswerPingWhenBackedUp(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	peer, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close() // never read
+	nc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	co := NewCoalescer(nc)
+	if unsent(nc) < 0 {
+		t.Skip("the send queue cannot be read on this system")
+	}
+	for range 3 {
+		if !co.AnswerPing(context.Background(), nil) {
+			t.Fatal("a ping not answered with the send queue empty")
+		}
+	}
+	// Fill the send queue: the peer reads nothing.
+	chunk := make([]byte, 64<<10)
+	for unsent(nc) < pongRoom {
+		nc.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		nc.Write(chunk)
+	}
+	co.lastPong.Store(0)
+	if !co.AnswerPing(context.Background(), nil) {
+		t.Fatal("the first ping of a second not answered")
+	}
+	if co.AnswerPing(context.Background(), nil) {
+		t.Fatal("a second ping within the second answered with the send queue backed up")
+	}
+	co.lastPong.Store(time.Now().Add(-pongEvery).UnixNano())
+	if !co.AnswerPing(context.Background(), nil) {
+		t.Fatal("no ping answered after a second")
+	}
+}

@@ -424,6 +424,8 @@ const LISTS = {
       { key: "id", label: "Id", cls: "mono" },
       { key: "name", label: "Name", cls: "name" },
       { key: "type", label: "Type", render: (x) => tag(x.type, x.type) },
+      { key: "protocol", label: "Protocol", render: (x) => x.protocol || el("span", { class: "muted" }, "–") },
+      { key: "transport", label: "Transport", render: (x) => x.transport || el("span", { class: "muted" }, "in-process") },
       { key: "peer", label: "Peer", cls: "mono", render: (x) => x.peer || el("span", { class: "muted" }, "in-process") },
       { key: "user", label: "User", render: (x) => x.user || el("span", { class: "muted" }, "–") },
       { key: "attachments", label: "Attachments", num: true, render: (x) => fmtInt(x.attachments) },

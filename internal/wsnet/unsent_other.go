@@ -1,0 +1,6 @@
+//go:build !linux
+
+package wsnet
+
+// unsentFD cannot tell on this system.
+func unsentFD(uintptr) int { return -1 }
