@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/courier-mq/courier/internal/auth"
@@ -112,7 +113,7 @@ type errInfo struct {
 // sender tests with errors.Is.
 var sentinels = map[string]error{
 	"no-quorum": ErrNoQuorum, "not-leader": ErrNotLeader, "stale": ErrStale, "removed": ErrRemoved, "unknown-node": ErrUnknownNode,
-	"bad-command": ErrBadCommand, "bad-frame": ErrBadFrame, "closed": ErrClosed,
+	"bad-command": ErrBadCommand, "bad-frame": ErrBadFrame, "closed": ErrClosed, "session-expired": ErrSessionExpired,
 	"no-user": auth.ErrNoUser, "user-exists": auth.ErrUserExists, "bad-name": auth.ErrBadName,
 	"bad-password": auth.ErrBadPassword, "bad-hash": auth.ErrBadHash, "bad-tag": auth.ErrBadTag,
 	"bad-pattern": auth.ErrBadPattern, "last-admin": auth.ErrLastAdmin, "no-users": auth.ErrNoUsers,
@@ -307,11 +308,14 @@ func (m *Meta) handle(typ byte, req *request, peer string) response {
 		if req.Command == nil || !forwardable[req.Command.Op] {
 			return response{Err: encodeError(fmt.Errorf("%w: not a command a peer may send", ErrBadFrame))}
 		}
-		if req.Command.V != cmdVersion {
+		if req.Command.V < 1 || req.Command.V > cmdVersion {
 			return response{Err: encodeError(fmt.Errorf("%w: command version %d, this node applies %d", ErrBadCommand, req.Command.V, cmdVersion))}
 		}
 		if c := req.Command; peer != "" && (c.Op == opRenew && c.Name != peer || c.Op == opDeclare && c.Home != peer) {
 			return response{Err: encodeError(fmt.Errorf("%w: node %q may not %s for %q", ErrBadFrame, peer, c.Op, c.Name+c.Home))}
+		}
+		if c := req.Command; peer != "" && c.Session != "" && !strings.HasPrefix(c.Session, peer+"/") {
+			return response{Err: encodeError(fmt.Errorf("%w: node %q may not use session %q", ErrBadFrame, peer, c.Session))}
 		}
 		idx, res, err := m.applyLeader(ctx, req.Command)
 		if err != nil {
