@@ -49,6 +49,10 @@ var ErrTasksInCluster = wire.Errorf(wire.CodeBadOptions, "task exchanges are not
 // Call it before clients connect.
 func (b *Broker) SetCatalog(c Catalog) { b.cat.Store(&c) }
 
+// Clustered reports whether the broker declares through a cluster's
+// catalog (see SetCatalog).
+func (b *Broker) Clustered() bool { return b.catalog() != nil }
+
 func (b *Broker) catalog() Catalog {
 	if c := b.cat.Load(); c != nil {
 		return *c
