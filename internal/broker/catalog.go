@@ -74,13 +74,20 @@ func (b *Broker) declareCluster(c Catalog, name string, spec Spec, by Declarer, 
 	ctx, cancel := context.WithTimeout(context.Background(), catalogTimeout)
 	defer cancel()
 	// This node's copy may lag: another node may have declared the
-	// exchange a moment ago, or deleted it. Syncing first makes the
-	// answer from the local copy linearizable: it sees every write that
-	// completed before this call.
-	if err := c.Sync(ctx); err != nil {
-		return nil, catalogError(err)
-	}
+	// exchange a moment ago, or deleted it. An exchange this node knows,
+	// or a passive declare, is answered from the local copy after a
+	// sync, which makes it linearizable: it sees every write that
+	// completed before this call. An exchange this node does not know
+	// goes to the catalog at once: its state machine creates it, or
+	// matches it against the one declared elsewhere, in log order (one
+	// round trip to the leader rather than two).
 	ex := b.Exchange(name)
+	if ex != nil || spec.Passive {
+		if err := c.Sync(ctx); err != nil {
+			return nil, catalogError(err)
+		}
+		ex = b.Exchange(name)
+	}
 	if ex != nil {
 		if err := ex.matches(spec); err != nil {
 			return ex, err

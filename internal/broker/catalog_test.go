@@ -225,3 +225,42 @@ func TestCatalogDeclareOnLaggingNode(t *testing.T) {
 		t.Error("a passive declare on b found prices after it was deleted on a")
 	}
 }
+
+// syncCounter is a memCatalog that counts its syncs.
+type syncCounter struct {
+	*memCatalog
+	syncs int
+}
+
+func (c *syncCounter) Sync(context.Context) error {
+	c.syncs++
+	return nil
+}
+
+// A declare of an exchange the node does not know goes to the catalog
+// at once, whose log order decides (one round trip to the leader); one
+// the node knows, or a passive one, syncs first and answers from the
+// local copy.
+func TestCatalogDeclareNewSkipsSync(t *testing.T) {
+	m, mc := newCatalogCluster(t, "a", "b")
+	c := &syncCounter{memCatalog: mc}
+	for _, b := range m.brokers {
+		b.SetCatalog(c)
+	}
+	ps := Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternPubSub}}
+	if _, err := m.brokers["a"].Declare("prices", ps); err != nil {
+		t.Fatal(err)
+	}
+	if c.syncs != 0 || len(mc.records) != 1 {
+		t.Fatalf("a new exchange: %d syncs, %d records; want 0 and 1", c.syncs, len(mc.records))
+	}
+	if _, err := m.brokers["b"].Declare("prices", ps); err != nil {
+		t.Fatal(err)
+	}
+	if c.syncs != 1 {
+		t.Fatalf("a known exchange: %d syncs, want 1", c.syncs)
+	}
+	if _, err := m.brokers["a"].Declare("nothing", Spec{Passive: true}); err == nil || c.syncs != 2 {
+		t.Fatalf("a passive declare of an unknown exchange: %v, %d syncs (want not found after a sync)", err, c.syncs)
+	}
+}
