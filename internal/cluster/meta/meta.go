@@ -601,11 +601,17 @@ func (m *Meta) applyOnce(ctx context.Context, c *command) (uint64, *result, erro
 		return idx, res, err
 	}
 	var resp response
-	if err := m.pool.call(ctx, string(id), string(addr), typeApply, &request{Command: c}, &resp); err != nil {
+	if err := m.pool.pipelined(ctx, string(id), string(addr), typeApply, &request{Command: c}, &resp); err != nil {
 		return 0, nil, err
 	}
 	if resp.Result == nil {
-		return 0, nil, resp.Err.err()
+		err := resp.Err.err()
+		if errors.Is(err, ErrClosed) {
+			// The leader shut down as it committed: the outcome is
+			// unknown (this node's own shutdown is ErrClosed itself).
+			return 0, nil, fmt.Errorf("%w: the leader %s shut down: %w", ErrNoQuorum, id, err)
+		}
+		return 0, nil, err
 	}
 	resp.Result.Err = resp.Err.err()
 	return resp.Index, resp.Result, nil
@@ -716,7 +722,7 @@ func (m *Meta) readIndex(ctx context.Context) (uint64, error) {
 		return m.readIndexLeader(ctx)
 	}
 	var resp response
-	if err := m.pool.call(ctx, string(id), string(addr), typeRead, &request{}, &resp); err != nil {
+	if err := m.pool.pipelined(ctx, string(id), string(addr), typeRead, &request{}, &resp); err != nil {
 		return 0, err
 	}
 	return resp.Index, resp.Err.err()
