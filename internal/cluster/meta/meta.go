@@ -250,6 +250,11 @@ func New(cfg Config) (*Meta, error) {
 	rc.SnapshotThreshold = cfg.SnapshotThreshold
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.TrailingLogs = cfg.TrailingLogs
+	// Proposals queue for the leader's group commit (up to
+	// MaxAppendEntries, 64, per disk write and append) rather than
+	// hand over one by one; Apply's enqueue timeout then no longer
+	// holds, which callers do not rely on (they wait with a context).
+	rc.BatchApplyCh = true
 	rc.Logger = hl
 	r, err := raft.NewRaft(rc, m.fsm, store, store, snaps, m.trans)
 	if err != nil {
