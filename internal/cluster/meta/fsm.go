@@ -60,7 +60,12 @@ type command struct {
 	Name string `json:"name,omitempty"`
 
 	// declare
-	Config  *wire.ExchangeConfig `json:"config,omitempty"`
+	Config *wire.ExchangeConfig `json:"config,omitempty"`
+	// Match, if set, is the declaration as its client made it, judged
+	// against an existing exchange (fields left out match anything);
+	// Config, with the proposing node's defaults filled in, is what a
+	// new one is created with. Unset: Config is judged.
+	Match   *wire.ExchangeConfig `json:"match,omitempty"`
 	By      string               `json:"by,omitempty"`
 	Home    string               `json:"home,omitempty"`
 	Passive bool                 `json:"passive,omitempty"`
@@ -288,7 +293,11 @@ func applyDeclare(st *State, index uint64, c *command) (result, []Change) {
 		return result{Err: wire.Errorf(wire.CodeBadOptions, "exchange %q: %v", c.Name, err)}, nil
 	}
 	if ex, ok := st.Exchanges[c.Name]; ok {
-		if err := matches(ex, cfg); err != nil {
+		judged := cfg
+		if c.Match != nil {
+			judged = *c.Match
+		}
+		if err := matches(ex, judged); err != nil {
 			return result{Err: err}, nil
 		}
 		return result{Exchange: &ex}, nil

@@ -215,3 +215,24 @@ func isCode(err error, code wire.Code) bool {
 	var we *wire.Error
 	return errors.As(err, &we) && we.Code == code
 }
+
+// TestDeclareMatch: an existing exchange is judged against the
+// declaration as made (Match), a new one created from Config.
+func TestDeclareMatch(t *testing.T) {
+	f := newFSM(nil, 1<<20)
+	sticky := wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: "sticky"}
+	if r := applyLog(t, f, 1, command{Op: opDeclare, Name: "q", Config: &sticky, Home: "n1"}); r.Err != nil || !r.Created {
+		t.Fatalf("create: %+v", r)
+	}
+	filled := wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: "broadcast"}
+	asMade := wire.ExchangeConfig{Pattern: wire.PatternReqResp}
+	if r := applyLog(t, f, 2, command{Op: opDeclare, Name: "q", Config: &filled, Match: &asMade, Home: "n2"}); r.Err != nil || r.Created {
+		t.Fatalf("a declaration naming no strategy: %+v", r)
+	}
+	if r := applyLog(t, f, 3, command{Op: opDeclare, Name: "q", Config: &filled, Home: "n2"}); !isCode(r.Err, wire.CodeClash) {
+		t.Fatalf("the defaults judged: %+v, want a clash", r)
+	}
+	if r := applyLog(t, f, 4, command{Op: opDeclare, Name: "new", Config: &filled, Match: &asMade, Home: "n2"}); r.Err != nil || r.Exchange.Config.Strategy != "broadcast" {
+		t.Fatalf("a new exchange: %+v", r)
+	}
+}
