@@ -20,7 +20,6 @@ type gatedCatalog struct {
 	b *broker.Broker
 
 	mu       sync.Mutex
-	open     bool
 	gate     chan struct{} // closed by release
 	inFlight int
 	most     int
