@@ -543,8 +543,12 @@ func (m *Meta) openSession(ctx context.Context) error {
 	if _, opened := m.session.state(); opened {
 		return nil
 	}
-	m.session.open.Lock()
-	defer m.session.open.Unlock()
+	select {
+	case m.session.opening <- struct{}{}:
+		defer func() { <-m.session.opening }()
+	case <-ctx.Done():
+		return m.noQuorum(ctx, opOpenSession, nil)
+	}
 	id, opened := m.session.state()
 	if opened {
 		return nil

@@ -163,8 +163,9 @@ type clientSession struct {
 	opened   bool
 	next     uint64
 	inFlight map[uint64]bool
-	// open serializes opening: one opens, the others wait for it.
-	open sync.Mutex
+	// opening serializes opening: one opens, the others wait for it
+	// (a channel of one, so that they wait within their context).
+	opening chan struct{}
 }
 
 // newSessionID returns "node/16 hex digits".
@@ -216,6 +217,9 @@ func (s *clientSession) doneLocked() uint64 {
 func (s *clientSession) expired(id, node string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.opening == nil {
+		s.opening = make(chan struct{}, 1)
+	}
 	if s.id == id {
 		s.id, s.opened, s.next, s.inFlight = newSessionID(node), false, 0, map[uint64]bool{}
 	}
