@@ -194,6 +194,12 @@ func (c metaCatalog) Declare(ctx context.Context, name string, cfg wire.Exchange
 	return err
 }
 
+// DeclareMatching makes metaCatalog a broker.MatchingCatalog.
+func (c metaCatalog) DeclareMatching(ctx context.Context, name string, cfg, match wire.ExchangeConfig, user string, _ bool) error {
+	_, _, err := c.m.Declare(ctx, name, cfg, meta.DeclareOptions{By: user, Match: &match})
+	return err
+}
+
 func (c metaCatalog) Delete(ctx context.Context, name string) error { return c.m.Delete(ctx, name) }
 
 func (c metaCatalog) Sync(ctx context.Context) error { return c.m.Sync(ctx) }

@@ -32,6 +32,17 @@ type Catalog interface {
 	Sync(ctx context.Context) error
 }
 
+// MatchingCatalog is a Catalog that can judge a declaration against an
+// exchange it records by the declaration as the client made it (match,
+// fields left out match anything) while creating a new one from cfg
+// (the declaring node's defaults filled in). The broker then sends a
+// declaration of an exchange it does not know to the catalog at once,
+// without syncing first.
+type MatchingCatalog interface {
+	Catalog
+	DeclareMatching(ctx context.Context, name string, cfg, match wire.ExchangeConfig, user string, trusted bool) error
+}
+
 // catalogTimeout bounds a declaration's wait for the catalog.
 const catalogTimeout = 10 * time.Second
 
@@ -47,6 +58,10 @@ var ErrTasksInCluster = wire.Errorf(wire.CodeBadOptions, "transient task exchang
 // SetCatalog makes the broker declare and delete exchanges through c.
 // Call it before clients connect.
 func (b *Broker) SetCatalog(c Catalog) { b.cat.Store(&c) }
+
+// Clustered reports whether the broker declares through a cluster's
+// catalog (see SetCatalog).
+func (b *Broker) Clustered() bool { return b.catalog() != nil }
 
 func (b *Broker) catalog() Catalog {
 	if c := b.cat.Load(); c != nil {
@@ -69,13 +84,22 @@ func (b *Broker) declareCluster(c Catalog, name string, spec Spec, by Declarer, 
 	ctx, cancel := context.WithTimeout(context.Background(), catalogTimeout)
 	defer cancel()
 	// This node's copy may lag: another node may have declared the
-	// exchange a moment ago, or deleted it. Syncing first makes the
-	// answer from the local copy linearizable: it sees every write that
-	// completed before this call.
-	if err := c.Sync(ctx); err != nil {
-		return nil, catalogError(err)
-	}
+	// exchange a moment ago, or deleted it. An exchange this node knows,
+	// or a passive declare, is answered from the local copy after a
+	// sync, which makes it linearizable: it sees every write that
+	// completed before this call. An exchange this node does not know
+	// goes at once to a MatchingCatalog: its state machine creates it,
+	// or judges the declaration as made against the one declared
+	// elsewhere, in log order (one round trip to the leader rather than
+	// two).
 	ex := b.Exchange(name)
+	mc, matching := c.(MatchingCatalog)
+	if ex != nil || spec.Passive || !matching {
+		if err := c.Sync(ctx); err != nil {
+			return nil, catalogError(err)
+		}
+		ex = b.Exchange(name)
+	}
 	if ex != nil {
 		if err := ex.matches(spec); err != nil {
 			return ex, err
@@ -107,7 +131,12 @@ func (b *Broker) declareCluster(c Catalog, name string, spec Spec, by Declarer, 
 			return nil, err
 		}
 	}
-	if err := c.Declare(ctx, name, probe.cfg, by.User, by.Policy == nil); err != nil {
+	if matching {
+		err = mc.DeclareMatching(ctx, name, probe.cfg, spec.ExchangeConfig, by.User, by.Policy == nil)
+	} else {
+		err = c.Declare(ctx, name, probe.cfg, by.User, by.Policy == nil)
+	}
+	if err != nil {
 		return nil, catalogError(err)
 	}
 	if spec.Pattern == wire.PatternTasks {

@@ -225,3 +225,91 @@ func TestCatalogDeclareOnLaggingNode(t *testing.T) {
 		t.Error("a passive declare on b found prices after it was deleted on a")
 	}
 }
+
+// syncCounter is a memCatalog that counts its syncs and judges a
+// declaration as made (a MatchingCatalog), as the metadata group does.
+type syncCounter struct {
+	*memCatalog
+	syncs int
+	// lag, if set, is a broker the catalog's declares do not reach
+	// (a node behind the log).
+	lag *Broker
+}
+
+func (c *syncCounter) Sync(context.Context) error {
+	c.syncs++
+	return nil
+}
+
+func (c *syncCounter) DeclareMatching(ctx context.Context, name string, cfg, match wire.ExchangeConfig, user string, trusted bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rec, ok := c.records[name]; ok {
+		if err := rec.Clash(name, match); err != nil {
+			return err
+		}
+		for _, b := range c.brokers {
+			if b.Exchange(name) == nil {
+				b.ApplyDeclare(name, rec, user, trusted) // caught up as the call returns
+			}
+		}
+		return nil
+	}
+	c.records[name] = cfg
+	for _, b := range c.brokers {
+		if b != c.lag {
+			b.ApplyDeclare(name, cfg, user, trusted)
+		}
+	}
+	return nil
+}
+
+// A declare of an exchange the node does not know goes to the catalog
+// at once, whose log order decides (one round trip to the leader); one
+// the node knows, or a passive one, syncs first and answers from the
+// local copy. Options the client left out match what the exchange was
+// declared with elsewhere, though the node fills in its defaults to
+// create one.
+func TestCatalogDeclareNewSkipsSync(t *testing.T) {
+	m, mc := newCatalogCluster(t, "a", "b")
+	c := &syncCounter{memCatalog: mc}
+	for _, b := range m.brokers {
+		b.SetCatalog(c)
+	}
+	ps := Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternPubSub}}
+	if _, err := m.brokers["a"].Declare("prices", ps); err != nil {
+		t.Fatal(err)
+	}
+	if c.syncs != 0 || len(mc.records) != 1 {
+		t.Fatalf("a new exchange: %d syncs, %d records; want 0 and 1", c.syncs, len(mc.records))
+	}
+	if _, err := m.brokers["b"].Declare("prices", ps); err != nil {
+		t.Fatal(err)
+	}
+	if c.syncs != 1 {
+		t.Fatalf("a known exchange: %d syncs, want 1", c.syncs)
+	}
+	if _, err := m.brokers["a"].Declare("nothing", Spec{Passive: true}); err == nil || c.syncs != 2 {
+		t.Fatalf("a passive declare of an unknown exchange: %v, %d syncs (want not found after a sync)", err, c.syncs)
+	}
+	// quotes is sticky, declared on a; b has not applied it yet. A
+	// declare on b that names no strategy matches it, though b would
+	// create a new one as broadcast; one naming another clashes.
+	c.lag = m.brokers["b"]
+	sticky := Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: "sticky"}}
+	if _, err := m.brokers["a"].Declare("quotes", sticky); err != nil {
+		t.Fatal(err)
+	}
+	if m.brokers["b"].Exchange("quotes") != nil {
+		t.Fatal("the test needs b to lag")
+	}
+	ex, err := m.brokers["b"].Declare("quotes", Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternReqResp}})
+	if err != nil || ex.Config().Strategy != "sticky" {
+		t.Fatalf("a declare without strategy on a lagging node: %v", err)
+	}
+	m.brokers["b"].ApplyDelete("quotes")
+	rr := Spec{ExchangeConfig: wire.ExchangeConfig{Pattern: wire.PatternReqResp, Strategy: "round-robin"}}
+	if _, err := m.brokers["b"].Declare("quotes", rr); err == nil {
+		t.Fatal("a clashing declare on a lagging node succeeded")
+	}
+}

@@ -80,6 +80,10 @@ type conn struct {
 	used         uint64
 	granted      atomic.Uint64
 	grantPending atomic.Bool // a grant is held back by flow control
+
+	// lane runs DECLAREs and DELETEs off the read loop in a cluster
+	// (catalog.go); nil on a single node, where they take microseconds.
+	lane *catalogLane
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -158,6 +162,11 @@ func (c *conn) serve() {
 		c.nc.Close()
 		if c.user != "" {
 			c.s.dropUser(c.user)
+		}
+		if c.lane != nil {
+			// The declares in flight end within the catalog's timeout;
+			// their answers go nowhere now.
+			c.lane.wait()
 		}
 		if c.sess != nil {
 			c.sess.Close()
@@ -333,6 +342,9 @@ func (c *conn) readLoop() error {
 	half := c.s.cfg.Credit / 2
 	var batch wire.Batch
 	defer batch.Flush()
+	if c.s.b.Clustered() {
+		c.lane = newCatalogLane()
+	}
 	for {
 		if !c.r.Buffered() {
 			batch.Flush()
@@ -353,6 +365,14 @@ func (c *conn) readLoop() error {
 			f.Release()
 			c.fail(err, false)
 			return err
+		}
+		if c.lane != nil {
+			if done, err := c.catalogFrame(f); done {
+				if err != nil {
+					return err
+				}
+				continue
+			}
 		}
 		switch f.Type {
 		case wire.TypePing:
@@ -385,6 +405,32 @@ func (c *conn) readLoop() error {
 			c.handling.Store(false)
 		}
 	}
+}
+
+// catalogFrame runs a DECLARE or DELETE off the read loop, and holds a
+// frame that names an exchange being declared or deleted (or a LIST)
+// until that is answered (catalog.go). done is set when f was taken;
+// err when the connection is closing.
+func (c *conn) catalogFrame(f *wire.Frame) (done bool, err error) {
+	c.handling.Store(true)
+	defer c.handling.Store(false)
+	ok := true
+	switch {
+	case f.Type == wire.TypeDeclare || f.Type == wire.TypeDelete:
+		if !c.lane.start(f, c.sess.Handle, c.closing) {
+			return true, errClosing
+		}
+		return true, nil
+	case f.Type == wire.TypeList:
+		ok = c.lane.waitAll(c.closing)
+	case ordered(f.Type):
+		ok = c.lane.waitFor(f.Name, c.closing)
+	}
+	if !ok {
+		f.Release()
+		return true, errClosing
+	}
+	return false, nil
 }
 
 // maxCreditDelay is how long a grant of credit is held back at most while

@@ -37,10 +37,14 @@ type pooledConn struct {
 // forwardPool keeps connections to the forwarding listeners of other
 // nodes, one request at a time on each.
 type forwardPool struct {
-	m      *Meta
-	mu     sync.Mutex
-	idle   map[string][]*pooledConn
-	closed bool
+	m     *Meta
+	mu    sync.Mutex
+	idle  map[string][]*pooledConn
+	pipes map[string]*pipe // see pipe.go
+	// dialing holds, per node, a channel closed when the dial of its
+	// pipe ends.
+	dialing map[string]chan struct{}
+	closed  bool
 }
 
 func (p *forwardPool) get(ctx context.Context, id, addr string) (*pooledConn, error) {
@@ -82,7 +86,6 @@ func (p *forwardPool) put(id string, c *pooledConn) {
 
 func (p *forwardPool) closeAll() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.closed = true
 	for _, list := range p.idle {
 		for _, c := range list {
@@ -90,6 +93,12 @@ func (p *forwardPool) closeAll() {
 		}
 	}
 	p.idle = nil
+	pipes := p.pipes
+	p.pipes = nil
+	p.mu.Unlock()
+	for _, pp := range pipes {
+		pp.fail(ErrClosed)
+	}
 }
 
 // call sends one request to node id and reads its answer into resp. An

@@ -33,4 +33,9 @@ var (
 	ErrUnknownNode = errors.New("meta: unknown node")
 	// ErrBadCommand is a command the state machine cannot read.
 	ErrBadCommand = errors.New("meta: bad command")
+	// ErrSessionExpired is a command of a client session the group no
+	// longer holds, or whose result it dropped: it was not applied (again).
+	// The node opens a new session; the command's outcome, if it was a
+	// retry, is unknown.
+	ErrSessionExpired = errors.New("meta: client session expired")
 )

@@ -3,6 +3,7 @@ package meta
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -137,4 +138,88 @@ func TestCorruptLogRefusesToStart(t *testing.T) {
 	}
 	rl.Close()
 	fl.Close()
+}
+
+// TestCatalogAcrossLeaderKill: declares and deletes made on followers
+// while the leader is killed all return their true outcome, none an
+// error: a command whose outcome the kill left unknown is retried on the
+// new leader in its client session, and applied once. Each declare of a
+// new name says it created it, each delete finds what its declare made.
+func TestCatalogAcrossLeaderKill(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	ctx := testutil.Context(t, 120*time.Second)
+	old := c.waitLeader(10 * time.Second)
+	var followers []*Meta
+	for _, m := range c.running() {
+		if m != old {
+			followers = append(followers, m)
+		}
+	}
+	const workers = 12
+	var (
+		mu    sync.Mutex
+		done  int
+		errs  []error
+		stop  = make(chan struct{})
+		wg    sync.WaitGroup
+		names []string
+	)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := followers[w%len(followers)]
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				name := fmt.Sprintf("k%d.%d", w, i)
+				_, created, err := m.Declare(ctx, name, reqresp(""), DeclareOptions{})
+				if err == nil && !created {
+					err = fmt.Errorf("declare %s: not created", name)
+				}
+				if err == nil && i%2 == 1 {
+					if err = m.Delete(ctx, name); err != nil {
+						err = fmt.Errorf("delete %s: %w", name, err)
+					}
+				} else if err == nil {
+					mu.Lock()
+					names = append(names, name)
+					mu.Unlock()
+				}
+				mu.Lock()
+				done++
+				if err != nil {
+					errs = append(errs, err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	count := func() int { mu.Lock(); defer mu.Unlock(); return done }
+	testutil.WaitForf(t, 30*time.Second, func() bool { return count() >= 50 }, "50 operations before the kill")
+	c.kill(old.NodeID())
+	lead := c.waitLeader(20 * time.Second)
+	after := count()
+	testutil.WaitForf(t, 30*time.Second, func() bool { return count() >= after+50 }, "50 operations after %s leads", lead.NodeID())
+	close(stop)
+	wg.Wait()
+	for _, err := range errs {
+		t.Error(err)
+	}
+	st := lead.State()
+	for _, name := range names {
+		if _, ok := st.Exchanges[name]; !ok {
+			t.Errorf("%s was declared and is not there", name)
+		}
+	}
+	for name := range st.Exchanges {
+		var w, i int
+		if _, err := fmt.Sscanf(name, "k%d.%d", &w, &i); err == nil && i%2 == 1 {
+			t.Errorf("%s was deleted and is there", name)
+		}
+	}
+	t.Logf("%d operations, %d before the kill", count(), after)
 }

@@ -18,8 +18,19 @@ import (
 
 // cmdVersion is the version of the command encoding. A node refuses
 // commands of a later version (an upgrade must finish before new
-// commands are used); see docs/cluster.md.
-const cmdVersion = 1
+// commands are used); see docs/cluster.md. Version 2 added client
+// sessions (session.go): a command made in a session is of version 2,
+// the others still of version 1.
+const (
+	cmdVersion        = 2
+	cmdVersionSession = 2
+	cmdVersionPlain   = 1
+)
+
+// snapVersion is the version of the snapshot encoding: 2 holds the
+// session table beside the state; 1 (no "snapshot_version" key) is the
+// state alone, and still loads.
+const snapVersion = 2
 
 // Operations of commands.
 const (
@@ -36,6 +47,8 @@ const (
 	opUnforget   = "unforget"
 	opNoop       = "noop"
 	// opQueueLeader is in queues.go.
+	// opOpenSession opens the client session named by Session.
+	opOpenSession = "open-session"
 	// maxCommandLen bounds a command, leaving room in a forwarding
 	// frame for the request around it.
 	maxCommandLen = maxFrame - 4096
@@ -49,7 +62,12 @@ type command struct {
 	Name string `json:"name,omitempty"`
 
 	// declare
-	Config  *wire.ExchangeConfig `json:"config,omitempty"`
+	Config *wire.ExchangeConfig `json:"config,omitempty"`
+	// Match, if set, is the declaration as its client made it, judged
+	// against an existing exchange (fields left out match anything);
+	// Config, with the proposing node's defaults filled in, is what a
+	// new one is created with. Unset: Config is judged.
+	Match   *wire.ExchangeConfig `json:"match,omitempty"`
 	By      string               `json:"by,omitempty"`
 	Home    string               `json:"home,omitempty"`
 	Passive bool                 `json:"passive,omitempty"`
@@ -68,6 +86,24 @@ type command struct {
 	// renew, bump-epoch
 	Epoch   uint64 `json:"epoch,omitempty"`
 	Renewed uint64 `json:"renewed,omitempty"`
+
+	// Session, Seq and Done place a catalog command in its node's
+	// client session (session.go): a second copy of (Session, Seq) is
+	// not applied again. Done: every Seq below it has an outcome.
+	Session string `json:"session,omitempty"`
+	Seq     uint64 `json:"seq,omitempty"`
+	Done    uint64 `json:"done,omitempty"`
+
+	// tries counts the attempts to make it, on the node that makes it.
+	tries int
+}
+
+// version is the encoding version c needs: sessions came with 2.
+func (c *command) version() int {
+	if c.Session != "" || c.Op == opOpenSession {
+		return cmdVersionSession
+	}
+	return cmdVersionPlain
 }
 
 // result is what applying a command returns: the ApplyFuture's response
@@ -92,13 +128,14 @@ type fsm struct {
 	onRestore func()
 	maxSnap   int64
 
-	mu      sync.RWMutex
-	st      State
-	applied chan struct{} // closed and replaced when st.Index moves
+	mu       sync.RWMutex
+	st       State
+	sessions sessions
+	applied  chan struct{} // closed and replaced when st.Index moves
 }
 
 func newFSM(obs Observer, maxSnap int64) *fsm {
-	return &fsm{obs: obs, maxSnap: maxSnap, st: newState(), applied: make(chan struct{})}
+	return &fsm{obs: obs, maxSnap: maxSnap, st: newState(), sessions: sessions{}, applied: make(chan struct{})}
 }
 
 // Apply applies one command.
@@ -110,7 +147,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 		res.Err = err
 	} else {
 		f.mu.Lock()
-		res, changes = f.apply(l.Index, &c)
+		res, changes = f.applySession(l.Index, &c)
 		f.mu.Unlock()
 	}
 	if f.obs != nil {
@@ -156,6 +193,29 @@ func decodeCommand(b []byte, c *command) error {
 		return fmt.Errorf("%w: version %d (this node reads up to %d)", ErrBadCommand, c.V, cmdVersion)
 	}
 	return nil
+}
+
+// applySession applies c in its client session: a command applied
+// before returns its stored result and changes nothing. f.mu is held.
+func (f *fsm) applySession(index uint64, c *command) (result, []Change) {
+	switch {
+	case c.Op == opOpenSession:
+		if c.Session == "" || len(c.Session) > 255 {
+			return result{Err: fmt.Errorf("%w: bad session id", ErrBadCommand)}, nil
+		}
+		f.sessions.open(c.Session, index)
+		return result{}, nil
+	case c.Session == "":
+		return f.apply(index, c)
+	case !catalogOps[c.Op]:
+		return result{Err: fmt.Errorf("%w: %q is not made in a session", ErrBadCommand, c.Op)}, nil
+	}
+	if res, ok := f.sessions.lookup(index, c); ok {
+		return res, nil
+	}
+	res, changes := f.apply(index, c)
+	f.sessions.record(c, res)
+	return res, changes
 }
 
 // apply runs c at index against the state; f.mu is held. It returns the
@@ -240,7 +300,11 @@ func applyDeclare(st *State, index uint64, c *command) (result, []Change) {
 		return result{Err: wire.Errorf(wire.CodeBadOptions, "exchange %q: %v", c.Name, err)}, nil
 	}
 	if ex, ok := st.Exchanges[c.Name]; ok {
-		if err := matches(ex, cfg); err != nil {
+		judged := cfg
+		if c.Match != nil {
+			judged = *c.Match
+		}
+		if err := matches(ex, judged); err != nil {
 			return result{Err: err}, nil
 		}
 		return result{Exchange: &ex}, nil
@@ -465,11 +529,19 @@ func rehome(st *State, index uint64, from string) (result, []Change) {
 	return result{Moved: len(moving)}, changes
 }
 
+// snapshotBody is a snapshot: the state's fields, with the version and
+// the session table beside them (a version 1 snapshot has neither).
+type snapshotBody struct {
+	State
+	Version  int      `json:"snapshot_version,omitempty"`
+	Sessions sessions `json:"sessions,omitempty"`
+}
+
 // Snapshot captures the state: encoded now, on the apply goroutine, so
 // that later commands do not change it.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
-	b, err := json.Marshal(f.st)
+	b, err := json.Marshal(snapshotBody{State: f.st, Version: snapVersion, Sessions: f.sessions})
 	f.mu.RUnlock()
 	if err != nil {
 		return nil, fmt.Errorf("meta: snapshot: %w", err)
@@ -487,14 +559,18 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if int64(len(b)) > f.maxSnap {
 		return fmt.Errorf("meta: restore: snapshot larger than %d bytes", f.maxSnap)
 	}
-	st := newState()
+	body := snapshotBody{State: newState()}
 	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(&st); err != nil {
+	if err := dec.Decode(&body); err != nil {
 		return fmt.Errorf("meta: restore: %w", err)
 	}
-	st = st.clone() // nil maps made empty
+	if body.Version > snapVersion {
+		return fmt.Errorf("meta: restore: snapshot version %d (this node reads up to %d)", body.Version, snapVersion)
+	}
+	st := body.State.clone() // nil maps made empty
 	f.mu.Lock()
 	f.st = st
+	f.sessions = body.Sessions.clone()
 	f.mu.Unlock()
 	if f.obs != nil {
 		f.obs.Restore(st.clone())

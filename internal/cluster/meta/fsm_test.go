@@ -107,7 +107,7 @@ func TestRehomeIsDeterministic(t *testing.T) {
 
 func TestBadCommandsAndSnapshots(t *testing.T) {
 	f := newFSM(nil, 1<<10)
-	for _, data := range [][]byte{[]byte("{"), []byte(`{"v":2,"op":"noop"}`), []byte(`{"v":0,"op":"noop"}`), []byte(`{"v":1,"op":"what"}`), bytes.Repeat([]byte(" "), maxCommandLen+1)} {
+	for _, data := range [][]byte{[]byte("{"), []byte(`{"v":3,"op":"noop"}`), []byte(`{"v":0,"op":"noop"}`), []byte(`{"v":1,"op":"what"}`), bytes.Repeat([]byte(" "), maxCommandLen+1)} {
 		res := f.Apply(&raft.Log{Index: 1, Data: data}).(*result)
 		if !errors.Is(res.Err, ErrBadCommand) {
 			t.Errorf("%.20q: %v, want ErrBadCommand", data, res.Err)

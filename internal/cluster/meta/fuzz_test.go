@@ -2,6 +2,9 @@ package meta
 
 import (
 	"bytes"
+	"encoding/json"
+	"io"
+	"reflect"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -67,24 +70,47 @@ func FuzzDecodeLog(f *testing.F) {
 	})
 }
 
-// FuzzApply: any command bytes leave the state machine consistent.
+// FuzzApply: any command bytes leave the state machine consistent, and
+// a command of a client session applied twice changes the state once.
 func FuzzApply(f *testing.F) {
 	f.Add([]byte(`{"v":1,"op":"declare","name":"a.b","config":{"pattern":"tasks","max_attempts":-1},"home":"n1"}`))
 	f.Add([]byte(`{"v":1,"op":"put-user","name":"u","password_hash":"x","set_tags":true,"tags":["administrator"]}`))
 	f.Add([]byte(`{"v":1,"op":"rehome","name":"n1"}`))
 	f.Add([]byte(`{"v":1,"op":"bump-epoch","name":"n1","epoch":1,"renewed":1}`))
+	f.Add([]byte(`{"v":2,"op":"declare","name":"a.b","config":{"pattern":"pubsub"},"home":"n1","session":"n1/s","seq":1,"done":1}`))
+	f.Add([]byte(`{"v":2,"op":"delete","name":"x","session":"n1/s","seq":2,"done":1}`))
+	f.Add([]byte(`{"v":2,"op":"open-session","session":"n2/t"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fs := newFSM(nil, 1<<20)
 		fs.Apply(&raft.Log{Index: 1, Data: []byte(`{"v":1,"op":"renew","name":"n1"}`)})
-		fs.Apply(&raft.Log{Index: 2, Data: b})
-		fs.Apply(&raft.Log{Index: 3, Data: b})
+		fs.Apply(&raft.Log{Index: 2, Data: []byte(`{"v":2,"op":"open-session","session":"n1/s"}`)})
+		fs.Apply(&raft.Log{Index: 3, Data: []byte(`{"v":2,"op":"declare","name":"x","config":{"pattern":"pubsub"},"home":"n1","session":"n1/s","seq":1,"done":1}`)})
+		fs.Apply(&raft.Log{Index: 4, Data: b})
+		once := fs.st.clone()
+		fs.Apply(&raft.Log{Index: 5, Data: b})
+		var c command
+		if decodeCommand(b, &c) == nil && c.Session != "" && catalogOps[c.Op] {
+			if !reflect.DeepEqual(once.Exchanges, fs.st.Exchanges) || !reflect.DeepEqual(once.Users, fs.st.Users) {
+				t.Fatalf("a command of a session applied twice changed the state twice: %s", b)
+			}
+		}
 		for name, ex := range fs.st.Exchanges {
 			if name != ex.Name || !validName(name) || ex.Config.Pattern == "" {
 				t.Fatalf("bad exchange %q: %+v", name, ex)
 			}
 		}
-		if _, err := fs.Snapshot(); err != nil {
+		snap, err := fs.Snapshot()
+		if err != nil {
 			t.Fatal(err)
+		}
+		g := newFSM(nil, 1<<20)
+		if err := g.Restore(io.NopCloser(bytes.NewReader(snap.(snapshot)))); err != nil {
+			t.Fatalf("a snapshot does not load: %v", err)
+		}
+		got, _ := json.Marshal(g.sessions)
+		want, _ := json.Marshal(fs.sessions)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("sessions after a restore: %s, want %s", got, want)
 		}
 	})
 }

@@ -201,6 +201,11 @@ type Meta struct {
 	started time.Time
 	nudge   chan struct{}
 
+	// session is this node's client session; inFlight bounds the
+	// catalog commands in flight (maxInFlight).
+	session  clientSession
+	inFlight chan struct{}
+
 	// staleReads makes Get read the local state without asking the
 	// leader: tests use it to check that the linearizability checker
 	// catches stale reads.
@@ -217,7 +222,8 @@ func New(cfg Config) (*Meta, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("meta: %w", err)
 	}
-	m := &Meta{cfg: cfg, log: cfg.Log, done: make(chan struct{}), conns: map[net.Conn]struct{}{}, seen: map[string]time.Time{}, receipts: map[string]receipt{}, renewedAt: map[string]time.Time{}, expiring: map[string]bool{}, started: time.Now(), nudge: make(chan struct{}, 1)}
+	m := &Meta{cfg: cfg, log: cfg.Log, done: make(chan struct{}), conns: map[net.Conn]struct{}{}, seen: map[string]time.Time{}, receipts: map[string]receipt{}, renewedAt: map[string]time.Time{}, expiring: map[string]bool{}, started: time.Now(), nudge: make(chan struct{}, 1), inFlight: make(chan struct{}, maxInFlight)}
+	m.session.expired("", cfg.NodeID) // a new session id
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.pool.m = m
 	hl := hclog.New(&hclog.LoggerOptions{Name: "meta-raft", Level: hclog.Warn, Output: slogWriter{cfg.Log}, DisableTime: true})
@@ -246,6 +252,11 @@ func New(cfg Config) (*Meta, error) {
 	rc.SnapshotThreshold = cfg.SnapshotThreshold
 	rc.SnapshotInterval = cfg.SnapshotInterval
 	rc.TrailingLogs = cfg.TrailingLogs
+	// Proposals queue for the leader's group commit (up to
+	// MaxAppendEntries, 64, per disk write and append) rather than
+	// hand over one by one; Apply's enqueue timeout then no longer
+	// holds, which callers do not rely on (they wait with a context).
+	rc.BatchApplyCh = true
 	rc.Logger = hl
 	r, err := raft.NewRaft(rc, m.fsm, store, store, snaps, m.trans)
 	if err != nil {
@@ -412,7 +423,7 @@ func timeLeft(ctx context.Context) time.Duration {
 // forwardable lists the operations a peer may send to the leader; the
 // others (epochs, re-homing, removal) the leader makes itself.
 var forwardable = map[string]bool{opDeclare: true, opDelete: true, opPutUser: true, opDeleteUser: true,
-	opSetPerms: true, opClearPerms: true, opRenew: true, opQueueLeader: true}
+	opSetPerms: true, opClearPerms: true, opRenew: true, opQueueLeader: true, opOpenSession: true}
 
 // applyLeader applies c on this node, which must be the leader, and
 // returns its index and the state machine's result.
@@ -420,7 +431,7 @@ func (m *Meta) applyLeader(ctx context.Context, c *command) (uint64, *result, er
 	if m.raft.State() != raft.Leader {
 		return 0, nil, ErrNotLeader
 	}
-	c.V = cmdVersion
+	c.V = c.version()
 	b, err := json.Marshal(c)
 	if err != nil {
 		return 0, nil, err
@@ -499,16 +510,79 @@ func (m *Meta) askNudge() {
 
 // apply makes c from any node: applied here if this node leads, else
 // forwarded to the leader, retried while no leader is known or the one
-// asked no longer leads; then waits for this node to apply it.
+// asked no longer leads; then waits for this node to apply it. A catalog
+// command is made in this node's client session (session.go), so that it
+// is retried too when its outcome is unknown (the leader lost its
+// leadership as it committed it, or its answer did not come back): the
+// group applies it at most once and returns its true outcome.
 func (m *Meta) apply(ctx context.Context, c *command) (*result, error) {
-	c.V = cmdVersion
+	c.V = c.version()
 	if err := checkSize(c); err != nil {
 		return nil, err
 	}
 	ctx, cancel := m.opContext(ctx)
 	defer cancel()
+	if !catalogOps[c.Op] {
+		return m.applyRetry(ctx, c, false)
+	}
+	select {
+	case m.inFlight <- struct{}{}:
+		defer func() { <-m.inFlight }()
+	case <-ctx.Done():
+		return nil, m.noQuorum(ctx, c.Op, nil)
+	}
+	for attempt := 0; ; attempt++ {
+		if err := m.openSession(ctx); err != nil {
+			return nil, err
+		}
+		m.session.begin(c)
+		c.V, c.tries = c.version(), 0
+		res, err := m.applyRetry(ctx, c, true)
+		m.session.end(c)
+		if !errors.Is(err, ErrSessionExpired) {
+			return res, err
+		}
+		// The group dropped the session (it holds maxSessions): a
+		// command sent once only was not applied, and is made again in
+		// a new session; a retried one has an unknown outcome.
+		m.session.expired(c.Session, m.cfg.NodeID)
+		if c.tries > 1 || attempt > 0 {
+			return nil, fmt.Errorf("%w: %s: outcome unknown: %w", ErrNoQuorum, c.Op, err)
+		}
+	}
+}
+
+// openSession opens this node's client session in the group, once.
+func (m *Meta) openSession(ctx context.Context) error {
+	if _, opened := m.session.state(); opened {
+		return nil
+	}
+	select {
+	case m.session.opening <- struct{}{}:
+		defer func() { <-m.session.opening }()
+	case <-ctx.Done():
+		return m.noQuorum(ctx, opOpenSession, nil)
+	}
+	id, opened := m.session.state()
+	if opened {
+		return nil
+	}
+	// Opening is idempotent: it is retried whatever its outcome.
+	if _, err := m.applyRetry(ctx, &command{V: cmdVersionSession, Op: opOpenSession, Session: id}, true); err != nil {
+		return fmt.Errorf("meta: open session: %w", err)
+	}
+	m.session.setOpened(id)
+	return nil
+}
+
+// applyRetry makes c, retrying while the attempts surely did nothing
+// or, with unknown set (c is safe to apply twice), while their outcome
+// is unknown. A result that the state machine returned comes back with
+// its error.
+func (m *Meta) applyRetry(ctx context.Context, c *command, unknown bool) (*result, error) {
 	var last error
 	for {
+		c.tries++
 		idx, res, err := m.applyOnce(ctx, c)
 		if err == nil {
 			if err := m.waitApplied(ctx, idx); err != nil {
@@ -516,14 +590,24 @@ func (m *Meta) apply(ctx context.Context, c *command) (*result, error) {
 			}
 			return res, res.Err
 		}
-		if !retryable(err) {
+		if !retryable(err) && !(unknown && unknownOutcome(err)) {
 			return nil, err
 		}
 		last = err
 		if !m.pause(ctx) {
 			return nil, m.noQuorum(ctx, c.Op, last)
 		}
+		if c.Session != "" {
+			m.session.refresh(c)
+		}
 	}
+}
+
+// unknownOutcome reports whether a failed attempt may or may not have
+// been applied: the leader lost its leadership while committing it, or
+// its answer did not come back.
+func unknownOutcome(err error) bool {
+	return errors.Is(err, ErrNoQuorum) && !errors.Is(err, ErrClosed)
 }
 
 func (m *Meta) applyOnce(ctx context.Context, c *command) (uint64, *result, error) {
@@ -540,11 +624,17 @@ func (m *Meta) applyOnce(ctx context.Context, c *command) (uint64, *result, erro
 		return idx, res, err
 	}
 	var resp response
-	if err := m.pool.call(ctx, string(id), string(addr), typeApply, &request{Command: c}, &resp); err != nil {
+	if err := m.pool.pipelined(ctx, string(id), string(addr), typeApply, &request{Command: c}, &resp); err != nil {
 		return 0, nil, err
 	}
 	if resp.Result == nil {
-		return 0, nil, resp.Err.err()
+		err := resp.Err.err()
+		if errors.Is(err, ErrClosed) {
+			// The leader shut down as it committed: the outcome is
+			// unknown (this node's own shutdown is ErrClosed itself).
+			return 0, nil, fmt.Errorf("%w: the leader %s shut down: %w", ErrNoQuorum, id, err)
+		}
+		return 0, nil, err
 	}
 	resp.Result.Err = resp.Err.err()
 	return resp.Index, resp.Result, nil
@@ -655,7 +745,7 @@ func (m *Meta) readIndex(ctx context.Context) (uint64, error) {
 		return m.readIndexLeader(ctx)
 	}
 	var resp response
-	if err := m.pool.call(ctx, string(id), string(addr), typeRead, &request{}, &resp); err != nil {
+	if err := m.pool.pipelined(ctx, string(id), string(addr), typeRead, &request{}, &resp); err != nil {
 		return 0, err
 	}
 	return resp.Index, resp.Err.err()

@@ -17,6 +17,12 @@ type DeclareOptions struct {
 	// Passive only opens an existing exchange: it fails with
 	// wire.CodeNotFound rather than create one.
 	Passive bool
+	// Match, if set, is the declaration as the client made it, judged
+	// against an existing exchange instead of cfg: a node declaring an
+	// exchange it does not know yet fills in its defaults (cfg), which
+	// must not clash with an exchange declared elsewhere whose client
+	// named others.
+	Match *wire.ExchangeConfig
 }
 
 // Declare creates the exchange name, homed on this node, or checks that
@@ -30,7 +36,7 @@ func (m *Meta) Declare(ctx context.Context, name string, cfg wire.ExchangeConfig
 			return Exchange{}, false, err
 		}
 	}
-	res, err := m.apply(ctx, &command{Op: opDeclare, Name: name, Config: &cfg, By: opts.By, Home: m.cfg.NodeID, Passive: opts.Passive})
+	res, err := m.apply(ctx, &command{Op: opDeclare, Name: name, Config: &cfg, Match: opts.Match, By: opts.By, Home: m.cfg.NodeID, Passive: opts.Passive})
 	if err != nil {
 		return Exchange{}, false, err
 	}

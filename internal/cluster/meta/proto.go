@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/courier-mq/courier/internal/auth"
@@ -23,7 +25,9 @@ import (
 //	endian) | JSON body (length bytes, at most maxFrame)
 //
 // A connection carries one request at a time, each answered by one
-// response frame. A frame of another version is answered with an error
+// response frame; or, when the requests carry an ID (writes and read
+// indexes, pipe.go), many at once, each answer carrying its request's
+// ID, in any order. A frame of another version is answered with an error
 // frame of this version and the connection is closed; so is a frame too
 // large or not valid JSON. Requests carry their remaining time, not a
 // wall-clock deadline, so clock differences between nodes do not matter.
@@ -62,6 +66,10 @@ const (
 )
 
 type request struct {
+	// ID numbers a request on a pipelined connection (pipe.go): the
+	// leader may answer it before the ones sent earlier, with the same
+	// ID. 0: one request at a time, answered in order.
+	ID uint64 `json:"id,omitempty"`
 	// TimeoutMS is the time left to the sender, in milliseconds.
 	TimeoutMS int64    `json:"timeout_ms"`
 	Command   *command `json:"command,omitempty"`
@@ -77,6 +85,8 @@ type request struct {
 }
 
 type response struct {
+	// ID is the request's ID (pipelined requests only).
+	ID     uint64      `json:"id,omitempty"`
 	Index  uint64      `json:"index,omitempty"`
 	Result *result     `json:"result,omitempty"`
 	Status *Status     `json:"status,omitempty"`
@@ -112,7 +122,7 @@ type errInfo struct {
 // sender tests with errors.Is.
 var sentinels = map[string]error{
 	"no-quorum": ErrNoQuorum, "not-leader": ErrNotLeader, "stale": ErrStale, "removed": ErrRemoved, "unknown-node": ErrUnknownNode,
-	"bad-command": ErrBadCommand, "bad-frame": ErrBadFrame, "closed": ErrClosed,
+	"bad-command": ErrBadCommand, "bad-frame": ErrBadFrame, "closed": ErrClosed, "session-expired": ErrSessionExpired,
 	"no-user": auth.ErrNoUser, "user-exists": auth.ErrUserExists, "bad-name": auth.ErrBadName,
 	"bad-password": auth.ErrBadPassword, "bad-hash": auth.ErrBadHash, "bad-tag": auth.ErrBadTag,
 	"bad-pattern": auth.ErrBadPattern, "last-admin": auth.ErrLastAdmin, "no-users": auth.ErrNoUsers,
@@ -261,7 +271,9 @@ func (m *Meta) serveForward() {
 	}
 }
 
-// serveConn answers the requests of one connection, one at a time.
+// serveConn answers the requests of one connection: one at a time, in
+// order, or, for requests with an ID (a pipelined connection, pipe.go),
+// up to maxPipelined at once, each answered when it is done.
 func (m *Meta) serveConn(c net.Conn) {
 	m.trackConn(c, true)
 	defer m.trackConn(c, false)
@@ -271,26 +283,50 @@ func (m *Meta) serveConn(c net.Conn) {
 	if p, ok := c.(PeerIdentity); ok {
 		peer = p.PeerNode()
 	}
+	var wmu sync.Mutex // one answer written at a time
+	answer := func(id uint64, resp response) error {
+		resp.ID = id
+		out := typeOK
+		if resp.Err != nil {
+			out = typeError
+		}
+		wmu.Lock()
+		defer wmu.Unlock()
+		c.SetWriteDeadline(time.Now().Add(ioTimeout))
+		return writeFrame(c, out, resp)
+	}
+	slots := make(chan struct{}, maxPipelined)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for {
 		c.SetReadDeadline(time.Now().Add(idleTimeout))
 		var req request
 		typ, err := readFrame(r, &req, func() { c.SetReadDeadline(time.Now().Add(ioTimeout)) })
 		if err != nil {
 			if errors.Is(err, ErrBadFrame) {
-				c.SetWriteDeadline(time.Now().Add(ioTimeout))
-				writeFrame(c, typeError, response{Err: encodeError(err)})
+				answer(0, response{Err: encodeError(err)})
 			}
 			return
 		}
-		resp := m.handle(typ, &req, peer)
-		out := typeOK
-		if resp.Err != nil {
-			out = typeError
+		if req.ID == 0 || typ != typeApply && typ != typeRead {
+			if err := answer(req.ID, m.handle(typ, &req, peer)); err != nil {
+				return
+			}
+			continue
 		}
-		c.SetWriteDeadline(time.Now().Add(ioTimeout))
-		if err := writeFrame(c, out, resp); err != nil {
+		select {
+		case slots <- struct{}{}:
+		case <-m.done:
 			return
 		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			if err := answer(req.ID, m.handle(typ, &req, peer)); err != nil {
+				c.Close()
+			}
+		}()
 	}
 }
 
@@ -307,11 +343,14 @@ func (m *Meta) handle(typ byte, req *request, peer string) response {
 		if req.Command == nil || !forwardable[req.Command.Op] {
 			return response{Err: encodeError(fmt.Errorf("%w: not a command a peer may send", ErrBadFrame))}
 		}
-		if req.Command.V != cmdVersion {
+		if req.Command.V < 1 || req.Command.V > cmdVersion {
 			return response{Err: encodeError(fmt.Errorf("%w: command version %d, this node applies %d", ErrBadCommand, req.Command.V, cmdVersion))}
 		}
 		if c := req.Command; peer != "" && (c.Op == opRenew && c.Name != peer || (c.Op == opDeclare || c.Op == opQueueLeader) && c.Home != peer) {
 			return response{Err: encodeError(fmt.Errorf("%w: node %q may not %s for %q", ErrBadFrame, peer, c.Op, c.Name+c.Home))}
+		}
+		if c := req.Command; peer != "" && c.Session != "" && !strings.HasPrefix(c.Session, peer+"/") {
+			return response{Err: encodeError(fmt.Errorf("%w: node %q may not use session %q", ErrBadFrame, peer, c.Session))}
 		}
 		idx, res, err := m.applyLeader(ctx, req.Command)
 		if err != nil {
