@@ -197,25 +197,39 @@ func (c *conn) queueUnbind(ch *channel, m *QueueUnbind) error {
 	b, sub := c.s.cfg.Broker, bindSub(m.Queue)
 	c.s.kinds.mu.Lock()
 	patterns, ok := subPatterns(b, m.Exchange, sub)
-	var err error
-	if ok {
-		rest := slices.DeleteFunc(slices.Clone(patterns), func(p string) bool { return p == pattern })
-		switch {
-		case len(rest) == len(patterns):
-		case len(rest) == 0:
-			err = b.DeleteQueue(m.Exchange + "/" + sub)
-		default:
-			err = b.DurableSubscribe(m.Exchange, sub, rest)
-		}
-	}
+	err := unbindOne(b, m.Exchange, sub, patterns, ok,
+		func(p string) bool { return p == pattern },
+		func(rest []string) error { return b.DurableSubscribe(m.Exchange, sub, rest) })
 	c.s.kinds.mu.Unlock()
+	return c.unbound(ch, m, err)
+}
+
+// unbindOne removes from have, the bindings of subscription sub of
+// exchange (ok: it exists), those that gone matches: the subscription
+// goes with its last binding, and keep stores what is left otherwise.
+// Unbinding what is not bound succeeds, as in RabbitMQ.
+func unbindOne[T any](b *broker.Broker, exchange, sub string, have []T, ok bool, gone func(T) bool, keep func([]T) error) error {
+	if !ok {
+		return nil
+	}
+	rest := slices.DeleteFunc(slices.Clone(have), gone)
+	switch {
+	case len(rest) == len(have):
+		return nil
+	case len(rest) == 0:
+		return b.DeleteQueue(exchange + "/" + sub)
+	}
+	return keep(rest)
+}
+
+// unbound answers queue.unbind m after the broker's answer err.
+func (c *conn) unbound(ch *channel, m *QueueUnbind, err error) error {
 	if err != nil {
 		e := wireErr(err)
 		e.ClassID, e.MethodID = m.ClassMethod()
 		return c.channelError(ch, e)
 	}
 	c.bindingGone(m.Exchange)
-	// Unbinding what is not bound succeeds, as in RabbitMQ.
 	return c.send(ch.id, &QueueUnbindOK{})
 }
 
@@ -338,23 +352,9 @@ func (c *conn) unbindHeaders(ch *channel, m *QueueUnbind) error {
 	b, sub := c.s.cfg.Broker, bindSub(m.Queue)
 	c.s.kinds.mu.Lock()
 	filters, ok := b.Filters(m.Exchange, sub)
-	var err error
-	if ok {
-		rest := slices.DeleteFunc(slices.Clone(filters), func(f broker.HeaderFilter) bool { return sameFilter(f, filter) })
-		switch {
-		case len(rest) == len(filters):
-		case len(rest) == 0:
-			err = b.DeleteQueue(m.Exchange + "/" + sub)
-		default:
-			err = b.DurableSubscribeHeaders(m.Exchange, sub, rest)
-		}
-	}
+	err := unbindOne(b, m.Exchange, sub, filters, ok,
+		func(f broker.HeaderFilter) bool { return sameFilter(f, filter) },
+		func(rest []broker.HeaderFilter) error { return b.DurableSubscribeHeaders(m.Exchange, sub, rest) })
 	c.s.kinds.mu.Unlock()
-	if err != nil {
-		e := wireErr(err)
-		e.ClassID, e.MethodID = m.ClassMethod()
-		return c.channelError(ch, e)
-	}
-	c.bindingGone(m.Exchange)
-	return c.send(ch.id, &QueueUnbindOK{})
+	return c.unbound(ch, m, err)
 }
