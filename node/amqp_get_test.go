@@ -1,6 +1,7 @@
 package node
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -198,5 +199,71 @@ func TestAMQPBasicGetErrors(t *testing.T) {
 	}
 	if e := testutil.Recv(t, closed, 30*time.Second); e == nil || e.Code != amqp.PreconditionFailed {
 		t.Fatalf("ack of a no-ack get: %v, want 406", e)
+	}
+}
+
+// TestAMQPBasicGetNoAckSameKey: messages of one routing key in a bound
+// queue are keyed; a no-ack get settles its message before answering,
+// so the client's next get finds the next one of the key at once, never
+// get-empty while one is ready.
+func TestAMQPBasicGetNoAckSameKey(t *testing.T) {
+	_, url := amqpNode(t)
+	_, ch := amqpChannel(t, url)
+	if err := ch.ExchangeDeclare("keyed", "direct", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare("same-key", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind("same-key", "k", "keyed", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	bodies := make([]string, n)
+	for i := range bodies {
+		bodies[i] = strconv.Itoa(i)
+	}
+	_, pch := amqpChannel(t, url)
+	publishConfirmed(t, pch, "keyed", "k", bodies...)
+	for i := range n {
+		d, ok, err := ch.Get("same-key", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			t.Fatalf("get %d of %d: get-empty with %d ready", i+1, n, n-i)
+		}
+		if string(d.Body) != bodies[i] {
+			t.Fatalf("get %d: %q, want %q", i+1, d.Body, bodies[i])
+		}
+	}
+}
+
+// TestAMQPCloseReturnsDeliveries: once a client's connection.close has
+// its close-ok, what its consumers held unacked is back in the queue,
+// counted as a failed attempt (redelivered), as in RabbitMQ.
+func TestAMQPCloseReturnsDeliveries(t *testing.T) {
+	n, url := amqpNode(t)
+	c, ch := amqpChannel(t, url)
+	if _, err := ch.QueueDeclare("held", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, pch := amqpChannel(t, url)
+	publishConfirmed(t, pch, "", "held", "one")
+	ds, err := ch.Consume("held", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Recv(t, ds, 30*time.Second)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// No waiting: close-ok came after the return.
+	q := n.broker.Queue("held")
+	if q == nil {
+		t.Fatal("no queue held")
+	}
+	if st := q.Stats(); st.Unacked != 0 || st.Consumers != 0 {
+		t.Fatalf("after close-ok: %d unacked, %d consumers; want none", st.Unacked, st.Consumers)
 	}
 }

@@ -134,6 +134,10 @@ func (c *conn) closeChannel(ch *channel, e *Error) error {
 func (c *conn) connectionMethod(m Method) error {
 	switch m.(type) {
 	case *ConnectionClose:
+		// As RabbitMQ: close-ok once the connection's consumers are
+		// gone and what they held is back in its queues, so that a
+		// client whose Close returned sees it there.
+		c.closeSession()
 		c.send(0, &ConnectionCloseOK{})
 		return errClosed
 	case *ConnectionUpdateSecret:

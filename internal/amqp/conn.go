@@ -40,6 +40,8 @@ type conn struct {
 	clientProps Table
 	// gw is the broker side; nil when the server has no broker.
 	gw *gateway
+	// sessionClosed is set once closeSession ran.
+	sessionClosed bool
 	// owned are the exclusive queues the connection declared.
 	owned map[string]bool
 	// nextAttach is the id of the last worker attachment.

@@ -67,9 +67,10 @@ func (c *conn) openSession() {
 	c.gw = g
 }
 
-// closeSession closes the broker session, if any.
+// closeSession closes the broker session, if any, once.
 func (c *conn) closeSession() {
-	if c.gw != nil {
+	if c.gw != nil && !c.sessionClosed {
+		c.sessionClosed = true
 		for _, ch := range c.channels {
 			c.cancelReplyTo(ch)
 		}

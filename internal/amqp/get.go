@@ -2,6 +2,7 @@ package amqp
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/courier-mq/courier/wire"
 )
@@ -11,7 +12,7 @@ import (
 // from: Q itself first, then the durable subscription of each exchange Q
 // is bound to, as a consumer of Q takes from all of them. A message got
 // with acks is held by the channel until basic.ack, nack or reject, as a
-// delivery; one got with no-ack is acked once written. The channel's
+// delivery; one got with no-ack is acked before it is sent. The channel's
 // pull attachments are detached when it closes, and what they hold goes
 // back to the queue.
 
@@ -55,15 +56,18 @@ func (c *conn) basicGet(ch *channel, m *BasicGet) error {
 		if src.sub != "" {
 			okm.Exchange, okm.RoutingKey = src.exchange, d.Key
 		}
-		var after func()
+		props, body := headersToProps(d.Headers), d.Body
 		if m.NoAck {
-			after = func() {
-				a := wire.NewFrame(wire.TypeAck)
-				a.Attach, a.Ref = id, d.ID
-				c.gw.sess.Handle(a)
-			}
+			// Settled before the answer, on this loop: a keyed message
+			// still held would hide the next one of its key from the
+			// client's next basic.get. The body is the queue's until
+			// then, so the answer takes a copy.
+			body = slices.Clone(body)
+			a := wire.NewFrame(wire.TypeAck)
+			a.Attach, a.Ref = id, d.ID
+			c.gw.sess.Handle(a)
 		}
-		return c.sendContent(ch.id, okm, headersToProps(d.Headers), d.Body, after)
+		return c.sendContent(ch.id, okm, props, body, nil)
 	}
 	return c.send(ch.id, &BasicGetEmpty{})
 }
