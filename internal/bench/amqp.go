@@ -13,7 +13,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// amqpDriver runs scenarios on RabbitMQ: RPC over a queue the handler
+// amqpDriver runs scenarios on an AMQP 0-9-1 broker, RabbitMQ or
+// Courier's own AMQP port: RPC over a queue the handler
 // consumes, with replies through direct reply-to
 // (amq.rabbitmq.reply-to) matched by correlation id; pub-sub through a
 // fanout exchange with one exclusive, auto-ack queue per subscriber;
@@ -182,7 +183,10 @@ func (d *amqpDriver) subscribe(ctx context.Context, n int, fn func(int, []byte))
 		if err := ch.QueueBind(q.Name, "", exchange, false, nil); err != nil {
 			return fmt.Errorf("bench: bind queue: %w", err)
 		}
-		msgs, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+		// Not an exclusive consumer: the queue is exclusive already, so
+		// no one else may consume it, and Courier's AMQP port refuses
+		// exclusive consumers (540).
+		msgs, err := ch.Consume(q.Name, "", true, false, false, false, nil)
 		if err != nil {
 			return fmt.Errorf("bench: consume: %w", err)
 		}
