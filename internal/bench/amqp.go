@@ -414,3 +414,23 @@ func (d *amqpDriver) deleteQueue(ctx context.Context, name string) error {
 	_, err = ch.QueueDelete(name, false, false, false)
 	return err
 }
+
+// amqpLabel heads a comparison's column of an AMQP target by the
+// product its server announces in connection.start: "RabbitMQ", or
+// "Courier AMQP" for Courier's AMQP port, so that the two are told
+// apart; "AMQP" when the server cannot be asked.
+func amqpLabel(url string) string {
+	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	if err != nil {
+		return "AMQP"
+	}
+	defer conn.Close()
+	switch p, _ := conn.Properties["product"].(string); p {
+	case "":
+		return "AMQP"
+	case "Courier":
+		return "Courier AMQP"
+	default:
+		return p
+	}
+}
