@@ -18,8 +18,11 @@ import os
 import statistics
 import sys
 
-TARGETS = ["rabbitmq", "courier-amqp", "courier"]
-HEAD = {"rabbitmq": "RabbitMQ", "courier-amqp": "Courier AMQP", "courier": "Courier native"}
+TARGETS = ["rabbitmq", "courier-amqp", "courier", "courier-amqp-before"]
+HEAD = {"rabbitmq": "RabbitMQ", "courier-amqp": "Courier AMQP", "courier": "Courier native",
+        "courier-amqp-before": "Courier AMQP before"}
+# The ratio columns: Courier AMQP against each of these.
+VERSUS = {"rabbitmq": "AMQP/RabbitMQ", "courier": "AMQP/native", "courier-amqp-before": "after/before"}
 CASES = ["reqresp", "fanout", "tasks", "backlog"]
 
 
@@ -142,22 +145,26 @@ def main():
                     pass
 
     order.sort(key=lambda k: CASES.index(k[0]))
-    rows = [["case", "figure", "unit"] + [HEAD[t] for t in TARGETS] + ["AMQP/RabbitMQ", "AMQP/native"]]
+    present = [t for t in TARGETS if any(t in by for by in figs.values())]
+    versus = [t for t in VERSUS if t in present and "courier-amqp" in present]
+    rows = [["case", "figure", "unit"] + [HEAD[t] for t in present] + [VERSUS[t] for t in versus]]
     for key in order:
         case, name, unit, lower = key
         by = figs[key]
-        row = [case, name, unit] + [cell(by.get(t, [])) for t in TARGETS]
-        for other in ("rabbitmq", "courier"):
+        row = [case, name, unit] + [cell(by.get(t, [])) for t in present]
+        for other in versus:
             q = ratio(by.get("courier-amqp"), by.get(other), lower)
             row.append("–" if q is None else f"{q:.2f}x")
         rows.append(row)
     print(f"Medians of {len(rounds)} round(s) [lowest–highest]; ratios of the medians, above 1: Courier AMQP did better.")
     print("Aims (issue 16): AMQP/RabbitMQ 2.00x or more; AMQP/native 0.70x or more.")
+    if "courier-amqp-before" in versus:
+        print("after/before: Courier AMQP against the BEFORE_BIN build's AMQP port, in the same rounds.")
     print(table(rows))
     print()
     rows = [["case", "server", "CPU us/op", "peak RSS MB", "load avg"]]
     for case in CASES:
-        for t in TARGETS:
+        for t in present:
             r = res.get((case, t))
             if not r:
                 continue

@@ -20,7 +20,7 @@
 # 7491, a fresh data directory) and RabbitMQ (scripts/peers.sh, AMQP on
 # 5673, node amqpbench@localhost, its state under outdir) unless they
 # already answer there, and stops what it started. The rounds alternate
-# the order of the targets (round r starts with the target r mod 3); the
+# the order of the targets (round r starts with the r-th, cyclically); the
 # table gives the median of the rounds with their range, the servers' CPU
 # per operation and peak RSS during the run, and the load average before
 # the runs. Every run's JSON stays in outdir (default:
@@ -34,6 +34,14 @@
 # Courier-AMQP run of that case, into outdir/<case>-courier-amqp.pprof),
 # COURIER_BIN and BENCH_BIN (prebuilt binaries instead of building this
 # tree), COURIER_PORT, COURIER_AMQP_PORT, COURIER_HTTP_PORT, RABBIT_PORT.
+#
+# Before and after a change: BEFORE_BIN=path/to/old/courier starts a
+# second Courier server from that binary (client port COURIER_PORT+1,
+# AMQP COURIER_AMQP_PORT+1, management COURIER_HTTP_PORT+1) and measures
+# its AMQP port too, in the same rotation, as "Courier AMQP before";
+# TARGETS picks the targets (default "rabbitmq courier-amqp courier",
+# with courier-amqp-before added when BEFORE_BIN is set), such as
+# TARGETS="courier-amqp courier-amqp-before" for the change alone.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -58,12 +66,27 @@ benchbin=${BENCH_BIN:-$out/courier-bench}
 if [ -z "${COURIER_BIN:-}" ]; then (cd "$root" && go build -o "$bin" ./cmd/courier); fi
 if [ -z "${BENCH_BIN:-}" ]; then (cd "$root" && go build -o "$benchbin" ./cmd/courier-bench); fi
 
+BEFORE_BIN=${BEFORE_BIN:-}
 declare -A url=(
 	[rabbitmq]="amqp://guest:guest@127.0.0.1:$RABBIT_PORT/"
 	[courier-amqp]="amqp://guest:guest@127.0.0.1:$COURIER_AMQP_PORT/"
 	[courier]="courier://127.0.0.1:$COURIER_PORT"
+	[courier-amqp-before]="amqp://guest:guest@127.0.0.1:$((COURIER_AMQP_PORT + 1))/"
 )
-targets=(rabbitmq courier-amqp courier)
+default_targets="rabbitmq courier-amqp courier"
+if [ -n "$BEFORE_BIN" ]; then default_targets="$default_targets courier-amqp-before"; fi
+read -r -a targets <<<"${TARGETS:-$default_targets}"
+for t in "${targets[@]}"; do
+	if [ -z "${url[$t]:-}" ]; then
+		echo "bench-amqp.sh: unknown target $t (rabbitmq, courier-amqp, courier, courier-amqp-before)" >&2
+		exit 1
+	fi
+	if [ "$t" = courier-amqp-before ] && [ -z "$BEFORE_BIN" ]; then
+		echo "bench-amqp.sh: courier-amqp-before needs BEFORE_BIN" >&2
+		exit 1
+	fi
+done
+wants() { [[ " ${targets[*]} " == *" $1 "* ]]; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -73,42 +96,55 @@ peers() { # peers.sh with this script's RabbitMQ
 }
 
 started_rabbit=0
-server_pid=
+server_pids=()
 cleanup() {
-	if [ -n "$server_pid" ]; then
-		kill "$server_pid" 2>/dev/null || true
-		wait "$server_pid" 2>/dev/null || true
-	fi
+	for pid in "${server_pids[@]}"; do
+		kill "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
 	if [ "$started_rabbit" = 1 ]; then peers stop rabbitmq >/dev/null || true; fi
 }
 trap cleanup EXIT
 
-if ! port_open "$RABBIT_PORT"; then
+start_courier() { # binary, name, client port, AMQP port, management port
+	local b=$1 name=$2 port=$3 amqp=$4 http=$5
+	if port_open "$port"; then return; fi
+	local data=$out/$name-data
+	rm -rf "$data"
+	"$b" server --listen "127.0.0.1:$port" --amqp "127.0.0.1:$amqp" \
+		--http "127.0.0.1:$http" --data "$data" --log-level warn \
+		>"$out/$name-server.log" 2>&1 </dev/null &
+	server_pids+=($!)
+	for _ in $(seq 1 100); do
+		port_open "$port" && port_open "$amqp" && break
+		sleep 0.1
+	done
+	if ! port_open "$amqp"; then
+		echo "bench-amqp.sh: $name server did not start; see $out/$name-server.log" >&2
+		exit 1
+	fi
+}
+
+if wants rabbitmq && ! port_open "$RABBIT_PORT"; then
 	peers start rabbitmq
 	started_rabbit=1
 fi
-if ! port_open "$COURIER_PORT"; then
-	data=$out/courier-data
-	rm -rf "$data"
-	"$bin" server --listen "127.0.0.1:$COURIER_PORT" --amqp "127.0.0.1:$COURIER_AMQP_PORT" \
-		--http "127.0.0.1:$COURIER_HTTP_PORT" --data "$data" --log-level warn \
-		>"$out/courier-server.log" 2>&1 </dev/null &
-	server_pid=$!
-	for _ in $(seq 1 100); do
-		port_open "$COURIER_PORT" && port_open "$COURIER_AMQP_PORT" && break
-		sleep 0.1
-	done
-	if ! port_open "$COURIER_AMQP_PORT"; then
-		echo "bench-amqp.sh: courier server did not start; see $out/courier-server.log" >&2
-		exit 1
-	fi
+start_courier "$bin" courier "$COURIER_PORT" "$COURIER_AMQP_PORT" "$COURIER_HTTP_PORT"
+if [ -n "$BEFORE_BIN" ]; then
+	start_courier "$BEFORE_BIN" courier-before $((COURIER_PORT + 1)) $((COURIER_AMQP_PORT + 1)) $((COURIER_HTTP_PORT + 1))
 fi
 
 {
 	echo "date: $(date -u +%FT%TZ)"
-	echo "commit: $(git -C "$root" rev-parse --short HEAD)"
-	dirty=$(git -C "$root" status --short --untracked-files=no | awk '{print $2}' | tr '\n' ' ')
-	if [ -n "$dirty" ]; then echo "uncommitted changes built in: $dirty"; fi
+	if [ -n "${COURIER_BIN:-}" ]; then
+		echo "courier: $COURIER_BIN (prebuilt)"
+	else
+		echo "commit: $(git -C "$root" rev-parse --short HEAD)"
+		dirty=$(git -C "$root" status --short --untracked-files=no | awk '{print $2}' | tr '\n' ' ')
+		if [ -n "$dirty" ]; then echo "uncommitted changes built in: $dirty"; fi
+	fi
+	if [ -n "$BEFORE_BIN" ]; then echo "before: $BEFORE_BIN"; fi
+	echo "targets: ${targets[*]}"
 	echo "kernel: $(uname -r), cpus: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 	echo "go: $(go version | awk '{print $3}')"
 	echo "rabbitmq-server: $(dpkg-query -W -f='${Version}' rabbitmq-server 2>/dev/null || echo '?'), erlang $(dpkg-query -W -f='${Version}' erlang-base 2>/dev/null || echo '?')"
@@ -140,8 +176,9 @@ for r in $(seq 1 "$ROUNDS"); do
 	dir=$out/round-$r
 	mkdir -p "$dir"
 	for c in $CASES; do
-		for i in 0 1 2; do
-			t=${targets[$(((r - 1 + i) % 3))]}
+		n=${#targets[@]}
+		for i in $(seq 0 $((n - 1))); do
+			t=${targets[$(((r - 1 + i) % n))]}
 			load=$(cut -d' ' -f1 /proc/loadavg)
 			echo "round $r: $c on $t (load average $load)" >&2
 			prof_pid=
