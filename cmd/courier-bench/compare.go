@@ -15,10 +15,11 @@ import (
 // compareCmd is courier-bench compare.
 func compareCmd(g *benchGlobal) *cobra.Command {
 	var (
-		courierURL, natsURL, amqpURL string
-		cases                        []string
-		size, count, depth           int
-		duration                     time.Duration
+		courierURL, natsURL string
+		amqpURLs            []string
+		cases               []string
+		size, count, depth  int
+		duration            time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "compare",
@@ -26,7 +27,10 @@ func compareCmd(g *benchGlobal) *cobra.Command {
 		Long: `compare runs each case against each target in turn, on this machine, and
 prints one table: a row per figure, a column per target, and Courier's
 ratio to each other target (above 1: Courier did better). A target that
-does not accept connections is skipped with a line saying so. With
+does not accept connections is skipped with a line saying so. --amqp
+takes several URLs, such as RabbitMQ's and Courier's AMQP port; each
+AMQP column is headed by the product its server announces (RabbitMQ,
+Courier AMQP), and the ratios compare the Courier server with each. With
 --embedded, an embedded Courier node comes first (and the ratios are
 about it).
 
@@ -45,7 +49,7 @@ the scenarios' own defaults, so that a comparison takes minutes.`,
 			if g.embedded {
 				targets = append(targets, bench.Target{Kind: bench.KindEmbedded})
 			}
-			for _, raw := range []string{courierURL, natsURL, amqpURL} {
+			for _, raw := range append([]string{courierURL, natsURL}, amqpURLs...) {
 				if raw == "" {
 					continue
 				}
@@ -83,7 +87,7 @@ the scenarios' own defaults, so that a comparison takes minutes.`,
 	fs := cmd.Flags()
 	fs.StringVar(&courierURL, "courier", "courier://127.0.0.1:7400", "Courier server URL (empty to leave out)")
 	fs.StringVar(&natsURL, "nats", "nats://127.0.0.1:4222", "NATS URL (empty to leave out)")
-	fs.StringVar(&amqpURL, "amqp", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL (empty to leave out)")
+	fs.StringSliceVar(&amqpURLs, "amqp", []string{"amqp://guest:guest@127.0.0.1:5672/"}, "AMQP 0-9-1 URLs, comma-separated: RabbitMQ, Courier's AMQP port (empty to leave out)")
 	fs.StringSliceVar(&cases, "cases", []string{"reqresp", "fanout", "fanin"}, "cases to run: reqresp, fanout, fanin, users, tasks, backlog")
 	fs.IntVar(&size, "size", 0, "body size in bytes (default: each scenario's)")
 	fs.IntVar(&count, "count", 0, "cycles, messages or tasks of each run (default: 20000 sequential and 50000 parallel cycles, 100000 messages or tasks)")

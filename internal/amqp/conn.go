@@ -380,6 +380,8 @@ func decodeInto(p []byte, m Method) error {
 	if gc, gm := got.ClassMethod(); gc != wc || gm != wm {
 		return &Error{Code: CommandInvalid, ClassID: gc, MethodID: gm, Text: fmt.Sprintf("expected %s, got %s", m.Name(), got.Name())}
 	}
-	m.decode(&decoder{b: p[4:]})
+	d := getDecoder(p[4:])
+	m.decode(d)
+	putDecoder(d)
 	return nil
 }

@@ -357,9 +357,7 @@ func (c *conn) publish(ch *channel, p *pending) error {
 		// The default exchange: a SUBMIT to the queue named by the key.
 		f.Type, f.Name, f.Key = wire.TypeSubmit, p.key, ""
 		f.Aux = uint64(min(p.props.Priority, 9))
-		if ms, err := strconv.ParseUint(p.props.Expiration, 10, 63); err == nil {
-			f.Tag = "ttl=" + strconv.FormatUint(ms, 10)
-		}
+		f.Tag = ttlTag(p.props.Expiration)
 		f.Ref |= refDefault
 	}
 	if ch.confirm {
@@ -373,6 +371,20 @@ func (c *conn) publish(ch *channel, p *pending) error {
 	}
 	c.flow()
 	return nil
+}
+
+// ttlTag is the SUBMIT tag of a publication's expiration property (ms):
+// "ttl=N", or "" without a valid one. Most publications have none, and
+// they cost no parse (a failed one allocates its error).
+func ttlTag(expiration string) string {
+	if expiration == "" {
+		return ""
+	}
+	ms, err := strconv.ParseUint(expiration, 10, 63)
+	if err != nil {
+		return ""
+	}
+	return "ttl=" + strconv.FormatUint(ms, 10)
 }
 
 // routed reports whether a publication would reach a queue or a

@@ -2,6 +2,7 @@ package amqp
 
 import (
 	"fmt"
+	"sync"
 )
 
 //go:generate go run gen.go
@@ -28,7 +29,8 @@ type Method interface {
 // hold the method's fields exactly is one with code 502 (syntax error).
 // Strings and tables in the result do not alias p.
 func DecodeMethod(p []byte) (Method, error) {
-	d := decoder{b: p}
+	d := getDecoder(p)
+	defer putDecoder(d)
 	class, id := d.short(), d.short()
 	if d.err != nil {
 		return nil, &Error{Code: FrameError, Text: "method frame shorter than its ids", Cause: d.err}
@@ -38,7 +40,7 @@ func DecodeMethod(p []byte) (Method, error) {
 		return nil, &Error{Code: CommandInvalid, ClassID: class, MethodID: id,
 			Text: fmt.Sprintf("unknown method %d.%d", class, id), Cause: ErrUnknownMethod}
 	}
-	m.decode(&d)
+	m.decode(d)
 	if err := d.done(); err != nil {
 		return nil, &Error{Code: SyntaxError, ClassID: class, MethodID: id,
 			Text: fmt.Sprintf("malformed %s: %v", m.Name(), err), Cause: err}
@@ -48,13 +50,38 @@ func DecodeMethod(p []byte) (Method, error) {
 
 // AppendMethodPayload appends m's payload (ids and fields) to b.
 func AppendMethodPayload(b []byte, m Method) ([]byte, error) {
-	e := encoder{b: b}
+	e := encoders.Get().(*encoder)
+	e.b, e.err = b, nil
 	class, id := m.ClassMethod()
 	e.short(class)
 	e.short(id)
-	m.encode(&e)
-	if e.err != nil {
-		return b, fmt.Errorf("encode %s: %w", m.Name(), e.err)
+	m.encode(e)
+	out, err := e.b, e.err
+	*e = encoder{}
+	encoders.Put(e)
+	if err != nil {
+		return b, fmt.Errorf("encode %s: %w", m.Name(), err)
 	}
-	return e.b, nil
+	return out, nil
+}
+
+// The method codecs are handed to a method's encode and decode, calls
+// through the Method interface, so a codec on the stack would escape:
+// one allocation per method frame each way. They come from pools
+// instead; a codec goes back cleared, holding no buffer.
+var (
+	encoders = sync.Pool{New: func() any { return new(encoder) }}
+	decoders = sync.Pool{New: func() any { return new(decoder) }}
+)
+
+// getDecoder returns a pooled decoder of p; putDecoder gives it back.
+func getDecoder(p []byte) *decoder {
+	d := decoders.Get().(*decoder)
+	d.b, d.err = p, nil
+	return d
+}
+
+func putDecoder(d *decoder) {
+	*d = decoder{}
+	decoders.Put(d)
 }

@@ -13,7 +13,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// amqpDriver runs scenarios on RabbitMQ: RPC over a queue the handler
+// amqpDriver runs scenarios on an AMQP 0-9-1 broker, RabbitMQ or
+// Courier's own AMQP port: RPC over a queue the handler
 // consumes, with replies through direct reply-to
 // (amq.rabbitmq.reply-to) matched by correlation id; pub-sub through a
 // fanout exchange with one exclusive, auto-ack queue per subscriber;
@@ -182,7 +183,10 @@ func (d *amqpDriver) subscribe(ctx context.Context, n int, fn func(int, []byte))
 		if err := ch.QueueBind(q.Name, "", exchange, false, nil); err != nil {
 			return fmt.Errorf("bench: bind queue: %w", err)
 		}
-		msgs, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+		// Not an exclusive consumer: the queue is exclusive already, so
+		// no one else may consume it, and Courier's AMQP port refuses
+		// exclusive consumers (540).
+		msgs, err := ch.Consume(q.Name, "", true, false, false, false, nil)
 		if err != nil {
 			return fmt.Errorf("bench: consume: %w", err)
 		}
@@ -409,4 +413,24 @@ func (d *amqpDriver) deleteQueue(ctx context.Context, name string) error {
 	}
 	_, err = ch.QueueDelete(name, false, false, false)
 	return err
+}
+
+// amqpLabel heads a comparison's column of an AMQP target by the
+// product its server announces in connection.start: "RabbitMQ", or
+// "Courier AMQP" for Courier's AMQP port, so that the two are told
+// apart; "AMQP" when the server cannot be asked.
+func amqpLabel(url string) string {
+	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	if err != nil {
+		return "AMQP"
+	}
+	defer conn.Close()
+	switch p, _ := conn.Properties["product"].(string); p {
+	case "":
+		return "AMQP"
+	case "Courier":
+		return "Courier AMQP"
+	default:
+		return p
+	}
 }

@@ -117,7 +117,7 @@ func (t Target) String() string {
 	case KindNATS:
 		return "NATS at " + redact(t.URL)
 	case KindAMQP:
-		return "RabbitMQ at " + redact(t.URL)
+		return "AMQP at " + redact(t.URL)
 	case KindEcho:
 		return "in-process echo (no broker)"
 	}

@@ -23,7 +23,9 @@ var CompareCases = []string{"reqresp", "fanout", "fanin", "users", "tasks", "bac
 type CompareConfig struct {
 	// Targets are measured one after another. The ratios are about the
 	// first Courier server among them (else the first target), against
-	// every target that is not Courier.
+	// every target that is not Courier. An AMQP target is headed by the
+	// product its server announces: RabbitMQ, or Courier AMQP for
+	// Courier's AMQP port.
 	Targets []Target
 	// Cases are names from [CompareCases]. Default: reqresp, fanout,
 	// fanin.
@@ -190,6 +192,11 @@ func Compare(ctx context.Context, cc CompareConfig) (*Comparison, error) {
 		targets = append(targets, t)
 		cmp.Targets = append(cmp.Targets, t.String())
 		cmp.Kinds = append(cmp.Kinds, t.Kind)
+		label := kindName(t.Kind)
+		if t.Kind == KindAMQP {
+			label = amqpLabel(t.URL)
+		}
+		cmp.Labels = append(cmp.Labels, label)
 	}
 	if len(targets) == 0 {
 		return cmp, fmt.Errorf("bench: compare: no target reachable")
