@@ -332,7 +332,7 @@ func (m *Meta) startTerm() bool {
 	if ready {
 		return true
 	}
-	if err := m.raft.Barrier(m.cfg.LeaseDuration).Error(); err != nil || m.raft.CurrentTerm() != term {
+	if err := m.barrier(m.cfg.LeaseDuration); err != nil || m.raft.CurrentTerm() != term {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.LeaseDuration)
@@ -448,7 +448,7 @@ func (m *Meta) expire(node string, epoch, renewed uint64) bool {
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.LeaseDuration)
 	defer cancel()
 	_, res, err := m.applyLeaderNudged(ctx, &command{Op: opBump, Name: node, Epoch: epoch, Renewed: renewed})
-	if err != nil && m.raft.Barrier(m.cfg.LeaseDuration).Error() != nil {
+	if err != nil && m.barrier(m.cfg.LeaseDuration) != nil {
 		return false // expiring stays set: the next term clears it
 	}
 	m.smu.Lock()

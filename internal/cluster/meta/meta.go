@@ -401,7 +401,18 @@ func mapRaftErr(err error) error {
 	return err
 }
 
-// wait waits for f within ctx.
+// barrier commits a barrier entry, giving up when this node shuts down;
+// enqueue bounds the wait for room in Raft's apply queue. The future's
+// own Error would not do: with BatchApplyCh, a future still queued when
+// Raft shuts down is never answered (hashicorp/raft#498), and Shutdown
+// would wait for its caller forever.
+func (m *Meta) barrier(enqueue time.Duration) error {
+	return wait(m.ctx, m.raft.Barrier(enqueue))
+}
+
+// wait waits for f within ctx. A future that is never answered leaves
+// its waiting goroutine behind; that happens only to futures queued when
+// Raft shuts down.
 func wait(ctx context.Context, f raft.Future) error {
 	ch := make(chan error, 1)
 	go func() { ch <- f.Error() }()
@@ -483,7 +494,7 @@ func (m *Meta) nudgeLoop() {
 		case <-m.nudge:
 		}
 		if m.raft.State() == raft.Leader {
-			m.raft.Barrier(m.cfg.CommitTimeout).Error()
+			m.barrier(m.cfg.CommitTimeout)
 		}
 	}
 }
