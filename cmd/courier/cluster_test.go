@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"syscall"
@@ -39,7 +40,12 @@ func startCluster(t *testing.T) []*clusterNode {
 			return st["a"] == "alive" && st["b"] == "alive" && st["c"] == "alive" && linksUp(n) == 2
 		})
 		if !ok {
-			t.Fatalf("%s does not see a, b and c alive: %v\nstderr:\n%s", n.name, nodeStates(n), n.proc.stderr.String())
+			// Every node's log: the one that is missing tells why.
+			var logs strings.Builder
+			for _, m := range nodes {
+				fmt.Fprintf(&logs, "--- %s (cluster %s) stderr:\n%s\n", m.name, m.cluster, m.proc.stderr.String())
+			}
+			t.Fatalf("%s does not see a, b and c alive: %v\n%s", n.name, nodeStates(n), logs.String())
 		}
 	}
 	return nodes
