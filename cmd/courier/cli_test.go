@@ -225,6 +225,28 @@ func cliFreePort(t *testing.T) string {
 	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
 }
 
+// cliFreeClusterPort returns a port free for both TCP and UDP, as a
+// cluster address needs both (memberlist probes over UDP): a port free
+// for TCP alone can have its UDP twin taken by another test's node.
+func cliFreeClusterPort(t *testing.T) string {
+	t.Helper()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+		ln.Close()
+		if err == nil {
+			udp.Close()
+			return fmt.Sprint(port)
+		}
+	}
+	t.Fatal("no port free for both TCP and UDP in 100 tries")
+	return ""
+}
+
 // cliServer runs `courier server` on a free port and returns its URL once
 // it accepts connections, with extra flags. It is killed when the test
 // ends.

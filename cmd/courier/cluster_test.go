@@ -26,7 +26,7 @@ func startCluster(t *testing.T) []*clusterNode {
 	nodes := make([]*clusterNode, 3)
 	var seeds []string
 	for i, name := range []string{"a", "b", "c"} {
-		nodes[i] = &clusterNode{name: name, cluster: "127.0.0.1:" + cliFreePort(t), http: "127.0.0.1:" + cliFreePort(t)}
+		nodes[i] = &clusterNode{name: name, cluster: "127.0.0.1:" + cliFreeClusterPort(t), http: "127.0.0.1:" + cliFreePort(t)}
 		seeds = append(seeds, nodes[i].cluster)
 	}
 	env := []string{"COURIER_CLUSTER_SECRET=test cluster secret, 32 bytes!"}
