@@ -286,3 +286,146 @@ func TestReplicatedQueueForwardedWorkerGone(t *testing.T) {
 		t.Errorf("failed attempts on %d tasks, want 2 (those of the worker whose connection ended): %v", failed, attempts)
 	}
 }
+
+// moveLeader hands the leadership of the replicated queue name from
+// from's replica to to's, again while the group is busy (a transfer
+// may time out on a loaded machine), and waits until to serves it.
+func moveLeader(ctx context.Context, t *testing.T, nodes []*Node, from, to *Node, name string) {
+	t.Helper()
+	from.replicas.mu.Lock()
+	q := from.replicas.queues[name]
+	from.replicas.mu.Unlock()
+	if q == nil {
+		t.Fatalf("%s has no replica of %s", from.cfg.Name, name)
+	}
+	q.gmu.Lock()
+	g := q.g
+	q.gmu.Unlock()
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := g.TransferLeadership(tctx, replicaID(to.cfg.Name))
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		t.Logf("transfer the leadership of %s to %s: %v; again", name, to.cfg.Name, err)
+	}
+	if got := servingNode(t, nodes, name); got != to {
+		t.Fatalf("%s serves %s, want %s", got.cfg.Name, name, to.cfg.Name)
+	}
+}
+
+// TestReplicatedQueueForwardedWorkerFollowsLeader: the leadership of a
+// queue moves while every node stays up (StopServing on the old leader,
+// ServeReplicated on the new): a worker attached on A to the queue led
+// by B follows it to C, forwarded there, then to A itself, where it
+// becomes a worker of A's own queue; the client does nothing, is never
+// detached, and gets every task, the unsettled ones again without a
+// failed attempt.
+func TestReplicatedQueueForwardedWorkerFollowsLeader(t *testing.T) {
+	nodes := startCluster3Live(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
+	defer cancel()
+	decl := nodes[0].Connect()
+	if _, err := declareTasks(ctx, t, decl, "follow"); err != nil {
+		t.Fatal(err)
+	}
+	decl.Close()
+	b := servingNode(t, nodes, "follow")
+	rest := otherNodes(nodes, b)
+	a, c := rest[0], rest[1]
+
+	ac := a.Connect()
+	defer ac.Close()
+	aj, err := declareTasks(ctx, t, ac, "follow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	hold := true
+	got := map[string]int{}
+	var bad []string
+	var jobs []*courier.Job
+	worker, err := aj.Work(ctx, func(j *courier.Job) error {
+		mu.Lock()
+		defer mu.Unlock()
+		b := string(j.Body)
+		got[b]++
+		if j.Attempts != 0 {
+			bad = append(bad, fmt.Sprintf("%s came back with %d failed attempts", b, j.Attempts))
+		}
+		if hold && strings.HasPrefix(b, "held") {
+			j.Defer()
+			jobs = append(jobs, j)
+		}
+		return nil
+	}, courier.Prefetch(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	submit := func(body string) {
+		t.Helper()
+		if _, err := aj.Submit(ctx, courier.Task{Body: []byte(body)}); err != nil {
+			t.Fatalf("submit %s: %v", body, err)
+		}
+	}
+	received := func(what string, bodies ...string) {
+		t.Helper()
+		waitUntil(t, 60*time.Second, what, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, b := range bodies {
+				if got[b] == 0 {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	submit("held-1")
+	submit("on-b")
+	received("the tasks worked through B", "held-1", "on-b")
+	waitUntil(t, 30*time.Second, "B has the held task in flight", func() bool {
+		u, c := queueStats(b, "follow")
+		return u == 1 && c == 1
+	})
+
+	// To C: the held task comes back from C, without an attempt.
+	mu.Lock()
+	got["held-1"] = 0
+	mu.Unlock()
+	moveLeader(ctx, t, nodes, b, c, "follow")
+	received("the held task again, from C", "held-1")
+	submit("on-c")
+	received("a task through C", "on-c")
+	waitUntil(t, 30*time.Second, "C has the forwarded worker", func() bool {
+		_, consumers := queueStats(c, "follow")
+		return consumers == 1
+	})
+	// To A, the worker's own node: the worker is one of A's queue's.
+	mu.Lock()
+	got["held-1"] = 0
+	hold = false
+	mu.Unlock()
+	moveLeader(ctx, t, nodes, c, a, "follow")
+	received("the held task again, on A", "held-1")
+	submit("on-a")
+	received("a task on A", "on-a")
+	if _, consumers := queueStats(a, "follow"); consumers != 1 {
+		t.Errorf("A's queue has %d consumers, want 1 (the worker)", consumers)
+	}
+	select {
+	case <-worker.Done():
+		t.Fatalf("the worker was detached: %v", worker.Err())
+	default:
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range bad {
+		t.Error(s)
+	}
+	// The old Job of a former leader settles harmlessly.
+	for _, j := range jobs {
+		_ = j.Ack()
+	}
+}
