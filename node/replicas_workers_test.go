@@ -285,6 +285,31 @@ func TestReplicatedQueueForwardedWorkerGone(t *testing.T) {
 	if failed != 2 {
 		t.Errorf("failed attempts on %d tasks, want 2 (those of the worker whose connection ended): %v", failed, attempts)
 	}
+	mu.Unlock()
+
+	// The exchange is deleted: a forwarded worker is detached, not
+	// attached again.
+	ac := a.Connect()
+	defer ac.Close()
+	aj, err := declareTasks(ctx, t, ac, "fgone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := aj.Work(ctx, func(*courier.Job) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	held("A's new worker on the leader", 0, 2)
+	if err := lc.DeleteExchange(ctx, "fgone"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.Done():
+		t.Logf("detached: %v", w.Err())
+	case <-ctx.Done():
+		t.Fatal("the forwarded worker of a deleted exchange was not detached")
+	}
+	mu.Lock()
 }
 
 // moveLeader hands the leadership of the replicated queue name from
