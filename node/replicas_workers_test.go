@@ -257,12 +257,13 @@ func TestReplicatedQueueForwardedWorkerGone(t *testing.T) {
 
 	var mu sync.Mutex
 	attempts := map[string]int{}
-	if _, err := lj.Work(ctx, func(j *courier.Job) error {
+	local, err := lj.Work(ctx, func(j *courier.Job) error {
 		mu.Lock()
 		defer mu.Unlock()
 		attempts[string(j.Body)] = j.Attempts
 		return nil
-	}, courier.Prefetch(10)); err != nil {
+	}, courier.Prefetch(10))
+	if err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, 60*time.Second, "the four tasks worked on the leader", func() bool {
@@ -286,20 +287,58 @@ func TestReplicatedQueueForwardedWorkerGone(t *testing.T) {
 		t.Errorf("failed attempts on %d tasks, want 2 (those of the worker whose connection ended): %v", failed, attempts)
 	}
 	mu.Unlock()
+	if err := local.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
 
-	// The exchange is deleted: a forwarded worker is detached, not
-	// attached again.
+	// A forwarded worker's NACK crosses the link: with requeue the task
+	// comes back with an attempt, without (a reject) it is
+	// dead-lettered.
 	ac := a.Connect()
 	defer ac.Close()
 	aj, err := declareTasks(ctx, t, ac, "fgone")
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := aj.Work(ctx, func(*courier.Job) error { return nil })
+	before := leader.Broker().Queue("fgone").Stats()
+	if _, err := aj.Submit(ctx, courier.Task{Body: []byte("nack-me")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := aj.Submit(ctx, courier.Task{Body: []byte("reject-me")}); err != nil {
+		t.Fatal(err)
+	}
+	nacked := make(chan int, 4)
+	w, err := aj.Work(ctx, func(j *courier.Job) error {
+		switch {
+		case string(j.Body) == "reject-me":
+			return j.Nack(false)
+		case j.Attempts == 0:
+			return j.Nack(true)
+		}
+		nacked <- j.Attempts
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	held("A's new worker on the leader", 0, 2)
+	select {
+	case n := <-nacked:
+		if n != 1 {
+			t.Errorf("the nacked task came back with %d attempts, want 1", n)
+		}
+	case <-ctx.Done():
+		t.Fatal("the task nacked with requeue through a forwarded worker did not come back")
+	}
+	waitUntil(t, 30*time.Second, "the rejected task dead-lettered on the leader", func() bool {
+		return leader.Broker().Queue("fgone").Stats().DeadLettered == before.DeadLettered+1
+	})
+
+	// The exchange is deleted: a forwarded worker is detached, not
+	// attached again.
+	if err != nil {
+		t.Fatal(err)
+	}
+	held("A's worker on the leader", 0, 1)
 	if err := lc.DeleteExchange(ctx, "fgone"); err != nil {
 		t.Fatal(err)
 	}
