@@ -169,10 +169,14 @@ func TestReplicatedQueuePlaced(t *testing.T) {
 		if _, err := oj.Submit(ctx, courier.Task{Body: []byte("from " + n.cfg.Name)}); err != nil {
 			t.Fatalf("submit on %s, forwarded to %s: %v", n.cfg.Name, leader.cfg.Name, err)
 		}
-		// A worker is not, yet.
-		_, err = oj.Work(ctx, func(*courier.Job) error { return nil })
+		// A worker is forwarded too (replicas_workers_test.go); a watch
+		// is not, yet.
+		if _, err := oj.Work(ctx, func(j *courier.Job) error { j.Defer(); return nil }); err != nil {
+			t.Fatalf("worker on %s, forwarded to %s: %v", n.cfg.Name, leader.cfg.Name, err)
+		}
+		_, err = oj.Watch(ctx, 1, func(courier.TaskEvent) {})
 		if wireCode(err) != wire.CodeUnavailable || !strings.Contains(err.Error(), leader.cfg.Name) {
-			t.Fatalf("worker on %s, which does not serve jobs: %v, want unavailable naming %s", n.cfg.Name, err, leader.cfg.Name)
+			t.Fatalf("watch on %s, which does not serve jobs: %v, want unavailable naming %s", n.cfg.Name, err, leader.cfg.Name)
 		}
 		oc.Close()
 	}

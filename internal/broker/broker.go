@@ -351,6 +351,9 @@ type Broker struct {
 	peerLinks atomic.Pointer[Peers]
 	// fwd holds the submits forwarded to other nodes (forward.go).
 	fwd forwardTable
+	// linkWorkers holds the workers forwarded to other nodes
+	// (forward_worker.go), by link id.
+	linkWorkers linkWorkers
 	// cat is the cluster's catalog of declarations; nil alone.
 	cat atomic.Pointer[Catalog]
 	// repl answers where the cluster's replicated queues are served;

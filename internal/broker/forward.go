@@ -36,11 +36,28 @@ type forwardTable struct {
 	byNode map[string]map[uint64]*forwarded
 }
 
-// forwarded is one submit waiting for its answer from node.
+// forwarded is one submit (or a forwarded worker's ATTACH) waiting for
+// its answer from node.
 type forwarded struct {
 	s     *Session
 	ref   uint64 // the client's
 	timer *time.Timer
+	// done, when set, takes the answer instead of the client: the OK
+	// frame (ownership with it), or the error (an ERROR from node, the
+	// link's loss, the timeout).
+	done func(ok *wire.Frame, err error)
+}
+
+// fail hands fw the error err: to done, or to its client.
+func (fw *forwarded) fail(err error) {
+	if fw.timer != nil {
+		fw.timer.Stop()
+	}
+	if fw.done != nil {
+		fw.done(nil, err)
+		return
+	}
+	fw.s.sendError(fw.ref, err)
 }
 
 // add records a submit of s with the client's ref, forwarded to node,
@@ -108,6 +125,24 @@ func (b *Broker) forwardTarget(name string) string {
 	return leader
 }
 
+// forwardCall records a call to node whose answer goes to done (or,
+// with done nil, to s under the client's ref), and arms its timeout; it
+// returns the Ref the call travels with, and false when the table is
+// full. what names the call in the timeout's error.
+func (b *Broker) forwardCall(node string, s *Session, ref uint64, what string, done func(*wire.Frame, error)) (uint64, bool) {
+	id, fw, ok := b.fwd.add(node, s, ref)
+	if !ok {
+		return 0, false
+	}
+	fw.done = done
+	fw.timer = time.AfterFunc(forwardTimeout, func() {
+		if fw := b.fwd.take(node, id); fw != nil {
+			fw.fail(wire.Errorf(wire.CodeUnavailable, "%s: node %s, its queue's leader, did not answer within %s; the outcome is unknown: resend (deduplicated by pid and seq)", what, node, forwardTimeout))
+		}
+	})
+	return id, true
+}
+
 // forwardSubmit sends f, a client's SUBMIT to a replicated queue led by
 // node, to that node, and takes ownership of f.
 func (s *Session) forwardSubmit(node string, f *wire.Frame) {
@@ -117,27 +152,19 @@ func (s *Session) forwardSubmit(node string, f *wire.Frame) {
 	wantReply := ref != 0 && f.Flags&wire.FlagReply != 0
 	var id uint64
 	if wantReply {
-		var fw *forwarded
 		var ok bool
-		id, fw, ok = b.fwd.add(node, s, ref)
+		id, ok = b.forwardCall(node, s, ref, "submit to "+f.Name, nil)
 		if !ok {
 			f.Release()
 			s.sendError(ref, wire.Errorf(wire.CodeLimit, "submit to %s: %d submits already wait for node %s or others", f.Name, maxForwarded, node))
 			return
 		}
-		name := f.Name
-		fw.timer = time.AfterFunc(forwardTimeout, func() {
-			if fw := b.fwd.take(node, id); fw != nil {
-				fw.s.sendError(fw.ref, wire.Errorf(wire.CodeUnavailable, "submit to %s: node %s, its queue's leader, did not answer within %s; the outcome is unknown: resend (deduplicated by pid and seq)", name, node, forwardTimeout))
-			}
-		})
 	}
 	f.Ref = id
 	s.stats.Publishes.Add(1)
 	if err := (*links).Send(node, f); err != nil && wantReply {
 		if fw := b.fwd.take(node, id); fw != nil {
-			fw.timer.Stop()
-			s.sendError(ref, wire.Errorf(wire.CodeUnavailable, "submit: the link to node %s, its queue's leader, is down; resend", node))
+			fw.fail(wire.Errorf(wire.CodeUnavailable, "submit: the link to node %s, its queue's leader, is down; resend", node))
 		}
 	}
 }
@@ -151,6 +178,16 @@ func (b *Broker) forwardAnswer(node string, f *wire.Frame) {
 		return
 	}
 	fw.timer.Stop()
+	if fw.done != nil {
+		if f.Type == wire.TypeError {
+			err := wire.Errorf(wire.Code(f.Aux), "%s", f.Tag)
+			f.Release()
+			fw.done(nil, err)
+			return
+		}
+		fw.done(f, nil)
+		return
+	}
 	f.Ref = fw.ref
 	fw.s.sink.Deliver(f)
 }
@@ -159,9 +196,6 @@ func (b *Broker) forwardAnswer(node string, f *wire.Frame) {
 // their outcome is unknown.
 func (b *Broker) forwardPeerDown(node string) {
 	for _, fw := range b.fwd.takeNode(node) {
-		if fw.timer != nil {
-			fw.timer.Stop()
-		}
-		fw.s.sendError(fw.ref, wire.Errorf(wire.CodeUnavailable, "submit: node %s, its queue's leader, went away before it answered; the outcome is unknown: resend (deduplicated by pid and seq)", node))
+		fw.fail(wire.Errorf(wire.CodeUnavailable, "submit: node %s, its queue's leader, went away before it answered; the outcome is unknown: resend (deduplicated by pid and seq)", node))
 	}
 }

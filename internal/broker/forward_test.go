@@ -38,3 +38,49 @@ func TestForwardTableBounds(t *testing.T) {
 		t.Fatalf("accepted beyond %d", maxForwarded)
 	}
 }
+
+// TestLinkWorkersBounds: forwarded workers get distinct link ids below
+// the stand-ins', at most maxLinkWorkers per destination node, and a
+// removed one frees its place.
+func TestLinkWorkersBounds(t *testing.T) {
+	var lw linkWorkers
+	seen := map[uint32]bool{}
+	var last uint32
+	for i := range maxLinkWorkers {
+		id, ok := lw.add(&fwdWorker{}, "n1")
+		if !ok {
+			t.Fatalf("refused at %d", i)
+		}
+		if id == 0 || id >= linkIDs || seen[id] {
+			t.Fatalf("link id %d (0, a stand-in's, or reused)", id)
+		}
+		seen[id], last = true, id
+	}
+	if _, ok := lw.add(&fwdWorker{}, "n1"); ok {
+		t.Fatalf("accepted beyond %d workers to one node", maxLinkWorkers)
+	}
+	if _, ok := lw.add(&fwdWorker{}, "n2"); !ok {
+		t.Fatal("another node refused")
+	}
+	if lw.get(last) == nil {
+		t.Fatal("get")
+	}
+	lw.remove(last, "n1")
+	if lw.get(last) != nil {
+		t.Fatal("removed, still found")
+	}
+	if _, ok := lw.add(&fwdWorker{}, "n1"); !ok {
+		t.Fatal("refused after a removal")
+	}
+	// Ids wrap below the stand-ins' and skip those in use.
+	lw.next = linkIDs - 2
+	a, _ := lw.add(&fwdWorker{}, "n3")
+	w := &fwdWorker{}
+	b, _ := lw.add(w, "n3")
+	if a != linkIDs-1 || b == 0 || b >= linkIDs || lw.get(b) != w {
+		t.Fatalf("after the wrap: %d, %d", a, b)
+	}
+	if b == 1 {
+		t.Fatal("the wrap reused id 1, in use")
+	}
+}

@@ -145,6 +145,13 @@ func (b *Broker) FromPeer(node string, f *wire.Frame) {
 		p.s.Handle(f)
 	case wire.TypeOK, wire.TypeError:
 		b.forwardAnswer(node, f)
+	case wire.TypeAttach, wire.TypeDetach, wire.TypeAck, wire.TypeNack, wire.TypeProgress:
+		// A worker forwarded to this node, its queue's leader
+		// (forward_worker.go).
+		b.fromWorkerNode(p, f)
+	case wire.TypeTask, wire.TypeEvent:
+		// To a worker this node forwarded to node.
+		b.fromLeader(node, f)
 	default:
 		b.log.Warn("unexpected frame from a peer node", "node", node, "type", f.Type)
 		f.Release()

@@ -10,19 +10,31 @@ import (
 // node's links are authenticated, but a peer may be buggy, or of another
 // version; nothing it sends may crash the node or grow it without bound.
 func FuzzFromPeer(f *testing.F) {
-	f.Add(byte(wire.TypeRSub), uint64(1), uint64(0), "x", "", "", []byte(`{"patterns":["a.*","#"]}`))
-	f.Add(byte(wire.TypeRUnsub), uint64(0), uint64(0), "x", "", "", []byte(`{"patterns":["a.*"]}`))
-	f.Add(byte(wire.TypeRPub), uint64(0), uint64(0), "x", "k.1", "", []byte("body"))
-	f.Add(byte(wire.TypeRCtrl), uint64(2), uint64(99), "cx", "", "a/c1.1", []byte(nil))
-	f.Add(byte(wire.TypeRSubReq), uint64(3), uint64(0), "cx", "", "b/c1.1", []byte(`{"member":{"id":"a/c2.1"},"patterns":["p"]}`))
-	f.Add(byte(wire.TypeRDecide), uint64(3), uint64(0), "cx", "", "", []byte(`{"patterns":["p"]}`))
-	f.Add(byte(wire.TypeRMember), uint64(4), uint64(0), "cx", "", "b/c1.1", []byte(`{"patterns":["p"]}`))
-	f.Add(byte(wire.TypeRView), uint64(0), uint64(5), "rr", "", "", []byte(`{"epoch":1,"term":2,"leader":"a/c1.1","members":[{"id":"a/c1.1","role":"handler","node":"a","key":1}]}`))
-	f.Add(byte(wire.TypeRAttach), uint64(0), uint64(0), "rr", "", "", []byte(`{"members":[{"id":"a/c1.1","role":"handler","node":"a","key":1}],"full":true}`))
-	f.Add(byte(wire.TypeRDetach), uint64(0), uint64(0), "rr", "", "a/c1.1", []byte(nil))
-	f.Add(byte(wire.TypeRReq), uint64(7), uint64(1000), "b/c1.1\x00a/c3", "", "", []byte("req"))
-	f.Add(byte(wire.TypeRViewAck), uint64(0), uint64(5), "rr", "", "", []byte(nil))
-	f.Add(byte(wire.TypeResponse), uint64(7), uint64(0), "", "", "", []byte("resp"))
+	f.Add(byte(wire.TypeRSub), uint32(0), uint64(1), uint64(0), "x", "", "", []byte(`{"patterns":["a.*","#"]}`))
+	f.Add(byte(wire.TypeRUnsub), uint32(0), uint64(0), uint64(0), "x", "", "", []byte(`{"patterns":["a.*"]}`))
+	f.Add(byte(wire.TypeRPub), uint32(0), uint64(0), uint64(0), "x", "k.1", "", []byte("body"))
+	f.Add(byte(wire.TypeRCtrl), uint32(0), uint64(2), uint64(99), "cx", "", "a/c1.1", []byte(nil))
+	f.Add(byte(wire.TypeRSubReq), uint32(0), uint64(3), uint64(0), "cx", "", "b/c1.1", []byte(`{"member":{"id":"a/c2.1"},"patterns":["p"]}`))
+	f.Add(byte(wire.TypeRDecide), uint32(0), uint64(3), uint64(0), "cx", "", "", []byte(`{"patterns":["p"]}`))
+	f.Add(byte(wire.TypeRMember), uint32(0), uint64(4), uint64(0), "cx", "", "b/c1.1", []byte(`{"patterns":["p"]}`))
+	f.Add(byte(wire.TypeRView), uint32(0), uint64(0), uint64(5), "rr", "", "", []byte(`{"epoch":1,"term":2,"leader":"a/c1.1","members":[{"id":"a/c1.1","role":"handler","node":"a","key":1}]}`))
+	f.Add(byte(wire.TypeRAttach), uint32(0), uint64(0), uint64(0), "rr", "", "", []byte(`{"members":[{"id":"a/c1.1","role":"handler","node":"a","key":1}],"full":true}`))
+	f.Add(byte(wire.TypeRDetach), uint32(0), uint64(0), uint64(0), "rr", "", "a/c1.1", []byte(nil))
+	f.Add(byte(wire.TypeRReq), uint32(0), uint64(7), uint64(1000), "b/c1.1\x00a/c3", "", "", []byte("req"))
+	f.Add(byte(wire.TypeRViewAck), uint32(0), uint64(0), uint64(5), "rr", "", "", []byte(nil))
+	f.Add(byte(wire.TypeResponse), uint32(0), uint64(7), uint64(0), "", "", "", []byte("resp"))
+	// Forwarded workers (forward_worker.go): an ATTACH from the worker's
+	// node, settles, a stand-in's id, and TASK and EVENT for a worker
+	// this node does not have.
+	f.Add(byte(wire.TypeAttach), uint32(1), uint64(9), uint64(wire.RoleWorker), "x", "", "", []byte(`{"prefetch":4}`))
+	f.Add(byte(wire.TypeAttach), uint32(1<<31|1), uint64(9), uint64(wire.RoleWorker), "x", "", "", []byte(nil))
+	f.Add(byte(wire.TypeAttach), uint32(2), uint64(9), uint64(wire.RoleHandler), "rr", "", "", []byte(nil))
+	f.Add(byte(wire.TypeAck), uint32(1), uint64(3), uint64(0), "", "", "", []byte(nil))
+	f.Add(byte(wire.TypeNack), uint32(1), uint64(3), uint64(1), "", "", "x", []byte(nil))
+	f.Add(byte(wire.TypeProgress), uint32(1), uint64(3), uint64(50), "", "", "half", []byte(nil))
+	f.Add(byte(wire.TypeDetach), uint32(1<<31|1), uint64(0), uint64(0), "", "", "", []byte(nil))
+	f.Add(byte(wire.TypeTask), uint32(1), uint64(3), uint64(0), "", "k", "", []byte("task"))
+	f.Add(byte(wire.TypeEvent), uint32(1), uint64(0), uint64(wire.EventDetached), "x", "", "gone", []byte(nil))
 	m := newMesh(f, "a", "b")
 	b := m.brokers["b"]
 	for _, d := range []struct {
@@ -39,9 +51,9 @@ func FuzzFromPeer(f *testing.F) {
 			}
 		}
 	}
-	f.Fuzz(func(t *testing.T, typ byte, ref, aux uint64, name, key, tag string, body []byte) {
+	f.Fuzz(func(t *testing.T, typ byte, attach uint32, ref, aux uint64, name, key, tag string, body []byte) {
 		fr := wire.NewFrame(wire.Type(typ))
-		fr.Ref, fr.Aux, fr.Name, fr.Key, fr.Tag, fr.Body = ref, aux, name, key, tag, body
+		fr.Attach, fr.Ref, fr.Aux, fr.Name, fr.Key, fr.Tag, fr.Body = attach, ref, aux, name, key, tag, body
 		if fr.Check() != nil {
 			fr.Release()
 			return // the link's decoder refuses it before the broker

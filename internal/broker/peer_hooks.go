@@ -11,5 +11,6 @@ func (b *Broker) peerUp(p *peer) {
 func (b *Broker) peerDown(p *peer) {
 	b.pubsubPeerDown(p)
 	b.rrPeerDown(p)
+	b.forwardedWorkersDown(p.node)
 	b.forwardPeerDown(p.node)
 }

@@ -29,10 +29,13 @@ type Session struct {
 	// peer.go); nil for a client's.
 	peer *peer
 
-	mu          sync.Mutex // guards attachments, closed, watches
+	mu          sync.Mutex // guards attachments, closed, watches, fwdWorkers
 	attachments map[uint32]*Attachment
 	closed      bool
 	watches     map[uint64]func() // WATCHes by ref: their cancel funcs
+	// fwdWorkers are its workers attached to replicated queues that
+	// other nodes serve (forward_worker.go), by attachment id.
+	fwdWorkers map[uint32]*fwdWorker
 
 	lastQueue atomic.Pointer[taskQueue] // the queue of its last SUBMIT, for flow control
 
@@ -145,9 +148,11 @@ func (a *Attachment) detached(reason string) {
 
 // sendDetached tells the client its attachment is gone.
 func (a *Attachment) sendDetached(reason string) {
-	if a.s.peer != nil {
+	if a.s.peer != nil && (a.tq == nil || a.role != wire.RoleWorker) {
 		return // a stand-in: its node tells its own members
 	}
+	// A client's, or a worker forwarded from another node: that node
+	// attaches it again where the queue is served next.
 	f := wire.NewFrame(wire.TypeEvent)
 	f.Attach, f.Aux, f.Name, f.Tag = a.id, wire.EventDetached, a.ex.name, reason
 	a.s.sink.Deliver(f)
@@ -185,6 +190,12 @@ func (s *Session) Handle(f *wire.Frame) {
 		s.attach(f)
 	case wire.TypeDetach:
 		ref := f.Ref
+		if w := s.forwardedWorker(f.Attach); w != nil {
+			f.Release()
+			w.close()
+			s.reply(ref, nil, nil)
+			return
+		}
 		if err := s.detach(f.Attach, func() { s.reply(ref, nil, nil) }); err != nil {
 			s.reply(ref, nil, err)
 		}
@@ -195,6 +206,10 @@ func (s *Session) Handle(f *wire.Frame) {
 	case wire.TypeSubmit:
 		s.submit(f)
 	case wire.TypeAck, wire.TypeNack, wire.TypeProgress:
+		if w := s.forwardedWorker(f.Attach); w != nil {
+			w.settleForwarded(f)
+			return
+		}
 		s.settle(f)
 	case wire.TypeWatch:
 		s.watchTask(f)
@@ -333,6 +348,14 @@ func (s *Session) attach(f *wire.Frame) {
 		return
 	}
 	ex, err := s.b.lookup(f.Name)
+	if err != nil && s.peer == nil && f.Aux == wire.RoleWorker {
+		// A replicated queue led by another node: the worker is
+		// attached there (forward_worker.go).
+		if node := s.b.forwardTarget(f.Name); node != "" {
+			s.forwardAttach(node, f, spec)
+			return
+		}
+	}
 	if err != nil {
 		s.sendError(f.Ref, err)
 		return
@@ -466,11 +489,19 @@ func (s *Session) attach(f *wire.Frame) {
 // roomFor refuses a new attachment a past the session's limit, or with
 // an id in use; s.mu is held.
 func (s *Session) roomFor(a *Attachment) error {
-	if max := s.b.cfg.MaxAttachments; len(s.attachments) >= max {
-		return wire.Errorf(wire.CodeTooManyAttachments, "attach %q: this connection has %d attachments, the limit", a.ex.name, max)
+	return s.roomForID(a.ex.name, a.id)
+}
+
+// roomForID refuses a new attachment id to exchange name past the
+// session's limit, or with an id in use (by an attachment or a
+// forwarded worker); s.mu is held.
+func (s *Session) roomForID(name string, id uint32) error {
+	if max := s.b.cfg.MaxAttachments; len(s.attachments)+len(s.fwdWorkers) >= max {
+		return wire.Errorf(wire.CodeTooManyAttachments, "attach %q: this connection has %d attachments, the limit", name, max)
 	}
-	if _, dup := s.attachments[a.id]; dup {
-		return wire.Errorf(wire.CodeProtocol, "attach: attachment id %d already in use", a.id)
+	_, dup := s.attachments[id]
+	if _, fwd := s.fwdWorkers[id]; dup || fwd {
+		return wire.Errorf(wire.CodeProtocol, "attach: attachment id %d already in use", id)
 	}
 	return nil
 }
@@ -511,10 +542,14 @@ func (s *Session) detach(id uint32, ok func()) error {
 }
 
 // drop takes a out of its exchange.
-func (s *Session) drop(a *Attachment) {
+func (s *Session) drop(a *Attachment) { s.dropAs(a, false) }
+
+// dropAs takes a out of its exchange; with returned, a consumer's tasks
+// in flight come back without a failed attempt.
+func (s *Session) dropAs(a *Attachment, returned bool) {
 	a.gone.Store(true)
 	if a.tq != nil {
-		a.tq.detachConsumer(a)
+		a.tq.detachConsumerAs(a, returned)
 		return
 	}
 	if a.ex.isMemberRole(a.role) {
@@ -548,7 +583,11 @@ func (s *Session) Close() {
 	s.attachments = map[uint32]*Attachment{}
 	watches := s.watches
 	s.watches = nil
+	fwdWorkers := s.fwdWorkers
 	s.mu.Unlock()
+	for _, w := range fwdWorkers {
+		w.close()
+	}
 	for _, cancel := range watches {
 		cancel()
 	}
@@ -564,7 +603,9 @@ func (s *Session) Close() {
 	}
 	s.b.mu.Unlock()
 	for _, a := range atts {
-		s.drop(a)
+		// A peer's workers are its node's: their tasks come back
+		// without a failed attempt (forward_worker.go).
+		s.dropAs(a, s.peer != nil)
 	}
 	for id, p := range reqs {
 		s.cancelPending(id, p)

@@ -705,11 +705,19 @@ func (tq *taskQueue) attachConsumer(a *Attachment, prefetch int) error {
 // detachConsumer takes a's consumer off its queue: what it had in flight
 // is redelivered, and a durable subscriber's binding no longer counts
 // against its connection.
-func (tq *taskQueue) detachConsumer(a *Attachment) {
+func (tq *taskQueue) detachConsumer(a *Attachment) { tq.detachConsumerAs(a, false) }
+
+// detachConsumerAs is detachConsumer; with returned, what a had in
+// flight comes back without a failed attempt (queue.ReturnConsumer).
+func (tq *taskQueue) detachConsumerAs(a *Attachment, returned bool) {
 	tq.attachMu.Lock()
 	defer tq.attachMu.Unlock()
 	if c := a.consumer.Swap(nil); c != nil {
-		tq.q.RemoveConsumer(c)
+		if returned {
+			tq.q.ReturnConsumer(c)
+		} else {
+			tq.q.RemoveConsumer(c)
+		}
 	}
 	delete(tq.consumers, a)
 	uncharge(a)

@@ -103,6 +103,19 @@ func (q *Queue) AddConsumer(id string, cc ConsumerConfig) (*Consumer, error) {
 // [Config.MaxAttempts]. Its keys move to the remaining consumers. In
 // single-active mode the oldest remaining consumer takes over.
 func (q *Queue) RemoveConsumer(c *Consumer) error {
+	return q.removeConsumer(c, true)
+}
+
+// ReturnConsumer detaches c as [Queue.RemoveConsumer] does, but its
+// messages in flight come back ready as they were, first in their key
+// and priority, without a failed attempt and without a journal record
+// (deliveries are not journaled): for a consumer that went away through
+// no fault of its own, such as one whose node's link dropped.
+func (q *Queue) ReturnConsumer(c *Consumer) error {
+	return q.removeConsumer(c, false)
+}
+
+func (q *Queue) removeConsumer(c *Consumer, fail bool) error {
 	q.lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -146,6 +159,14 @@ func (q *Queue) RemoveConsumer(c *Consumer) error {
 		c.unacked.remove(m)
 		m.owner = nil
 		q.stats.unacked.Add(-1)
+		if !fail {
+			if m.ks != nil {
+				m.ks.busy = m // as retry leaves it: makeReady unblocks
+			}
+			q.stats.ready.Add(1)
+			q.makeReady(m, true)
+			continue
+		}
 		if e := q.retry(m, now); e != nil && err == nil {
 			err = e
 		}

@@ -482,3 +482,51 @@ func TestDefaultSchedulerAndAccessors(t *testing.T) {
 		t.Fatalf("prefetch of a removed consumer: %v", err)
 	}
 }
+
+func TestReturnedConsumerMessagesComeBackAsTheyWere(t *testing.T) {
+	e := newEnv(t)
+	q := e.queue(func(c *Config) { c.MaxAttempts = 1 })
+	a := addWorker(t, q, "a", 10)
+	for i := range 3 {
+		mustEnqueue(t, q, Message{Body: body(i)})
+	}
+	for i := range 3 {
+		mustEnqueue(t, q, Message{Key: "k", Body: body(10 + i)})
+	}
+	if a.n() != 4 { // three plain, the key's first
+		t.Fatalf("a got %d, want 4", a.n())
+	}
+	must(t, q.ReturnConsumer(a.Consumer))
+	checkStats(t, q, 6, 0, 0)
+	b := addWorker(t, q, "b", 10)
+	got := b.take()
+	if len(got) != 4 {
+		t.Fatalf("b got %v at once, want 4 (no backoff)", ids(got))
+	}
+	for _, d := range got {
+		if d.Redelivered || d.Attempts != 0 {
+			t.Fatalf("a returned task came back as a failed attempt: %+v", d)
+		}
+	}
+	// MaxAttempts 1: a counted attempt would have dead-lettered them.
+	if dl := e.deadLetters(); len(dl) != 0 {
+		t.Fatalf("dead letters %+v", dl)
+	}
+	// The key stays in order, one in flight.
+	for want := uint64(4); want <= 6; want++ {
+		var k *Delivery
+		for i := range got {
+			if got[i].Key == "k" {
+				k = &got[i]
+			}
+		}
+		if k == nil || k.ID != want {
+			t.Fatalf("key k: got %+v, want task %d", k, want)
+		}
+		for _, d := range got {
+			must(t, q.Ack(b.Consumer, d.ID))
+		}
+		got = b.take()
+	}
+	checkStats(t, q, 0, 0, 0)
+}
