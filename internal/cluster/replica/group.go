@@ -162,10 +162,12 @@ func (g *Group) start() error {
 	}
 	g.rn = rn
 	g.applied.Store(applied)
+	// The apply state before the first item: enqueue may start the
+	// apply goroutine, which owns it from then on.
+	g.ap = applyState{applied: applied, lastSnap: applied, cs: cs}
 	if len(snap.GetData()) > 0 {
 		g.enqueue(applyItem{restore: snap})
 	}
-	g.ap = applyState{applied: applied, lastSnap: applied, cs: cs}
 	g.poke()
 	return nil
 }
