@@ -128,12 +128,7 @@ func (b *Broker) StopServing(name, why string) {
 		b.removeQueue(name)
 	}
 	b.qmu.Unlock()
-	tq.attachMu.Lock()
-	consumers := make([]*Attachment, 0, len(tq.consumers))
-	for a := range tq.consumers {
-		consumers = append(consumers, a)
-	}
-	tq.attachMu.Unlock()
+	consumers := tq.attachedConsumers()
 	for _, a := range consumers {
 		tq.detachConsumer(a)
 	}

@@ -1034,12 +1034,7 @@ func (b *Broker) dropQueue(tq *taskQueue, why string) {
 	// queue, then everything is purged: every record of the queue is
 	// released, and its segments can go. Durable subscribers are told; a
 	// task exchange's workers were, with the exchange.
-	tq.attachMu.Lock()
-	consumers := make([]*Attachment, 0, len(tq.consumers))
-	for a := range tq.consumers {
-		consumers = append(consumers, a)
-	}
-	tq.attachMu.Unlock()
+	consumers := tq.attachedConsumers()
 	for _, a := range consumers {
 		tq.detachConsumer(a)
 		if a.role == wire.RoleSubscriber {
@@ -1107,4 +1102,16 @@ func (b *Broker) PurgeQueue(name string) (uint64, error) {
 	}
 	b.log.Info("queue purged", "queue", name, "messages", n)
 	return uint64(n), nil
+}
+
+// attachedConsumers returns the queue's consumers at this instant, for
+// detaching them outside attachMu.
+func (tq *taskQueue) attachedConsumers() []*Attachment {
+	tq.attachMu.Lock()
+	defer tq.attachMu.Unlock()
+	consumers := make([]*Attachment, 0, len(tq.consumers))
+	for a := range tq.consumers {
+		consumers = append(consumers, a)
+	}
+	return consumers
 }
