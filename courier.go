@@ -461,6 +461,9 @@ type call struct {
 	fn func(*wire.Frame)
 	// closed: the Conn closed under the call (a nil frame was pushed).
 	closed bool
+	// resend: the call's frame is a confirmed publish or submit, which a
+	// reconnecting transport sends again (see [Conn.Interrupted]).
+	resend bool
 	// err, when set, is why the call ended without its answer (the
 	// connection was lost); else the Conn's error.
 	err error
@@ -545,7 +548,8 @@ func (cl *call) queue(f *wire.Frame) {
 }
 
 // register adds cl to the calls in flight; it fails once the Conn closed.
-func (c *Conn) register(cl *call) error {
+func (c *Conn) register(cl *call, f *wire.Frame) error {
+	cl.resend = (f.Type == wire.TypePublish || f.Type == wire.TypeSubmit) && f.Flags&wire.FlagReply != 0
 	sh := c.calls.lock(cl.ref)
 	if sh.closed {
 		sh.mu.Unlock()
@@ -617,6 +621,7 @@ func (cl *call) release() {
 	clear(cl.q)
 	cl.q, cl.head = cl.q[:0], 0
 	cl.closed = false
+	cl.resend = false
 	cl.err = nil
 	cl.onAsk = nil
 	cl.mu.Unlock()
@@ -646,7 +651,7 @@ func (c *Conn) call(ctx context.Context, f *wire.Frame) (*call, error) {
 func (c *Conn) callNow(ctx context.Context, f *wire.Frame) (*call, error) {
 	cl := c.newCall()
 	f.Ref = cl.ref
-	if err := c.register(cl); err != nil {
+	if err := c.register(cl, f); err != nil {
 		f.Release()
 		cl.release()
 		return nil, err

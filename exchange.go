@@ -192,7 +192,7 @@ func (e *PubSub) PublishAsync(ctx context.Context, m Message, done func(error)) 
 		}
 	}
 	f.Ref = cl.ref
-	if err := e.c.register(cl); err != nil {
+	if err := e.c.register(cl, f); err != nil {
 		f.Release()
 		return err
 	}

@@ -85,17 +85,19 @@ func (c *Conn) ReportConnEvent(ev ConnEvent) {
 
 // Interrupted is called by a transport that lost its connection and
 // reconnects. Calls in flight fail with err, which matches
-// [ErrConnectionLost], except those for which keep reports true (confirms
-// the transport will send again); new calls wait for [Conn.Reconnected].
+// [ErrConnectionLost], except confirmed publishes and submits when
+// resends is true: the transport sends every such frame it was given, or
+// will be given, again on its next connection (or fails it to its
+// sender), so their calls go on. New calls wait for [Conn.Reconnected].
 // Each attachment leaves its group: it is no longer leader, the requests,
 // tasks and subscription requests it holds are dropped (their answers
 // could not reach the broker; the broker failed the requests and returns
 // the tasks), and its OnEvent gets [EventDisconnected].
-func (c *Conn) Interrupted(err error, keep func(ref uint64) bool) {
+func (c *Conn) Interrupted(err error, resends bool) {
 	ch := make(chan struct{})
 	c.down.CompareAndSwap(nil, &ch) // or lost again during a resume
 	c.sess.Add(1)
-	c.calls.lose(err, keep)
+	c.calls.lose(err, resends)
 	for _, a := range c.attachments() {
 		a.interrupt(err)
 	}
@@ -215,7 +217,7 @@ func (c *Conn) Reconnected(ev ConnEvent) {
 func (c *Conn) callVia(send func(*wire.Frame) error, f *wire.Frame) (*call, error) {
 	cl := c.newCall()
 	f.Ref = cl.ref
-	if err := c.register(cl); err != nil {
+	if err := c.register(cl, f); err != nil {
 		f.Release()
 		cl.release()
 		return nil, err
@@ -386,15 +388,15 @@ func (a *Attachment) reattached(res wire.AttachResult) {
 	a.mu.Unlock()
 }
 
-// lose fails the calls in flight with err, except those keep reports
-// true for.
-func (t *callTable) lose(err error, keep func(ref uint64) bool) {
+// lose fails the calls in flight with err, except confirmed publishes
+// and submits when resends.
+func (t *callTable) lose(err error, resends bool) {
 	for i := range t.shard {
 		sh := &t.shard[i]
 		sh.mu.Lock()
 		var fns []*call
 		for ref, cl := range sh.m {
-			if keep != nil && keep(ref) {
+			if resends && cl.resend {
 				continue
 			}
 			delete(sh.m, ref)

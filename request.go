@@ -58,7 +58,7 @@ func (e *ReqResp) startRequest(ctx context.Context, cl *call, m *Message, opts [
 	if e.c.waiters {
 		cl.direct.Store(cl.ref)
 		f.Waiter = cl
-	} else if err := e.c.register(cl); err != nil {
+	} else if err := e.c.register(cl, f); err != nil {
 		f.Release()
 		return err
 	}

@@ -245,7 +245,7 @@ func (t *Tasks) SubmitAsync(ctx context.Context, task Task, done func(TaskID, er
 		}
 	}
 	f.Ref = cl.ref
-	if err := t.c.register(cl); err != nil {
+	if err := t.c.register(cl, f); err != nil {
 		f.Release()
 		return err
 	}

@@ -9,3 +9,12 @@ func SetReadHook(h func()) {
 	}
 	testHookRead.Store(&h)
 }
+
+// SetSendHook sets testHookSend; nil removes it.
+func SetSendHook(h func()) {
+	if h == nil {
+		testHookSend.Store(nil)
+		return
+	}
+	testHookSend.Store(&h)
+}

@@ -47,7 +47,6 @@ type transport struct {
 	discovered []string // connect_urls of the latest WELCOME
 	held       []*wire.Frame
 	heldBytes  int
-	heldRefs   map[uint64]bool         // confirmed frames among held
 	tracked    map[uint64]trackedFrame // confirmed frames sent, not yet answered
 	seq        uint64                  // orders tracked
 	closing    chan struct{}           // closed by Close and when giving up
@@ -68,10 +67,9 @@ var (
 func newTransport(list URLs, opts Options) *transport {
 	return &transport{
 		list: list, opts: opts,
-		heldRefs: make(map[uint64]bool),
-		tracked:  make(map[uint64]trackedFrame),
-		closing:  make(chan struct{}),
-		done:     make(chan struct{}),
+		tracked: make(map[uint64]trackedFrame),
+		closing: make(chan struct{}),
+		done:    make(chan struct{}),
 	}
 }
 
@@ -135,7 +133,17 @@ func (t *transport) SendContext(ctx context.Context, f *wire.Frame) error {
 			}
 			return err
 		}
-		tracked := t.track(f)
+		if h := testHookSend.Load(); h != nil && isConfirmed(f) {
+			(*h)()
+		}
+		tracked, gone := t.track(f, l)
+		if gone {
+			// Lost since it was loaded: as if sent while reconnecting.
+			if err := t.hold(f, l); err != errRetry {
+				return err
+			}
+			continue
+		}
 		err := l.send(ctx, f)
 		if err == nil {
 			f.Release()
@@ -169,8 +177,15 @@ func (t *transport) SendContext(ctx context.Context, f *wire.Frame) error {
 	}
 }
 
+// testHookSend, when set, runs in SendContext between taking the link
+// and sending a confirmed frame on it: tests lose the link there.
+var testHookSend atomic.Pointer[func()]
+
 // errRetry tells SendContext that a link came up meanwhile.
 var errRetry = errors.New("client: retry")
+
+// errLinkGone fails a resume whose link was lost under it.
+var errLinkGone = fmt.Errorf("client: link lost while resuming: %w", courier.ErrConnectionLost)
 
 // isData reports whether f is held while reconnecting.
 func isData(f *wire.Frame) bool {
@@ -215,9 +230,6 @@ func (t *transport) hold(f *wire.Frame, from *link) error {
 	f.Batch = nil
 	t.held = append(t.held, f)
 	t.heldBytes += n
-	if isConfirmed(f) {
-		t.heldRefs[f.Ref] = true
-	}
 	t.mu.Unlock()
 	return nil
 }
@@ -231,20 +243,26 @@ func frameSize(f *wire.Frame) int {
 	return n
 }
 
-// track keeps a copy of a confirmed frame until its answer; it reports
-// whether it did.
-func (t *transport) track(f *wire.Frame) bool {
+// track keeps a copy of a confirmed frame until its answer, about to be
+// sent on l; it reports whether it did, and whether l is out of use
+// already (then nothing is tracked: a frame tracked after [transport.lose]
+// took l's would wait for an answer that never comes).
+func (t *transport) track(f *wire.Frame, l *link) (tracked, gone bool) {
 	if t.opts.NoReconnect || !isConfirmed(f) {
-		return false
+		return false, false
 	}
 	c := f.Clone()
 	c.Batch = nil
 	t.mu.Lock()
+	if t.up.Load() != l && t.resuming.Load() != l {
+		t.mu.Unlock()
+		c.Release()
+		return false, true
+	}
 	t.seq++
 	t.tracked[f.Ref] = trackedFrame{seq: t.seq, f: c}
-	delete(t.heldRefs, f.Ref)
 	t.mu.Unlock()
-	return true
+	return true, false
 }
 
 func (t *transport) untrack(ref uint64) {
@@ -254,15 +272,6 @@ func (t *transport) untrack(ref uint64) {
 		tf.f.Release()
 	}
 	t.mu.Unlock()
-}
-
-// keeps reports whether a call's frame will be sent again: the Conn does
-// not fail it when the link is lost.
-func (t *transport) keeps(ref uint64) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	_, ok := t.tracked[ref]
-	return ok || t.heldRefs[ref]
 }
 
 // Close tells the server and closes the connection; it stops
@@ -365,9 +374,8 @@ func (t *transport) lose(l *link, err error) {
 	t.up.CompareAndSwap(l, nil)
 	t.resuming.CompareAndSwap(l, nil)
 	again := make([]trackedFrame, 0, len(t.tracked))
-	for ref, tf := range t.tracked {
+	for _, tf := range t.tracked {
 		again = append(again, tf)
-		t.heldRefs[ref] = true
 		t.heldBytes += frameSize(tf.f)
 	}
 	clear(t.tracked)
@@ -378,7 +386,7 @@ func (t *transport) lose(l *link, err error) {
 	}
 	t.held = append(frames, t.held...)
 	t.mu.Unlock()
-	t.conn.Interrupted(err, t.keeps)
+	t.conn.Interrupted(err, true)
 }
 
 // finish closes the Conn for good with err.
@@ -395,7 +403,6 @@ func (t *transport) finish(err error) {
 		f.Release()
 	}
 	t.held, t.heldBytes = nil, 0
-	clear(t.heldRefs)
 	for _, tf := range t.tracked {
 		tf.f.Release()
 	}
@@ -552,16 +559,14 @@ func (t *transport) flush(ctx context.Context, l *link) error {
 		t.held, t.heldBytes = nil, 0
 		t.mu.Unlock()
 		for i, f := range batch {
-			tracked := t.track(f)
-			if err := l.send(ctx, f); err != nil {
+			tracked, gone := t.track(f, l)
+			err := errLinkGone
+			if !gone {
+				err = l.send(ctx, f)
+			}
+			if err != nil {
 				if tracked {
-					t.mu.Lock()
-					if tf, ok := t.tracked[f.Ref]; ok {
-						delete(t.tracked, f.Ref)
-						tf.f.Release()
-					}
-					t.heldRefs[f.Ref] = true
-					t.mu.Unlock()
+					t.untrack(f.Ref)
 				}
 				t.mu.Lock()
 				rest := batch[i:]

@@ -747,3 +747,50 @@ func TestUnconfirmedSubmitSentAgain(t *testing.T) {
 		}
 	}
 }
+
+// TestSubmitLostWhileSending: a confirmed submit whose connection is lost
+// after its call was registered and before its frame was tracked (the
+// send hook holds it there) is sent again on the next connection, not
+// failed with ErrConnectionLost. It failed so before the fix, one
+// submit in hundreds across a SIGKILL (TestRestartSIGKILL).
+func TestSubmitLostWhileSending(t *testing.T) {
+	n := startNode(t, "127.0.0.1:0", t.TempDir())
+	p := newProxy(t, n.Addr().String())
+	ctx := testutil.Context(t, 2*wait)
+	evs := newConnEvents()
+	c, err := client.Dial(ctx, p.url(), client.Options{Log: quiet(), OnConnEvent: evs.fn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	jobs, err := c.Tasks(ctx, "lost.sending")
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	client.SetSendHook(func() {
+		once.Do(func() { close(entered); <-release })
+	})
+	defer client.SetSendHook(nil)
+	submitted := make(chan error, 1)
+	go func() {
+		_, err := jobs.Submit(ctx, courier.Task{Body: []byte("held")})
+		submitted <- err
+	}()
+	testutil.Closed(t, entered, wait, "the submit's send")
+	p.cut()
+	evs.next(t, courier.ConnDisconnected) // the Conn was interrupted
+	close(release)
+	evs.next(t, courier.ConnReconnected)
+	if err := testutil.Recv(t, submitted, wait); err != nil {
+		t.Fatalf("the submit lost while sending: %v; want it sent again and confirmed", err)
+	}
+	got := make(chan string, 2)
+	if _, err := jobs.Work(ctx, func(j *courier.Job) error { got <- string(j.Body); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if g := testutil.Recv(t, got, wait); g != "held" {
+		t.Fatalf("worker got %q", g)
+	}
+}
