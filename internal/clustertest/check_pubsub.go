@@ -14,10 +14,22 @@ type Publish struct {
 	Publisher string `json:"publisher"`
 	Seq       uint64 `json:"seq"`
 	Topic     string `json:"topic,omitempty"`
-	Time      int64  `json:"t_ns"`
+	// Start is when the publish was called, Time when it returned. A
+	// subscription expects the publications that started after its
+	// Subscribe returned: one under way meanwhile may miss it.
+	Start int64 `json:"start_ns,omitempty"`
+	Time  int64 `json:"t_ns"`
 	// Failed is set when Publish returned an error: the message may or
 	// may not have gone out, so its loss is no violation.
 	Failed bool `json:"failed,omitempty"`
+}
+
+// started is when p was called (its return for a history without it).
+func (p Publish) started() int64 {
+	if p.Start > 0 {
+		return p.Start
+	}
+	return p.Time
 }
 
 // Delivery is one message a subscriber received.
@@ -108,7 +120,7 @@ func CheckPubSub(s Snapshot, o PubSubOptions) Result {
 			to = s.Duration
 		}
 		for _, p := range s.Publishes {
-			if p.Failed || p.Time < sub.From || p.Time > to-int64(o.Settle) {
+			if p.Failed || p.started() < sub.From || p.Time > to-int64(o.Settle) {
 				continue
 			}
 			if len(sub.Publishers) > 0 && !slices.Contains(sub.Publishers, p.Publisher) {

@@ -407,3 +407,15 @@ func TestReport(t *testing.T) {
 		t.Fatalf("JSON report: %v %+v", err, back)
 	}
 }
+
+func TestCheckPubSubConcurrentWithSubscribe(t *testing.T) {
+	// A publish that started before the subscription began and returned
+	// after it may miss the subscriber; one that started after may not.
+	s := pubsubHistory()
+	s.Subscriptions[0].From = int64(250 * time.Millisecond)
+	s.Publishes[2].Start = int64(240 * time.Millisecond) // #3 returns at 300 ms
+	deliver(&s, 4, 5, 6, 7, 8, 9, 10)
+	wantOK(t, CheckPubSub(s, PubSubOptions{}))
+	s.Publishes[2].Start = int64(260 * time.Millisecond)
+	wantViolation(t, CheckPubSub(s, PubSubOptions{}), "lost p#3")
+}

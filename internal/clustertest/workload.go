@@ -415,9 +415,10 @@ func (w Workload) pubsub(ctx, drained context.Context, c *Cluster, i int) {
 		}
 		seq++
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		start := h.Now()
 		err = ex.PublishSync(pctx, courier.Message{Key: "k", Body: fmt.Appendf(nil, "%s#%d", pub, seq)})
 		cancel()
-		h.AddPublish(Publish{Publisher: pub, Seq: seq, Topic: "k", Time: h.Now(), Failed: err != nil})
+		h.AddPublish(Publish{Publisher: pub, Seq: seq, Topic: "k", Start: start, Time: h.Now(), Failed: err != nil})
 	}
 	if subConn != nil {
 		select {
