@@ -282,6 +282,12 @@ const (
 	TaskCompleted TaskEventKind = wire.TaskCompleted
 	// TaskFailed: it was dead-lettered for Reason. The last event.
 	TaskFailed TaskEventKind = wire.TaskFailed
+	// TaskLost: the watch ended without the task's outcome, for Reason:
+	// the queue was deleted, or the node serving a replicated queue
+	// changed (its leader moved, or the link to it was lost). The task
+	// itself is not affected; watch it again to follow it. The last
+	// event.
+	TaskLost TaskEventKind = wire.TaskLost
 )
 
 func (k TaskEventKind) String() string {
@@ -294,6 +300,8 @@ func (k TaskEventKind) String() string {
 		return "completed"
 	case TaskFailed:
 		return "failed"
+	case TaskLost:
+		return "lost"
 	}
 	return fmt.Sprintf("task-event(%d)", int(k))
 }
@@ -313,7 +321,9 @@ type TaskEvent struct {
 }
 
 // Last reports whether no event follows this one.
-func (e TaskEvent) Last() bool { return e.Kind == TaskCompleted || e.Kind == TaskFailed }
+func (e TaskEvent) Last() bool {
+	return e.Kind == TaskCompleted || e.Kind == TaskFailed || e.Kind == TaskLost
+}
 
 // TaskWatch is a watch on one task's events; see [Tasks.SubmitWatch] and
 // [Tasks.Watch].
@@ -430,6 +440,7 @@ func (w *TaskWatch) run(ctx context.Context, fn func(TaskEvent)) {
 		if err := json.Unmarshal(f.Body, &body); err != nil {
 			w.c.report(fmt.Errorf("courier: bad task event: %w", err))
 		}
+		last := f.Flags&wire.FlagLast != 0 // a kind this client does not know may end it
 		f.Release()
 		ev.ID, ev.Percent, ev.Text, ev.Attempts = body.ID, body.Percent, body.Text, int(body.Attempts)
 		ev.Reason, ev.Worker = body.Reason, body.Worker
@@ -442,7 +453,7 @@ func (w *TaskWatch) run(ctx context.Context, fn func(TaskEvent)) {
 		if fn != nil {
 			fn(ev)
 		}
-		if ev.Last() {
+		if last || ev.Last() {
 			w.cl.release() // the call left the table with its last frame
 			return
 		}

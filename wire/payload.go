@@ -275,6 +275,7 @@ const (
 	TaskRetry     = 2 // the task failed and will be delivered again
 	TaskCompleted = 3 // a worker acked it; the last event
 	TaskFailed    = 4 // it was dead-lettered; the last event
+	TaskLost      = 5 // the watch ended without the outcome; the last event
 )
 
 // TaskEventBody is the JSON body of TASKEVENT.

@@ -19,7 +19,7 @@ const ROLE = Object.freeze({ handler: 1, subscriber: 2, controller: 3, worker: 4
 const EVENT_KINDS = Object.freeze({ 1: 'leader', 2: 'member-up', 3: 'member-down', 4: 'subscriptions', 5: 'detached' });
 // Codes after which reconnecting is no use.
 const RECONNECT_NEVER = new Set([Code.UNAUTHORIZED, Code.VERSION, Code.PROTOCOL, Code.FRAME_TOO_LARGE]);
-const TASK_EVENTS = Object.freeze({ 1: 'progress', 2: 'retry', 3: 'completed', 4: 'failed' });
+const TASK_EVENTS = Object.freeze({ 1: 'progress', 2: 'retry', 3: 'completed', 4: 'failed', 5: 'lost' });
 const textDecoder = new TextDecoder();
 
 /** CourierError is an error the server (or the connection) reported, with its code (docs/protocol.md §11). */
@@ -525,7 +525,7 @@ export class Connection {
    * submit submits a task to a task exchange (§10). Options: key,
    * priority (0–9), headers, due (a Date or Unix ms), ttlMs, confirm
    * (resolve to the task id once it is durable), onEvent(ev) (watch the
-   * task: ev.kind is progress, retry, completed or failed; ev.last marks
+   * task: ev.kind is progress, retry, completed, failed or lost; ev.last marks
    * the end; implies confirm). Without confirm nor onEvent it resolves
    * once sent, to 0.
    */

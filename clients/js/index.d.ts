@@ -140,7 +140,7 @@ export interface AttachmentEvent {
 
 /** A TASKEVENT of a watched task (§10). */
 export interface TaskEvent {
-  kind: 'progress' | 'retry' | 'completed' | 'failed' | string;
+  kind: 'progress' | 'retry' | 'completed' | 'failed' | 'lost' | string;
   /** No more events follow. */
   last: boolean;
   id: number;

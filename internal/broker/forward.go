@@ -46,6 +46,11 @@ type forwarded struct {
 	// frame (ownership with it), or the error (an ERROR from node, the
 	// link's loss, the timeout).
 	done func(ok *wire.Frame, err error)
+	// watch: a WATCH or watched SUBMIT (forward_watch.go), whose OK
+	// (answered) leaves it in the table until its last event; task is
+	// its task's id, once known.
+	watch, answered bool
+	task            uint64
 }
 
 // fail hands fw the error err: to done, or to its client.
@@ -136,7 +141,10 @@ func (b *Broker) forwardCall(node string, s *Session, ref uint64, what string, d
 	}
 	fw.done = done
 	fw.timer = time.AfterFunc(forwardTimeout, func() {
-		if fw := b.fwd.take(node, id); fw != nil {
+		if fw := b.fwd.expire(node, id); fw != nil {
+			if fw.watch {
+				fw.s.unwatch(fw.ref)
+			}
 			fw.fail(wire.Errorf(wire.CodeUnavailable, "%s: node %s, its queue's leader, did not answer within %s; the outcome is unknown: resend (deduplicated by pid and seq)", what, node, forwardTimeout))
 		}
 	})
@@ -172,12 +180,15 @@ func (s *Session) forwardSubmit(node string, f *wire.Frame) {
 // forwardAnswer hands an OK or ERROR from node, the answer to a
 // forwarded submit, to its client, and takes ownership of f.
 func (b *Broker) forwardAnswer(node string, f *wire.Frame) {
-	fw := b.fwd.take(node, f.Ref)
+	fw := b.fwd.answer(node, f)
 	if fw == nil {
 		f.Release() // timed out, or its node went down and back
 		return
 	}
 	fw.timer.Stop()
+	if fw.watch && !fw.answered {
+		fw.s.unwatch(fw.ref) // refused: its entry is gone, nothing is sent
+	}
 	if fw.done != nil {
 		if f.Type == wire.TypeError {
 			err := wire.Errorf(wire.Code(f.Aux), "%s", f.Tag)
@@ -196,6 +207,13 @@ func (b *Broker) forwardAnswer(node string, f *wire.Frame) {
 // their outcome is unknown.
 func (b *Broker) forwardPeerDown(node string) {
 	for _, fw := range b.fwd.takeNode(node) {
-		fw.fail(wire.Errorf(wire.CodeUnavailable, "submit: node %s, its queue's leader, went away before it answered; the outcome is unknown: resend (deduplicated by pid and seq)", node))
+		if fw.watch {
+			if fw.answered {
+				fw.lostWatch(node)
+				continue
+			}
+			fw.s.unwatch(fw.ref)
+		}
+		fw.fail(wire.Errorf(wire.CodeUnavailable, "node %s, the queue's leader, went away before it answered; the outcome is unknown: resend (a submit is deduplicated by pid and seq)", node))
 	}
 }

@@ -139,10 +139,14 @@ func (b *Broker) FromPeer(node string, f *wire.Frame) {
 		b.peerRequest(p, f)
 	case wire.TypeResponse, wire.TypeAsk, wire.TypeAnswer, wire.TypeCancel:
 		p.s.Handle(f)
-	case wire.TypeSubmit:
-		// A SUBMIT forwarded to this node, its queue's leader
-		// (forward.go): the peer session's, answered on the link.
+	case wire.TypeSubmit, wire.TypeWatch:
+		// A SUBMIT or WATCH forwarded to this node, its queue's leader
+		// (forward.go, forward_watch.go): the peer session's, answered
+		// on the link.
 		p.s.Handle(f)
+	case wire.TypeTaskEvent:
+		// An event of a watch this node forwarded to node.
+		b.forwardEvent(node, f)
 	case wire.TypeOK, wire.TypeError:
 		b.forwardAnswer(node, f)
 	case wire.TypeAttach, wire.TypeDetach, wire.TypeAck, wire.TypeNack, wire.TypeProgress:

@@ -54,7 +54,7 @@ func (b *Broker) notServedHere(name string) error {
 	case leader == "" || leader == b.cfg.Node:
 		return wire.Errorf(wire.CodeUnavailable, "queue %q has no leader yet (its replicas are electing one); try again", name)
 	}
-	return wire.Errorf(wire.CodeUnavailable, "queue %q is served by node %s, the leader of its replicas; this node forwards submits and workers, not watches: watch its tasks on %s", name, leader, leader)
+	return wire.Errorf(wire.CodeUnavailable, "queue %q is served by node %s, the leader of its replicas, and the link to it is down; try again, or use %s", name, leader, leader)
 }
 
 // ServeReplicated runs the replicated task exchange name on this node,

@@ -171,7 +171,15 @@ func (s *Session) Handle(f *wire.Frame) {
 	case wire.TypePublish:
 		s.publish(f)
 	case wire.TypeCancel:
-		if !s.unwatch(f.Ref) {
+		switch {
+		case s.peer != nil && f.Name != "":
+			// Over a node link, a CANCEL naming a queue ends a
+			// forwarded watch (forward_watch.go); one without, a
+			// forwarded request: their Refs are of different tables.
+			s.unwatch(f.Ref)
+		case s.peer != nil:
+			s.cancel(f.Ref)
+		case !s.unwatch(f.Ref):
 			s.cancel(f.Ref)
 		}
 		f.Release()

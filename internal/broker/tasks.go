@@ -460,10 +460,14 @@ func (s *Session) submit(f *wire.Frame) {
 		return
 	}
 	ex, err := s.b.lookup(f.Name)
-	if err != nil && s.peer == nil && flags&wire.FlagWatch == 0 {
+	if err != nil && s.peer == nil {
 		// A replicated queue led by another node: forwarded there. A
 		// submit from another node is never forwarded again.
 		if node := s.b.forwardTarget(f.Name); node != "" {
+			if ref != 0 && flags&wire.FlagWatch != 0 {
+				s.forwardWatch(node, f)
+				return
+			}
 			s.forwardSubmit(node, f)
 			return
 		}
@@ -590,6 +594,9 @@ func (tw *taskWatch) event(ev queue.Event) {
 	tw.s.sink.Deliver(f)
 }
 
+// reasonLost is the Reason of a TASKEVENT lost.
+const reasonLost = "the queue closed here: deleted, or served by another node now; watch the task again"
+
 func taskEventFrame(ref uint64, ev queue.Event) *wire.Frame {
 	f := wire.NewFrame(wire.TypeTaskEvent)
 	f.Ref = ref
@@ -606,6 +613,9 @@ func taskEventFrame(ref uint64, ev queue.Event) *wire.Frame {
 	case queue.EventFailed:
 		f.Aux, f.Flags = wire.TaskFailed, wire.FlagLast
 		body.Reason = string(ev.Reason)
+	case queue.EventLost:
+		f.Aux, f.Flags = wire.TaskLost, wire.FlagLast
+		body.Reason = reasonLost
 	}
 	f.Body = jsonBody(body)
 	return f
@@ -613,13 +623,22 @@ func taskEventFrame(ref uint64, ev queue.Event) *wire.Frame {
 
 // watchTask handles WATCH: the task's events, from now to its last one.
 func (s *Session) watchTask(f *wire.Frame) {
-	defer f.Release()
 	// Its submitter (write) or its workers (read) may follow a task.
 	if !s.allowed(auth.Write|auth.Read, f.Name) {
 		s.sendError(f.Ref, s.deny("watch", auth.Write|auth.Read, f.Name))
+		f.Release()
 		return
 	}
 	ex, err := s.b.lookup(f.Name)
+	if err != nil && s.peer == nil && f.Ref != 0 {
+		// A replicated queue led by another node: forwarded there
+		// (forward_watch.go), never again from there.
+		if node := s.b.forwardTarget(f.Name); node != "" {
+			s.forwardWatch(node, f)
+			return
+		}
+	}
+	defer f.Release()
 	if err == nil && ex.tq == nil {
 		err = wire.Errorf(wire.CodeNotAllowed, "exchange %q is %s: only tasks can be watched", ex.name, ex.cfg.Pattern)
 	}

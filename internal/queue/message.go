@@ -85,6 +85,10 @@ const (
 	// EventFailed: the message was dead-lettered, for [Event.Reason]. It
 	// is the last event.
 	EventFailed
+	// EventLost: the queue closed (deleted, or no longer served here: a
+	// replicated queue whose leadership moved) with the message in it,
+	// so its outcome will not be known here. It is the last event.
+	EventLost
 )
 
 // String names the kind.
@@ -98,6 +102,8 @@ func (k EventKind) String() string {
 		return "completed"
 	case EventFailed:
 		return "failed"
+	case EventLost:
+		return "lost"
 	}
 	return "unknown"
 }

@@ -139,14 +139,22 @@ func (q *Queue) Name() string { return q.name }
 
 // Close stops the queue: its timers stop, and every later call fails with
 // [ErrClosed]. Messages are kept in the journal, not released: Close is
-// for shutdown, not deletion.
+// for shutdown, not deletion. Watchers get [EventLost].
 func (q *Queue) Close() error {
 	q.lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	if q.closed {
 		return ErrClosed
 	}
 	q.closed = true
+	// Watchers learn that their message's outcome will not be known
+	// here; the message itself stays as it is (not settled).
+	for id, ws := range q.watchers {
+		for _, w := range ws {
+			q.out = append(q.out, event{kind: evWatch, watch: w.fn, ev: Event{ID: id, Kind: EventLost}})
+		}
+	}
+	clear(q.watchers)
 	q.sched.unschedule(q)
 	if q.mem != nil {
 		q.mem.add(-q.reported[0], -q.reported[1], -q.reported[2])
