@@ -902,8 +902,10 @@ func (n *Node) connect(user string, policy auth.Policy) *courier.Conn {
 // Shutdown closes the node gracefully: it stops accepting connections
 // and new requests, tells every network client it is going (a CLOSE with
 // code 16), waits for the requests in flight to be answered, for at most
-// Config.DrainTimeout or until ctx ends, and then closes as [Node.Close]
-// does. It returns an error when requests were still in flight.
+// Config.DrainTimeout or until ctx ends, hands the leadership of the
+// replicated queues it leads over to other replicas (for up to 5 s), and
+// then closes as [Node.Close] does. It returns an error when requests
+// were still in flight.
 func (n *Node) Shutdown(ctx context.Context) error {
 	if n.closed.Load() {
 		return nil
@@ -931,6 +933,11 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	if busy > 0 {
 		err = fmt.Errorf("node: %d requests still in flight when the drain ended: %w", busy, ctx.Err())
 		n.cfg.Log.Warn("drain ended with requests in flight", "requests", busy)
+	}
+	if n.replicas != nil {
+		// The replicated queues this node leads move to other replicas
+		// first, so that they stay served (handOverTimeout at most).
+		n.replicas.handOver(context.WithoutCancel(ctx))
 	}
 	n.Close()
 	return err

@@ -84,6 +84,28 @@ func (n *Node) startReplicas() error {
 	return nil
 }
 
+// handOverTimeout bounds how long a graceful shutdown waits for the
+// node's replicated queues' leaderships to move to other nodes.
+const handOverTimeout = 5 * time.Second
+
+// handOver moves the leadership of every replicated queue this node
+// leads to another replica, before a graceful shutdown: the queues stay
+// served while the node is away, with no election to wait for.
+func (r *queueReplicas) handOver(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, handOverTimeout)
+	defer cancel()
+	start := time.Now()
+	led, left, err := r.host.HandOver(ctx)
+	if led == 0 && err == nil {
+		return
+	}
+	log := r.n.cfg.Log.Info
+	if left > 0 || err != nil {
+		log = r.n.cfg.Log.Warn
+	}
+	log("replicated queues handed over", "led", led, "still_led", left, "took", time.Since(start), "err", err)
+}
+
 // close stops every replicated queue and the host.
 func (r *queueReplicas) close() {
 	r.mu.Lock()

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -156,5 +157,61 @@ func TestReplicatedQueueForwardedWatch(t *testing.T) {
 	nextEvent(ch4, courier.TaskCompleted)
 	if ev, err := w4.Wait(ctx); err != nil || ev.Kind != courier.TaskCompleted {
 		t.Fatalf("Wait: %v, %v", ev.Kind, err)
+	}
+}
+
+// TestReplicatedQueueHandOverOnShutdown: a node that shuts down
+// gracefully hands the leadership of the replicated queues it leads
+// over first: when Shutdown returns, another replica leads already (no
+// election timeout to wait for), another node serves the queue, and
+// every task confirmed before is there.
+func TestReplicatedQueueHandOverOnShutdown(t *testing.T) {
+	nodes := startCluster3Live(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
+	defer cancel()
+	decl := nodes[0].Connect()
+	if _, err := declareTasks(ctx, t, decl, "handed"); err != nil {
+		t.Fatal(err)
+	}
+	decl.Close()
+	b := servingNode(t, nodes, "handed")
+	rest := otherNodes(nodes, b)
+	ac := rest[0].Connect()
+	defer ac.Close()
+	aj, err := declareTasks(ctx, t, ac, "handed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if _, err := aj.Submit(ctx, courier.Task{Body: fmt.Appendf(nil, "t%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leaders := 0
+	for _, n := range rest {
+		n.replicas.mu.Lock()
+		q := n.replicas.queues["handed"]
+		n.replicas.mu.Unlock()
+		q.gmu.Lock()
+		g := q.g
+		q.gmu.Unlock()
+		if st, err := g.Status(); err == nil && st.Role == "leader" {
+			leaders++
+		}
+	}
+	if leaders != 1 {
+		t.Fatalf("%d replicas lead right after %s's Shutdown returned, want 1 (handed over)", leaders, b.cfg.Name)
+	}
+	servingNode(t, rest, "handed")
+	got := make(chan string, 8)
+	if _, err := aj.Work(ctx, func(j *courier.Job) error { got <- string(j.Body); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for len(seen) < 5 {
+		seen[testutil.Recv(t, got, 60*time.Second)] = true
 	}
 }
