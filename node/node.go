@@ -903,8 +903,8 @@ func (n *Node) connect(user string, policy auth.Policy) *courier.Conn {
 // and new requests, tells every network client it is going (a CLOSE with
 // code 16), waits for the requests in flight to be answered, for at most
 // Config.DrainTimeout or until ctx ends, hands the leadership of the
-// replicated queues it leads over to other replicas (for up to 5 s), and
-// then closes as [Node.Close] does. It returns an error when requests
+// replicated queues it leads, and of the metadata group, over to other
+// nodes (for up to 5 s each), and then closes as [Node.Close] does. It returns an error when requests
 // were still in flight.
 func (n *Node) Shutdown(ctx context.Context) error {
 	if n.closed.Load() {
@@ -938,6 +938,14 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		// The replicated queues this node leads move to other replicas
 		// first, so that they stay served (handOverTimeout at most).
 		n.replicas.handOver(context.WithoutCancel(ctx))
+	}
+	if n.meta != nil {
+		// So does the metadata group's leadership, if it is here.
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handOverTimeout)
+		if err := n.meta.HandOver(hctx); err != nil {
+			n.cfg.Log.Warn("metadata leadership not handed over", "err", err)
+		}
+		cancel()
 	}
 	n.Close()
 	return err

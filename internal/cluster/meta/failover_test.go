@@ -223,3 +223,30 @@ func TestCatalogAcrossLeaderKill(t *testing.T) {
 	}
 	t.Logf("%d operations, %d before the kill", count(), after)
 }
+
+// TestHandOver: the leader hands the group's leadership over to another
+// node and no longer leads when HandOver returns; another node leads and
+// takes declares. On a follower HandOver does nothing.
+func TestHandOver(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	ctx := testutil.Context(t, 60*time.Second)
+	old := c.waitLeader(10 * time.Second)
+	for _, m := range c.running() {
+		if m != old {
+			if err := m.HandOver(ctx); err != nil {
+				t.Fatalf("HandOver on the follower %s: %v", m.NodeID(), err)
+			}
+		}
+	}
+	if err := old.HandOver(ctx); err != nil {
+		t.Fatalf("HandOver on the leader %s: %v", old.NodeID(), err)
+	}
+	if old.IsLeader() {
+		t.Fatalf("%s still leads after HandOver", old.NodeID())
+	}
+	var lead *Meta
+	testutil.WaitForf(t, 10*time.Second, func() bool { lead = c.leader(); return lead != nil && lead != old }, "a leader other than %s", old.NodeID())
+	if _, _, err := old.Declare(ctx, "after-handover", reqresp(""), DeclareOptions{}); err != nil {
+		t.Fatalf("declare on %s after its hand-over: %v", old.NodeID(), err)
+	}
+}

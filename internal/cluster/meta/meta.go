@@ -277,6 +277,18 @@ func New(cfg Config) (*Meta, error) {
 // Shutdown stops this node's member of the group without leaving it:
 // the others see it as failed, and it rejoins when started again from
 // its directory. It closes the listeners of both layers.
+// HandOver transfers the metadata group's leadership to the most
+// up-to-date other voter, if this node leads, and waits for the transfer
+// (at most an election timeout, or until ctx ends): a node that stops
+// gracefully calls it first, so that the group does not wait for an
+// election timeout without a leader. It is a no-op on a follower.
+func (m *Meta) HandOver(ctx context.Context) error {
+	if !m.IsLeader() {
+		return nil
+	}
+	return wait(ctx, m.raft.LeadershipTransfer())
+}
+
 func (m *Meta) Shutdown() error {
 	var err error
 	m.once.Do(func() {
