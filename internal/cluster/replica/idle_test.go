@@ -4,6 +4,7 @@ package replica
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -128,8 +129,10 @@ func TestIdleCost(t *testing.T) {
 		return gs
 	}
 	start := time.Now()
+	perHost := map[uint64][]*Group{}
 	for _, id := range ids {
 		gs := openHost(id, ids)
+		perHost[id] = gs
 		if id == 1 {
 			all = gs
 		}
@@ -138,6 +141,34 @@ func TestIdleCost(t *testing.T) {
 	hs := []*Host{hosts[1], hosts[2], hosts[3]}
 	waitIdle(t, all, hs)
 	t.Logf("all led and quiet after %v", time.Since(start))
+	// Each host leads a third, as placement would have it: the restart
+	// below then has a third of the groups to elect (or hand over).
+	var wg sync.WaitGroup
+	next := make(chan int, n)
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	for range 64 {
+		wg.Go(func() {
+			for i := range next {
+				to := ids[i%len(ids)]
+				if l, _ := all[i].Leader(); l != 0 && l != to {
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					_ = perHost[l][i].TransferLeadership(ctx, to)
+					cancel()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	waitIdle(t, all, hs)
+	led := map[uint64]int{}
+	for _, g := range all {
+		l, _ := g.Leader()
+		led[l]++
+	}
+	t.Logf("leaders spread after %v: %v", time.Since(start), led)
 	t.Cleanup(func() {
 		for _, h := range hosts {
 			_ = h.Close()
@@ -158,7 +189,15 @@ func TestIdleCost(t *testing.T) {
 		t.Logf("host %d: %+v", id, hosts[id].QuietStats())
 	}
 
-	// Restart host 3.
+	// Restart host 3: gracefully with COURIER_IDLE_HANDOVER set (its
+	// leaderships handed over first), else at once.
+	if os.Getenv("COURIER_IDLE_HANDOVER") != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		h0 := time.Now()
+		led, left, err := hosts[3].HandOver(ctx)
+		cancel()
+		t.Logf("host 3 handed over %d leaderships (%d left, %v) in %v", led, left, err, time.Since(h0))
+	}
 	net.Remove(3)
 	if err := hosts[3].Close(); err != nil {
 		t.Fatal(err)
