@@ -904,8 +904,8 @@ func (n *Node) connect(user string, policy auth.Policy) *courier.Conn {
 // code 16), waits for the requests in flight to be answered, for at most
 // Config.DrainTimeout or until ctx ends, hands the leadership of the
 // replicated queues it leads, and of the metadata group, over to other
-// nodes (for up to 5 s each), and then closes as [Node.Close] does. It returns an error when requests
-// were still in flight.
+// nodes (for up to 10 s each), and then closes as [Node.Close] does. It
+// returns an error when requests were still in flight.
 func (n *Node) Shutdown(ctx context.Context) error {
 	if n.closed.Load() {
 		return nil
@@ -914,6 +914,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	if n.srv != nil {
 		n.srv.GoAway(n.cfg.DrainTimeout)
 	}
+	parent := ctx // the hand-overs below end with it, not with the drain
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.DrainTimeout)
 	defer cancel()
 	busy := n.broker.Busy()
@@ -937,11 +938,11 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	if n.replicas != nil {
 		// The replicated queues this node leads move to other replicas
 		// first, so that they stay served (handOverTimeout at most).
-		n.replicas.handOver(context.WithoutCancel(ctx))
+		n.replicas.handOver(parent)
 	}
 	if n.meta != nil {
 		// So does the metadata group's leadership, if it is here.
-		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handOverTimeout)
+		hctx, cancel := context.WithTimeout(parent, handOverTimeout)
 		if err := n.meta.HandOver(hctx); err != nil {
 			n.cfg.Log.Warn("metadata leadership not handed over", "err", err)
 		}

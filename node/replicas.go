@@ -86,7 +86,7 @@ func (n *Node) startReplicas() error {
 
 // handOverTimeout bounds how long a graceful shutdown waits for the
 // node's replicated queues' leaderships to move to other nodes.
-const handOverTimeout = 5 * time.Second
+const handOverTimeout = 10 * time.Second
 
 // handOver moves the leadership of every replicated queue this node
 // leads to another replica, before a graceful shutdown: the queues stay
