@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"syscall"
@@ -201,6 +202,17 @@ func TestIdleCost(t *testing.T) {
 	net.Remove(3)
 	if err := hosts[3].Close(); err != nil {
 		t.Fatal(err)
+	}
+	if path := os.Getenv("COURIER_IDLE_PROFILE"); path != "" {
+		// A CPU profile of the restart alone.
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 	t0 := time.Now()
 	gs := openHost(3, nil)
