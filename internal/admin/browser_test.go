@@ -50,7 +50,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	stopLoad := startLoad(t, n)
+	stopLoad, loadSub := startLoad(t, n)
 	defer stopLoad()
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
@@ -434,6 +434,11 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	run("open exchange news", chromedp.Navigate(n.HTTPURL()+"/#exchange/news"), chromedp.WaitVisible(chromedp.CSS("#publish-key")))
+	select {
+	case <-loadSub.Done():
+		t.Fatalf("the load subscriber's connection ended before the news page was checked: %v", loadSub.Err())
+	default:
+	}
 	waitText("#detail-subscribers", "news subscribers", func(s string) bool { return s == "2" })
 	setValue("#publish-key", "dash.test")
 	setValue("#publish-headers", "source=dashboard")
@@ -497,8 +502,8 @@ func TestDashboardInBrowser(t *testing.T) {
 
 // startLoad makes requests and publishes on n until the returned function
 // is called: a handler and a requester on "users", a network subscriber
-// and a publisher on "news".
-func startLoad(t *testing.T, n *node.Node) (stop func()) {
+// (returned) and a publisher on "news".
+func startLoad(t *testing.T, n *node.Node) (stop func(), sub *courier.Conn) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	emb := n.Connect()
@@ -514,7 +519,7 @@ func startLoad(t *testing.T, n *node.Node) (stop func()) {
 	}
 	// Closed from the dashboard below: without reconnecting it stays
 	// gone (a reconnecting client comes back, as RabbitMQ's do).
-	sub, err := client.Dial(ctx, n.URL(), client.Options{Name: "load-subscriber", NoReconnect: true})
+	sub, err = client.Dial(ctx, n.URL(), client.Options{Name: "load-subscriber", NoReconnect: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -536,7 +541,9 @@ func startLoad(t *testing.T, n *node.Node) (stop func()) {
 		defer wg.Done()
 		for ctx.Err() == nil {
 			pub.PublishSync(ctx, courier.Message{Key: "eu.fr", Body: []byte("bonjour")})
-			time.Sleep(2 * time.Millisecond) // a steady rate, not a flood
+			// A steady rate, not a flood: the subscriber, without
+			// reconnecting, must keep up under -race on a loaded machine.
+			time.Sleep(10 * time.Millisecond)
 		}
 	}()
 	go func() {
@@ -559,7 +566,7 @@ func startLoad(t *testing.T, n *node.Node) (stop func()) {
 			pubConn.Close()
 			emb.Close()
 		})
-	}
+	}, sub
 }
 
 // usersPage drives the users page of a second node, with users, as its
