@@ -151,12 +151,13 @@ func (c *Config) defaults() error {
 // Meta is one node's member of the metadata group. It is safe for
 // concurrent use.
 type Meta struct {
-	cfg   Config
-	log   *slog.Logger
-	raft  *raft.Raft
-	trans *raft.NetworkTransport
-	store *boltStore
-	fsm   *fsm
+	cfg    Config
+	log    *slog.Logger
+	raft   *raft.Raft
+	trans  *raft.NetworkTransport
+	stream *closingStream // trans's, closed before store (stream.go)
+	store  *boltStore
+	fsm    *fsm
 
 	ctx    context.Context // ends at Shutdown
 	cancel context.CancelFunc
@@ -240,8 +241,9 @@ func New(cfg Config) (*Meta, error) {
 	m.fsm = newFSM(cfg.Observer, cfg.MaxSnapshotBytes)
 	m.fsm.onRenew = m.sawRenewal
 	m.fsm.onRestore = m.sawRestore
+	m.stream = newClosingStream(cfg.Stream)
 	m.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream: cfg.Stream, MaxPool: 3, Timeout: 5 * time.Second, Logger: hl,
+		Stream: m.stream, MaxPool: 3, Timeout: 5 * time.Second, Logger: hl,
 	})
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
@@ -296,6 +298,7 @@ func (m *Meta) Shutdown() error {
 		m.cancel()
 		err = m.raft.Shutdown().Error()
 		m.trans.Close()
+		m.stream.closeAccepted()
 		m.cfg.Forward.Close()
 		m.cmu.Lock()
 		for c := range m.conns {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -16,6 +17,10 @@ import (
 // longer has, so the two cannot be built together.
 type boltStore struct {
 	db *bolt.DB
+	// mu and closed make writes after Close no-ops (see closingStream):
+	// writes hold mu for reading, Close for writing.
+	mu     sync.RWMutex
+	closed bool
 }
 
 var (
@@ -50,7 +55,27 @@ func openBoltStore(path string) (*boltStore, error) {
 	return &boltStore{db: db}, nil
 }
 
-func (s *boltStore) Close() error { return s.db.Close() }
+// Close closes the file once the writes under way are done. A write that
+// comes later is dropped and reports success: only a heartbeat handled
+// in hashicorp/raft's transport after Raft's shutdown does that (raft
+// panics on a failed term write), and its answer cannot reach the leader
+// because Meta.Shutdown closed its connection first.
+func (s *boltStore) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	return s.db.Close()
+}
+
+// update runs fn in a write transaction, unless the store is closed.
+func (s *boltStore) update(fn func(*bolt.Tx) error) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return nil
+	}
+	return s.db.Update(fn)
+}
 
 func key(i uint64) []byte {
 	var b [8]byte
@@ -98,7 +123,7 @@ func (s *boltStore) StoreLog(log *raft.Log) error { return s.StoreLogs([]*raft.L
 
 // StoreLogs stores entries in one synced transaction.
 func (s *boltStore) StoreLogs(logs []*raft.Log) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketLogs)
 		for _, l := range logs {
 			if err := b.Put(key(l.Index), encodeLog(l)); err != nil {
@@ -111,7 +136,7 @@ func (s *boltStore) StoreLogs(logs []*raft.Log) error {
 
 // DeleteRange deletes the entries from min to max, both included.
 func (s *boltStore) DeleteRange(min, max uint64) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketLogs).Cursor()
 		for k, _ := c.Seek(key(min)); k != nil && binary.BigEndian.Uint64(k) <= max; k, _ = c.Next() {
 			if err := c.Delete(); err != nil {
@@ -124,7 +149,7 @@ func (s *boltStore) DeleteRange(min, max uint64) error {
 
 // Set stores a value of the stable store.
 func (s *boltStore) Set(k, v []byte) error {
-	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketStable).Put(k, v) })
+	return s.update(func(tx *bolt.Tx) error { return tx.Bucket(bucketStable).Put(k, v) })
 }
 
 // Get reads a value of the stable store: nil if absent, as raft expects
