@@ -344,8 +344,10 @@ func (w *TaskWatch) ID() TaskID { return w.last.ID }
 // ended for another reason (Stop, the Conn closed).
 func (w *TaskWatch) Done() <-chan struct{} { return w.done }
 
-// Wait waits for the task's last event and returns it: TaskCompleted or
-// TaskFailed. It returns an error if the watch ended first or ctx ended.
+// Wait waits for the task's last event and returns it: TaskCompleted,
+// TaskFailed, or TaskLost (the watch ended without the outcome: watch
+// the task again). It returns an error if the watch ended first or ctx
+// ended.
 func (w *TaskWatch) Wait(ctx context.Context) (TaskEvent, error) {
 	select {
 	case <-w.done:
