@@ -56,10 +56,12 @@ func count(stacks []string, parts ...string) int {
 }
 
 // TestIdleConnHoldsOneGoroutine: an idle connection, over TCP or over
-// WebSocket, holds one goroutine, its read loop. The write loop runs
-// only while there is something to write, and a WebSocket connection
-// is served apart from the HTTP handler that upgraded it, so that
-// net/http's state for the request is let go.
+// WebSocket, holds one goroutine, which waits for the socket to become
+// readable outside the read loop (park.go): no goroutine of an idle
+// connection waits in a read. The write loop runs only while there is
+// something to write, and a WebSocket connection is served apart from
+// the HTTP handler that upgraded it, so that net/http's state for the
+// request is let go.
 func TestIdleConnHoldsOneGoroutine(t *testing.T) {
 	const conns = 8
 	// The raw clients send no PINGs: a long heartbeat keeps them.
@@ -84,15 +86,16 @@ func TestIdleConnHoldsOneGoroutine(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		stacks := goroutines()
+		waiters := count(stacks, "server.(*conn).await")
 		readers := count(stacks, "server.(*conn).readLoop")
 		writers := count(stacks, "server.(*conn).writeLoop")
-		inHandler := count(stacks, "server.(*conn).readLoop", "net/http.(*conn).serve")
-		if readers == total && writers == 0 && inHandler == 0 {
+		inHandler := count(stacks, "server.(*conn)", "net/http.(*conn).serve")
+		if waiters == total && readers == 0 && writers == 0 && inHandler == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d idle connections hold %d read loops (%d of them in an HTTP handler) and %d write loops; want %d, 0 and 0",
-				total, readers, inHandler, writers, total)
+			t.Fatalf("%d idle connections hold %d waiters, %d read loops, %d write loops and %d goroutines in an HTTP handler; want %d, 0, 0 and 0",
+				total, waiters, readers, writers, inHandler, total)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
