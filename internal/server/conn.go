@@ -161,13 +161,14 @@ func (c *conn) serve() {
 	// peer that does not read may hold in a write. (Before the
 	// handshake ends, HandshakeTimeout applies.)
 	c.stopWatch = c.watch.Start(c.s.cfg.Heartbeat)
-	c.read(true)
+	c.read(true, true)
 }
 
 // read runs the read loop (after the handshake, when first) until the
 // connection ends, which it then ends, or idles, when it starts a
-// waiter ([conn.await]) and returns.
-func (c *conn) read(first bool) {
+// waiter ([conn.await]) and returns. Unless mayIdle, the loop reads at
+// least once before it may idle.
+func (c *conn) read(first, mayIdle bool) {
 	var ended error // why the read loop ended
 	parked := false
 	defer func() {
@@ -193,7 +194,7 @@ func (c *conn) read(first bool) {
 		}
 		c.sock = waitSocket(c.nc)
 	}
-	ended = c.readLoop()
+	ended = c.readLoop(mayIdle)
 	if ended == errIdle {
 		parked = true
 		go c.await()
@@ -370,20 +371,22 @@ func (c *conn) handshake() error {
 }
 
 // readLoop hands frames to the broker until the connection ends, or
-// until it is idle (errIdle: nothing to read, see park.go). Frames
+// until it is idle (errIdle: nothing to read, see park.go; not before
+// its first read unless mayIdle). Frames
 // routed while more input is buffered are written once the buffer is
 // worked through, one write per destination connection.
-func (c *conn) readLoop() error {
+func (c *conn) readLoop(mayIdle bool) error {
 	half := c.s.cfg.Credit / 2
 	var batch wire.Batch
 	defer batch.Flush()
 	for {
 		if !c.r.Buffered() {
 			batch.Flush()
-			if c.idle() {
+			if mayIdle && c.idle() {
 				return errIdle
 			}
 		}
+		mayIdle = true
 		if h := testHookRead.Load(); h != nil {
 			(*h)()
 		}

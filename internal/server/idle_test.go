@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"runtime/metrics"
 	"strings"
 	"sync"
 	"syscall"
@@ -356,5 +357,57 @@ func TestWebSocketPingAfterQuiet(t *testing.T) {
 	pctx := c.CloseRead(ctx)
 	if err := c.Ping(pctx); err != nil {
 		t.Fatalf("a ping after the server was quiet for %s: %v", 3*slow, err)
+	}
+}
+
+// stackBytes returns the bytes of goroutine stacks in use and the stack
+// new goroutines start with, after two GCs (which shrink the stacks of
+// goroutines that use less than a quarter of theirs).
+func stackBytes() (inUse, starting uint64) {
+	runtime.GC()
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/memory/classes/heap/stacks:bytes"}, {Name: "/gc/stack/starting-size:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64(), s[1].Value.Uint64()
+}
+
+// TestIdleConnStacks: the goroutine an idle connection holds, over TCP
+// or over WebSocket, has a small stack. A read loop waiting in its read
+// keeps the 8 KiB its deepest read grew; a waiter stays within the 2
+// KiB a goroutine starts with (4 KiB with -race). The bound, half as
+// much again, leaves room for the runtime's own stack caches.
+func TestIdleConnStacks(t *testing.T) {
+	const conns = 150 // of each kind
+	n := startWSNode(t, func(c *node.Config) { c.Heartbeat = time.Minute })
+	before, _ := stackBytes()
+	for range conns {
+		c := dialRaw(t, n)
+		c.hello()
+		w := mustDialWS(t, n)
+		w.welcome()
+		// A frame each way, as a subscribing client sends, so that
+		// each read loop has read past its handshake.
+		c.send(&wire.Frame{Type: wire.TypePing, Ref: 1})
+		c.next()
+		w.send(&wire.Frame{Type: wire.TypePing, Ref: 1})
+		w.next()
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for count(goroutines(), "server.(*conn).await") < 2*conns {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d idle connections wait in a waiter", count(goroutines(), "server.(*conn).await"), 2*conns)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	after, starting := stackBytes()
+	per := float64(after-before) / (2 * conns)
+	t.Logf("goroutine stacks: %.0f bytes a connection (%d in use before, %d after); goroutines start with %d bytes",
+		per, before, after, starting)
+	limit := 3072.0
+	if raceEnabled {
+		limit = 6144
+	}
+	if per > limit {
+		t.Errorf("an idle connection holds %.0f bytes of goroutine stack, want at most %.0f", per, limit)
 	}
 }

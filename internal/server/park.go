@@ -83,9 +83,10 @@ func (c *conn) idle() bool {
 // await waits for the socket to become readable (or for its read
 // deadline, or its closing), then runs the read loop on this goroutine.
 // It is started on a fresh goroutine, whose stack is the runtime's
-// smallest while it waits.
+// smallest while it waits. A wait that ends in an error (the deadline
+// cut sets, a closed socket) is followed by a read, which meets the
+// same error and reports it, rather than by another wait.
 func (c *conn) await() {
-	// An error is the read's to report: it meets the same.
-	c.sock.Read(readable)
-	c.read(false)
+	err := c.sock.Read(readable)
+	c.read(false, err == nil)
 }

@@ -57,8 +57,11 @@ type Conn struct {
 	src messages // ws, for reading
 	raw net.Conn // under the WebSocket: deadlines and addresses
 	// br is the buffered reader the library reads raw through, when
-	// known (see [Conn.ReadsThrough]).
-	br *bufio.Reader
+	// known (see [Conn.ReadsThrough]). The read side uses it, and the
+	// closing handshake CloseWrite starts, holding brMu, which Pending
+	// only tries.
+	br   *bufio.Reader
+	brMu sync.Mutex
 
 	// The read side: the message being read, its frame's length prefix
 	// (handed out first) and what is left of its frame.
@@ -95,7 +98,15 @@ func (c *Conn) ReadsThrough(br *bufio.Reader) { c.br = br }
 // socket too. A connection's read loop may then wait for the socket to
 // become readable on a goroutine with a small stack, rather than in a
 // Read twenty calls deep.
+//
+// Pending is for the reading goroutine. While the closing handshake
+// that [Conn.CloseWrite] started reads the connection, it returns 1:
+// what comes next is for a Read to see.
 func (c *Conn) Pending() int {
+	if !c.brMu.TryLock() {
+		return 1
+	}
+	defer c.brMu.Unlock()
 	n := 0
 	if c.msg != nil {
 		n += len(c.prefix) - c.handed
@@ -295,7 +306,13 @@ func writeErr(err error) error {
 // the stream ends (status 1000) and answers with its own close, which
 // ends the reads here.
 func (c *Conn) CloseWrite() error {
-	go c.ws.Close(websocket.StatusNormalClosure, "")
+	go func() {
+		// The handshake reads the library's buffered reader, which
+		// Pending looks at.
+		c.brMu.Lock()
+		defer c.brMu.Unlock()
+		c.ws.Close(websocket.StatusNormalClosure, "")
+	}()
 	return nil
 }
 
