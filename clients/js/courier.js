@@ -679,7 +679,7 @@ export class Attachment {
         return;
       case Type.EVENT: {
         const ev = { kind: EVENT_KINDS[Number(f.aux)] ?? String(f.aux), exchange: f.name, reason: f.tag, ...(parseJSON(f.body) ?? {}) };
-        if (ev.kind === 'subscriptions') this.patterns = ev.patterns ?? [];
+        if (ev.kind === 'subscriptions') this.patterns = ev.patterns = ev.patterns ?? [];
         if (ev.kind === 'detached') this.conn._attachments.delete(this.id);
         if (this.onevent) this.onevent(ev);
         return;

@@ -115,7 +115,7 @@ export interface Member {
 
 export interface ExchangeInfo extends Partial<ExchangeConfig> {
   name: string;
-  pattern: string;
+  pattern: ExchangeConfig['pattern'];
   leader?: string;
   members: Member[];
   subscribers: number;
@@ -124,19 +124,30 @@ export interface ExchangeInfo extends Partial<ExchangeConfig> {
   queue?: Record<string, unknown>;
 }
 
-/** An EVENT to an attachment (§9). */
-export interface AttachmentEvent {
-  kind: 'leader' | 'member-up' | 'member-down' | 'subscriptions' | 'detached' | string;
+/** What every EVENT to an attachment (§9) holds. */
+export interface EventBase {
+  /** The attachment's exchange. */
   exchange: string;
-  /** Why it was detached. */
+  /** Why it was detached ('' for other kinds). */
   reason: string;
+  /** The group's leader's member id, when it has one. */
   leader?: string;
-  member?: Member;
+  /** The group's members (leader, member-up, member-down). */
   members?: Member[];
-  patterns?: string[];
+  /** The leader's fencing token in a cluster (epoch, then term). */
   epoch?: number;
   term?: number;
 }
+
+/**
+ * An EVENT to an attachment (§9), told apart by kind: `ev.kind ===
+ * 'member-up'` makes `ev.member` a Member.
+ */
+export type AttachmentEvent =
+  | (EventBase & { kind: 'leader'; /** The member whose change made it. */ member?: Member })
+  | (EventBase & { kind: 'member-up' | 'member-down'; member: Member })
+  | (EventBase & { kind: 'subscriptions'; /** The subscriber's patterns now. */ patterns: string[] })
+  | (EventBase & { kind: 'detached' });
 
 /** A TASKEVENT of a watched task (§10). */
 export interface TaskEvent {
@@ -183,14 +194,14 @@ export declare class Question {
   /** The asking handler's member id. */
   readonly member: string;
   text(): string;
-  json(): unknown;
+  json<T = any>(): T;
 }
 
 /** The requester's answer to a handler's question (Request.ask). */
 export declare class Answer {
   readonly body: Uint8Array;
   text(): string;
-  json(): unknown;
+  json<T = any>(): T;
 }
 
 export interface AskOptions {
@@ -279,7 +290,7 @@ export declare class Response {
   readonly chunk: boolean;
   readonly end: boolean;
   text(): string;
-  json(): unknown;
+  json<T = any>(): T;
 }
 
 export declare class Request {
@@ -294,7 +305,7 @@ export declare class Request {
   readonly cancelled: boolean;
   oncancel: (() => void) | null;
   text(): string;
-  json(): unknown;
+  json<T = any>(): T;
   /** Sends one chunk of a streamed response. */
   chunk(body: Body, headers?: Headers): void;
   /**
@@ -310,7 +321,7 @@ export declare class Message {
   readonly headers: Headers;
   readonly body: Uint8Array;
   text(): string;
-  json(): unknown;
+  json<T = any>(): T;
 }
 
 export declare class Task {
@@ -322,7 +333,7 @@ export declare class Task {
   readonly body: Uint8Array;
   readonly settled: boolean;
   text(): string;
-  json(): unknown;
+  json<T = any>(): T;
   ack(): void;
   nack(opts?: { requeue?: boolean; reason?: string }): void;
   progress(percent: number, text?: string): void;
