@@ -67,7 +67,7 @@ export interface ConnectOptions {
   reconnectWaitMs?: number;
   /** Longest wait between attempts (ms). Default 5000. */
   reconnectWaitMaxMs?: number;
-  /** Attempts in a row before giving up. Default unlimited. */
+  /** Rounds of attempts (each tries every server of the list) before giving up. Default unlimited. */
   maxReconnects?: number;
 }
 
@@ -84,8 +84,13 @@ export interface Welcome {
   connect_urls?: string[];
 }
 
-/** Opens a connection to ws://host:7480/ws (wss:// with TLS) and runs the handshake. */
-export declare function connect(url: string, opts?: ConnectOptions): Promise<Connection>;
+/**
+ * Opens a connection to ws://host:7480/ws (wss:// with TLS) and runs the
+ * handshake. url may list several servers, as an array or as URLs
+ * separated by commas: they are tried in order, and the connection
+ * reconnects to any of them.
+ */
+export declare function connect(url: string | readonly string[], opts?: ConnectOptions): Promise<Connection>;
 
 export interface ExchangeConfig {
   pattern: 'reqresp' | 'pubsub' | 'tasks';
@@ -236,7 +241,10 @@ export interface SubmitOptions {
 }
 
 export declare class Connection {
+  /** The URL of the server connected to now (without credentials). */
   readonly url: string;
+  /** The servers connect was given, in its order (without credentials). */
+  readonly urls: readonly string[];
   /** The connection id, such as "n1/c7" (changes on reconnection). */
   readonly id: string;
   readonly welcome: Welcome | null;

@@ -42,6 +42,13 @@ export async function connecting(): Promise<void> {
   conn.close();
   conn.close('done');
 
+  // A list of URLs: the first that answers, and any of them on a reconnection.
+  const any = await connect(['ws://10.0.0.1:7480/ws', 'ws://10.0.0.2:7480/ws'], { reconnect: true });
+  const urls: readonly string[] = any.urls;
+  const now: string = any.url;
+  await connect('ws://10.0.0.1:7480/ws,ws://10.0.0.2:7480/ws');
+  console.log(urls, now);
+
   try {
     await connect('ws://alice:wrong@127.0.0.1:7480/ws');
   } catch (err) {
