@@ -77,8 +77,14 @@ type conn struct {
 	stopWatch func()
 
 	// sock is the socket an idle connection's read loop waits on
-	// (park.go), nil when it waits in its read.
-	sock syscall.RawConn
+	// (park.go), nil when it waits in its read; ready and peeked are the
+	// waiter's, wakes and wakesSince the read loop's count of its
+	// pauses (busyWakes).
+	sock       syscall.RawConn
+	ready      func(fd uintptr) bool
+	peeked     bool
+	wakes      int
+	wakesSince time.Time
 
 	// used is owned by the read loop; granted grows there and, for a
 	// connection held by flow control, in a timer's goroutine.
@@ -192,7 +198,9 @@ func (c *conn) read(first, mayIdle bool) {
 		if c.s.b.Clustered() {
 			c.lane = newCatalogLane()
 		}
-		c.sock = waitSocket(c.nc)
+		if c.sock = waitSocket(c.nc); c.sock != nil {
+			c.ready = c.readyFunc()
+		}
 	}
 	ended = c.readLoop(mayIdle)
 	if ended == errIdle {
