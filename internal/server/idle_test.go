@@ -411,3 +411,87 @@ func TestIdleConnStacks(t *testing.T) {
 		t.Errorf("an idle connection holds %.0f bytes of goroutine stack, want at most %.0f", per, limit)
 	}
 }
+
+// readWSMessage reads one unmasked message from the server and decodes
+// its frame.
+func readWSMessage(t *testing.T, br *bufio.Reader) *wire.Frame {
+	t.Helper()
+	var head [2]byte
+	if _, err := io.ReadFull(br, head[:]); err != nil {
+		t.Fatal(err)
+	}
+	size := int(head[1] & 0x7f)
+	if size == 126 {
+		var ext [2]byte
+		if _, err := io.ReadFull(br, ext[:]); err != nil {
+			t.Fatal(err)
+		}
+		size = int(binary.BigEndian.Uint16(ext[:]))
+	}
+	p := make([]byte, size)
+	if _, err := io.ReadFull(br, p); err != nil {
+		t.Fatal(err)
+	}
+	var f wire.Frame
+	if len(p) < 4 {
+		t.Fatalf("a message of %d bytes", len(p))
+	}
+	if err := wire.Decode(p[4:], &f); err != nil {
+		t.Fatal(err)
+	}
+	return &f
+}
+
+// TestWebSocketMessagesInOnePacket: an idle WebSocket connection that
+// is sent two messages in one packet answers both. The WebSocket
+// library's buffered reader takes in both with one read of the socket;
+// a read loop that went back to waiting on the socket after the first
+// (wsnet.Conn.Pending ignored) would leave the second there unanswered.
+func TestWebSocketMessagesInOnePacket(t *testing.T) {
+	n := startWSNode(t, func(c *node.Config) { c.Heartbeat = time.Minute })
+	nc, err := net.Dial("tcp", n.HTTPAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	body, _ := json.Marshal(wire.Hello{Versions: []int{wire.Version}, Name: "two-in-one"})
+	hello, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeHello, Body: body}, 0)
+	req := "GET /ws HTTP/1.1\r\nHost: " + n.HTTPAddr().String() + "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+	nc.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := nc.Write(append([]byte(req), maskedBinary(hello)...)); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(nc)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade answered %s", resp.Status)
+	}
+	if f := readWSMessage(t, br); f.Type != wire.TypeWelcome {
+		t.Fatalf("want WELCOME, got %s", f.Type)
+	}
+	// The connection is idle: its waiter waits on the socket.
+	deadline := time.Now().Add(30 * time.Second)
+	for count(goroutines(), "server.(*conn).await") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no waiter after the handshake")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var two []byte
+	for i := range 2 {
+		p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypePing, Ref: uint64(i + 1)}, 0)
+		two = append(two, maskedBinary(p)...)
+	}
+	if _, err := nc.Write(two); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if f := readWSMessage(t, br); f.Type != wire.TypePong || f.Ref != uint64(i+1) {
+			t.Fatalf("want PONG %d, got %s %d", i+1, f.Type, f.Ref)
+		}
+	}
+}
