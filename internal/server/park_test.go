@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/tls"
 	"net"
 	"syscall"
 	"testing"
@@ -45,3 +46,42 @@ func TestIdleNeedsASocket(t *testing.T) {
 
 // fakeRaw stands for a socket a waiter could wait on.
 type fakeRaw struct{ syscall.RawConn }
+
+// TestWaitSocket: a plain TCP connection, also under wrappers that name
+// it (NetConn), has a socket to wait on; one under TLS, which keeps
+// decrypted bytes out of sight, has none.
+func TestWaitSocket(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if waitSocket(nc) == nil {
+		t.Error("a TCP connection: no socket to wait on")
+	}
+	if waitSocket(wrapped{nc}) == nil {
+		t.Error("a wrapped TCP connection: no socket to wait on")
+	}
+	if waitSocket(tls.Client(nc, &tls.Config{})) != nil {
+		t.Error("a TLS connection: a socket to wait on")
+	}
+	if waitSocket(wrapped{tls.Client(nc, &tls.Config{})}) != nil {
+		t.Error("a wrapped TLS connection: a socket to wait on")
+	}
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if waitSocket(a) != nil {
+		t.Error("a pipe: a socket to wait on")
+	}
+}
+
+// wrapped is a connection wrapper that names the connection it wraps.
+type wrapped struct{ net.Conn }
+
+func (w wrapped) NetConn() net.Conn { return w.Conn }
