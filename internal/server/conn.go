@@ -379,10 +379,10 @@ func (c *conn) handshake() error {
 }
 
 // readLoop hands frames to the broker until the connection ends, or
-// until it is idle (errIdle: nothing to read, see park.go; not before
-// its first read unless mayIdle). Frames
-// routed while more input is buffered are written once the buffer is
-// worked through, one write per destination connection.
+// until it is idle (errIdle: nothing buffered to read, see park.go; not
+// before its first read unless mayIdle). Frames routed while more input
+// is buffered are written once the buffer is worked through, one write
+// per destination connection.
 func (c *conn) readLoop(mayIdle bool) error {
 	half := c.s.cfg.Credit / 2
 	var batch wire.Batch

@@ -16,11 +16,10 @@ import (
 // library, the socket), and the goroutine keeps the 8 KiB stack the
 // deepest of them grew for as long as it waits, for every idle client.
 // Instead, once nothing is buffered above the socket, the read loop
-// starts a fresh goroutine that waits
-// for the socket to become readable a few calls deep, within the 2 KiB
-// a goroutine starts with, and ends; the waiter runs the read loop
-// itself once bytes come, and hands the waiting on again when they are
-// worked through. An idle connection then holds one goroutine of 2 KiB
+// starts a fresh goroutine and ends; the fresh goroutine waits for the
+// socket to become readable a few calls deep, within the 2 KiB a
+// goroutine starts with, then runs the read loop itself, which hands
+// the waiting on again when the bytes are worked through. An idle connection then holds one goroutine of 2 KiB
 // instead of 8 KiB (docs/benchmarks.md, "Memory per connected user").
 // A wake costs a goroutine start and the read loop's stack growing
 // again (2 to 8 KiB), and one system call, the waiter's peek; a busy
@@ -42,8 +41,8 @@ var errIdle = errors.New("server: the connection is idle")
 var noPark atomic.Bool
 
 // waitSocket returns the socket under nc that a waiter may wait on, or
-// nil when nc's bytes may be buffered where [conn.pending] cannot see
-// them.
+// nil when nc's bytes may be buffered where neither the frame reader
+// nor [wsnet.Conn.Pending] can see them (TLS), or nc has no socket.
 func waitSocket(nc net.Conn) syscall.RawConn {
 	if !canPeek || noPark.Load() {
 		return nil
