@@ -37,24 +37,51 @@ export class CourierError extends Error {
  * `ws://host:7480/ws` (`wss://` with TLS), runs the handshake and
  * resolves to a Connection.
  *
+ * url may list several servers (the nodes of a cluster), as an array
+ * or as full URLs separated by commas: connect tries them in order and
+ * the Connection reconnects to any of them (see Connection._retry).
+ * Credentials in the first URL hold for all.
+ *
  * Options: user, password (or in the URL: ws://user:pass@host/ws),
  * name, heartbeatMs, WebSocket (an implementation for runtimes without a
  * global one), timeoutMs (the handshake's, default 10 s).
  */
 export async function connect(url, opts = {}) {
-  const u = new URL(url);
-  if (u.protocol !== 'ws:' && u.protocol !== 'wss:') throw new TypeError(`want a ws:// or wss:// URL, got ${u.protocol}`);
-  const creds = {
-    user: opts.user ?? (u.username ? decodeURIComponent(u.username) : undefined),
-    password: opts.password ?? (u.password ? decodeURIComponent(u.password) : undefined),
-  };
-  u.username = ''; u.password = '';
-  if (u.pathname === '' || u.pathname === '/') u.pathname = '/ws';
+  const { urls, user, password } = parseURLs(url);
+  const creds = { user: opts.user ?? user, password: opts.password ?? password };
   const WS = opts.WebSocket ?? globalThis.WebSocket;
   if (!WS) throw new Error('no WebSocket implementation: use Node.js 22+, node --experimental-websocket on 20, or pass opts.WebSocket');
-  const conn = new Connection(u.toString(), WS, { ...opts, ...creds });
-  await conn._open();
+  const conn = new Connection(urls, WS, { ...opts, ...creds });
+  await conn._first();
   return conn;
+}
+
+// parseURLs parses connect's url: one URL, an array of them, or URLs
+// separated by commas, all ws:// or all wss://. It returns them without
+// credentials (and with the path /ws when they have none), and the
+// credentials of the first, which hold for all.
+function parseURLs(url) {
+  const raw = (Array.isArray(url) ? url : String(url).split(',')).map((s) => String(s).trim()).filter((s) => s !== '');
+  if (raw.length === 0) throw new TypeError('no server URL given');
+  const urls = [];
+  let user, password, scheme;
+  raw.forEach((r, i) => {
+    const u = new URL(r);
+    if (u.protocol !== 'ws:' && u.protocol !== 'wss:') throw new TypeError(`want a ws:// or wss:// URL, got ${u.protocol}`);
+    if (i === 0) {
+      scheme = u.protocol;
+      if (u.username) user = decodeURIComponent(u.username);
+      if (u.password) password = decodeURIComponent(u.password);
+    } else {
+      if (u.protocol !== scheme) throw new TypeError(`a URL list mixes ${scheme}// and ${u.protocol}//`);
+      if (u.username && decodeURIComponent(u.username) !== user) throw new TypeError('a URL list: give the user once, in the first URL');
+    }
+    u.username = ''; u.password = '';
+    if (u.pathname === '' || u.pathname === '/') u.pathname = '/ws';
+    const s = u.toString();
+    if (!urls.includes(s)) urls.push(s);
+  });
+  return { urls, user, password };
 }
 
 /**
@@ -63,8 +90,9 @@ export async function connect(url, opts = {}) {
  * and SUBMIT wait for credit when the server's window is used up.
  */
 export class Connection {
-  constructor(url, WS, opts) {
-    this.url = url;
+  constructor(urls, WS, opts) {
+    this.urls = Object.freeze([...urls]);
+    this.url = this.urls[0];
     this._WS = WS;
     this._opts = opts;
     this._ref = 0;
@@ -87,9 +115,29 @@ export class Connection {
     this.welcome = null;
   }
 
-  // _open opens a WebSocket and runs the handshake; it resolves to the
-  // WELCOME. Events of an older WebSocket are ignored.
-  _open() {
+  // _first opens the first connection: to the servers of the list in
+  // order, until one lets it in. A refusal of the credentials ends the
+  // tries (the servers of a cluster share their users).
+  async _first() {
+    const tried = [];
+    let last;
+    for (const url of this.urls) {
+      try {
+        await this._open(url);
+        return;
+      } catch (err) {
+        if (this.urls.length === 1 || err.code === Code.UNAUTHORIZED) throw err;
+        tried.push(`${url}: ${err.message}`);
+        last = err;
+      }
+    }
+    throw new CourierError(last?.code || Code.UNAVAILABLE, `no server of ${this.urls.length} reachable: ${tried.join('; ')}`);
+  }
+
+  // _open opens a WebSocket to url and runs the handshake; it resolves
+  // to the WELCOME, and this.url is url from then on. Events of an older
+  // WebSocket are ignored.
+  _open(url) {
     return new Promise((resolve, reject) => {
       let settled = false, welcomed = false;
       let ws;
@@ -101,7 +149,7 @@ export class Connection {
       const ms = this._opts.timeoutMs ?? 10000;
       const timer = setTimeout(() => fail(new CourierError(Code.TIMEOUT, `no WELCOME within ${ms} ms`)), ms);
       try {
-        ws = new this._WS(this.url, ['courier.v1']);
+        ws = new this._WS(url, ['courier.v1']);
       } catch (err) {
         fail(err);
         return;
@@ -111,7 +159,7 @@ export class Connection {
       this.welcome = null;
       ws.binaryType = 'arraybuffer';
       this._maxFrame = HANDSHAKE_MAX_FRAME + FRAME_SLACK;
-      this._onWelcome = (w) => { clearTimeout(timer); settled = welcomed = true; resolve(w); };
+      this._onWelcome = (w) => { clearTimeout(timer); settled = welcomed = true; this.url = url; resolve(w); };
       this._onHandshakeError = fail;
       ws.onopen = () => {
         if (ws !== this._ws) return;
@@ -121,7 +169,7 @@ export class Connection {
         ws.send(encodeFrame({ type: Type.HELLO, body: JSON.stringify(hello) }));
       };
       ws.onmessage = (ev) => { if (ws === this._ws) this._onMessage(ev.data); };
-      ws.onerror = () => { if (!settled) fail(new CourierError(Code.PROTOCOL, `WebSocket to ${this.url} failed`)); };
+      ws.onerror = () => { if (!settled) fail(new CourierError(Code.PROTOCOL, `WebSocket to ${url} failed`)); };
       ws.onclose = (ev) => {
         if (ws !== this._ws) return;
         const err = this._lastError ?? new CourierError(Code.OK, `connection closed (WebSocket ${ev.code}${ev.reason ? ': ' + ev.reason : ''})`);
@@ -141,26 +189,38 @@ export class Connection {
       return;
     }
     this._down = true;
+    this._lostURL = this.url;
     this._fail(err);
     if (this.ondisconnect) this.ondisconnect(err);
     this._retry(0);
   }
 
   // _retry dials again after a jittered, growing wait, and puts back
-  // the exchanges and attachments (docs/protocol.md §4.8).
+  // the exchanges and attachments (docs/protocol.md §4.8). Each round
+  // tries every server of the list, in a random order, the one just lost
+  // last in the first round, as the Go client does; n counts the rounds.
   _retry(n) {
     const max = this._opts.reconnectWaitMaxMs ?? 5000;
     const base = Math.min(max, (this._opts.reconnectWaitMs ?? 100) * 2 ** Math.min(n, 16));
     const wait = base / 2 + Math.random() * base / 2;
     this._retryTimer = setTimeout(async () => {
       if (this._userClosed) return;
-      try {
-        await this._open();
-      } catch (err) {
-        if (this._userClosed) return;
-        if (err.code === Code.UNAUTHORIZED) { this._down = false; this._end(err); return; }
+      let last = null;
+      for (const url of this._order(n)) {
+        try {
+          await this._open(url);
+          last = null;
+          break;
+        } catch (err) {
+          if (this._userClosed) return;
+          if (err.code === Code.UNAUTHORIZED) { this._down = false; this._end(err); return; }
+          last = err;
+        }
+      }
+      if (this._userClosed) return;
+      if (last) {
         const limit = this._opts.maxReconnects ?? Infinity;
-        if (n + 1 >= limit) { this._down = false; this._end(err); return; }
+        if (n + 1 >= limit) { this._down = false; this._end(last); return; }
         this._retry(n + 1);
         return;
       }
@@ -168,6 +228,21 @@ export class Connection {
       await this._restore();
       if (this.onreconnect) this.onreconnect();
     }, wait);
+  }
+
+  // _order returns the servers to try in round n: in a random order, the
+  // one the connection was lost to last in the first round.
+  _order(n) {
+    const urls = [...this.urls];
+    for (let i = urls.length - 1; i > 0; i--) {
+      const j = Math.floor(Math.random() * (i + 1));
+      [urls[i], urls[j]] = [urls[j], urls[i]];
+    }
+    if (n === 0 && urls.length > 1) {
+      const i = urls.indexOf(this._lostURL);
+      if (i >= 0) urls.push(...urls.splice(i, 1));
+    }
+    return urls;
   }
 
   // _restore declares the exchanges again and attaches every attachment
@@ -679,7 +754,7 @@ export class Attachment {
         return;
       case Type.EVENT: {
         const ev = { kind: EVENT_KINDS[Number(f.aux)] ?? String(f.aux), exchange: f.name, reason: f.tag, ...(parseJSON(f.body) ?? {}) };
-        if (ev.kind === 'subscriptions') this.patterns = ev.patterns ?? [];
+        if (ev.kind === 'subscriptions') this.patterns = ev.patterns = ev.patterns ?? [];
         if (ev.kind === 'detached') this.conn._attachments.delete(this.id);
         if (this.onevent) this.onevent(ev);
         return;

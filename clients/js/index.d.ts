@@ -67,7 +67,7 @@ export interface ConnectOptions {
   reconnectWaitMs?: number;
   /** Longest wait between attempts (ms). Default 5000. */
   reconnectWaitMaxMs?: number;
-  /** Attempts in a row before giving up. Default unlimited. */
+  /** Rounds of attempts (each tries every server of the list) before giving up. Default unlimited. */
   maxReconnects?: number;
 }
 
@@ -84,8 +84,13 @@ export interface Welcome {
   connect_urls?: string[];
 }
 
-/** Opens a connection to ws://host:7480/ws (wss:// with TLS) and runs the handshake. */
-export declare function connect(url: string, opts?: ConnectOptions): Promise<Connection>;
+/**
+ * Opens a connection to ws://host:7480/ws (wss:// with TLS) and runs the
+ * handshake. url may list several servers, as an array or as URLs
+ * separated by commas: they are tried in order, and the connection
+ * reconnects to any of them.
+ */
+export declare function connect(url: string | readonly string[], opts?: ConnectOptions): Promise<Connection>;
 
 export interface ExchangeConfig {
   pattern: 'reqresp' | 'pubsub' | 'tasks';
@@ -115,7 +120,7 @@ export interface Member {
 
 export interface ExchangeInfo extends Partial<ExchangeConfig> {
   name: string;
-  pattern: string;
+  pattern: ExchangeConfig['pattern'];
   leader?: string;
   members: Member[];
   subscribers: number;
@@ -124,19 +129,30 @@ export interface ExchangeInfo extends Partial<ExchangeConfig> {
   queue?: Record<string, unknown>;
 }
 
-/** An EVENT to an attachment (§9). */
-export interface AttachmentEvent {
-  kind: 'leader' | 'member-up' | 'member-down' | 'subscriptions' | 'detached' | string;
+/** What every EVENT to an attachment (§9) holds. */
+export interface EventBase {
+  /** The attachment's exchange. */
   exchange: string;
-  /** Why it was detached. */
+  /** Why it was detached ('' for other kinds). */
   reason: string;
+  /** The group's leader's member id, when it has one. */
   leader?: string;
-  member?: Member;
+  /** The group's members (leader, member-up, member-down). */
   members?: Member[];
-  patterns?: string[];
+  /** The leader's fencing token in a cluster (epoch, then term). */
   epoch?: number;
   term?: number;
 }
+
+/**
+ * An EVENT to an attachment (§9), told apart by kind: `ev.kind ===
+ * 'member-up'` makes `ev.member` a Member.
+ */
+export type AttachmentEvent =
+  | (EventBase & { kind: 'leader'; /** The member whose change made it. */ member?: Member })
+  | (EventBase & { kind: 'member-up' | 'member-down'; member: Member })
+  | (EventBase & { kind: 'subscriptions'; /** The subscriber's patterns now. */ patterns: string[] })
+  | (EventBase & { kind: 'detached' });
 
 /** A TASKEVENT of a watched task (§10). */
 export interface TaskEvent {
@@ -183,14 +199,14 @@ export declare class Question {
   /** The asking handler's member id. */
   readonly member: string;
   text(): string;
-  json(): unknown;
+  json<T = any>(): T;
 }
 
 /** The requester's answer to a handler's question (Request.ask). */
 export declare class Answer {
   readonly body: Uint8Array;
   text(): string;
-  json(): unknown;
+  json<T = any>(): T;
 }
 
 export interface AskOptions {
@@ -225,7 +241,10 @@ export interface SubmitOptions {
 }
 
 export declare class Connection {
+  /** The URL of the server connected to now (without credentials). */
   readonly url: string;
+  /** The servers connect was given, in its order (without credentials). */
+  readonly urls: readonly string[];
   /** The connection id, such as "n1/c7" (changes on reconnection). */
   readonly id: string;
   readonly welcome: Welcome | null;
@@ -279,7 +298,7 @@ export declare class Response {
   readonly chunk: boolean;
   readonly end: boolean;
   text(): string;
-  json(): unknown;
+  json<T = any>(): T;
 }
 
 export declare class Request {
@@ -294,7 +313,7 @@ export declare class Request {
   readonly cancelled: boolean;
   oncancel: (() => void) | null;
   text(): string;
-  json(): unknown;
+  json<T = any>(): T;
   /** Sends one chunk of a streamed response. */
   chunk(body: Body, headers?: Headers): void;
   /**
@@ -310,7 +329,7 @@ export declare class Message {
   readonly headers: Headers;
   readonly body: Uint8Array;
   text(): string;
-  json(): unknown;
+  json<T = any>(): T;
 }
 
 export declare class Task {
@@ -322,7 +341,7 @@ export declare class Task {
   readonly body: Uint8Array;
   readonly settled: boolean;
   text(): string;
-  json(): unknown;
+  json<T = any>(): T;
   ack(): void;
   nack(opts?: { requeue?: boolean; reason?: string }): void;
   progress(percent: number, text?: string): void;

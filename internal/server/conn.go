@@ -72,8 +72,19 @@ type conn struct {
 	woken   atomic.Bool
 
 	// watch runs the heartbeat apart from the write loop, which a peer
-	// that does not read may hold in a write.
-	watch wire.Heartbeat
+	// that does not read may hold in a write; stopWatch stops it.
+	watch     wire.Heartbeat
+	stopWatch func()
+
+	// sock is the socket an idle connection's read loop waits on
+	// (park.go), nil when it waits in its read; ready and peeked are the
+	// waiter's, wakes and wakesSince the read loop's count of its
+	// pauses (busyWakes).
+	sock       syscall.RawConn
+	ready      func(fd uintptr) bool
+	peeked     bool
+	wakes      int
+	wakesSince time.Time
 
 	// used is owned by the read loop; granted grows there and, for a
 	// connection held by flow control, in a timer's goroutine.
@@ -147,49 +158,81 @@ var clientTypes = func() (t [256]bool) {
 // the handshake: tests hold the loop there, as a starved one would be.
 var testHookRead atomic.Pointer[func()]
 
-// serve runs the connection to its end.
+// serve runs the connection: its handshake, then its read loop, which
+// hands the waiting for input to a waiter goroutine while the
+// connection is idle (park.go); whichever goroutine sees the end ends
+// the connection.
 func (c *conn) serve() {
-	log := c.s.log.With("peer", c.peer)
 	// The heartbeat runs on a timer, apart from the write loop, which a
 	// peer that does not read may hold in a write. (Before the
 	// handshake ends, HandshakeTimeout applies.)
-	stopWatch := c.watch.Start(c.s.cfg.Heartbeat)
+	c.stopWatch = c.watch.Start(c.s.cfg.Heartbeat)
+	c.read(true, true)
+}
+
+// read runs the read loop (after the handshake, when first) until the
+// connection ends, which it then ends, or idles, when it starts a
+// waiter ([conn.await]) and returns. Unless mayIdle, the loop reads at
+// least once before it may idle.
+func (c *conn) read(first, mayIdle bool) {
 	var ended error // why the read loop ended
-	defer func() {
-		c.fail(nil, false)
-		<-c.wdone
-		stopWatch()
-		c.nc.Close()
-		if c.user != "" {
-			c.s.dropUser(c.user)
-		}
-		if c.lane != nil {
-			// The declares in flight end within the catalog's timeout;
-			// their answers go nowhere now.
-			c.lane.wait()
-		}
-		if c.sess != nil {
-			c.sess.Close()
-			if vanished(ended, c.wentAway.Load(), c.abrupt.Load()) {
-				c.countEnd(&c.s.ends.vanished)
-			}
-			logClosed(log, c.sess.ID(), ended, c.wentAway.Load())
-		}
-	}()
+	parked := false
 	defer func() {
 		// A bug met while serving this connection ends it alone; the
 		// client learns no more than that.
 		if p := recover(); p != nil {
-			log.Error("connection panicked: a bug in the server", "panic", p, "stack", string(debug.Stack()))
+			c.s.log.Error("connection panicked: a bug in the server", "peer", c.peer, "panic", p, "stack", string(debug.Stack()))
 			c.fail(wire.Errorf(wire.CodeInternal, "internal error; the server's log has the details"), false)
+			ended, parked = nil, false
+		}
+		if !parked {
+			c.finish(ended)
 		}
 	}()
-	if err := c.handshake(); err != nil {
-		c.s.logHandshakeFailed(c.peer, err)
-		return
+	if first {
+		if err := c.handshake(); err != nil {
+			c.s.logHandshakeFailed(c.peer, err)
+			return
+		}
+		c.s.log.Info("connection open", "peer", c.peer, "conn", c.sess.ID(), "name", c.sess.Name(), "user", c.sess.User())
+		if c.s.b.Clustered() {
+			c.lane = newCatalogLane()
+		}
+		if c.sock = waitSocket(c.nc); c.sock != nil {
+			c.ready = c.readyFunc()
+		}
 	}
-	log.Info("connection open", "conn", c.sess.ID(), "name", c.sess.Name(), "user", c.sess.User())
-	ended = c.readLoop()
+	ended = c.readLoop(mayIdle)
+	if ended == errIdle {
+		parked = true
+		go c.await()
+	}
+}
+
+// finish ends the connection once its read loop ended with ended (nil
+// when it never ran or panicked), and takes it off the server's books.
+func (c *conn) finish(ended error) {
+	defer c.s.wg.Done()
+	c.fail(nil, false)
+	<-c.wdone
+	c.stopWatch()
+	c.nc.Close()
+	if c.user != "" {
+		c.s.dropUser(c.user)
+	}
+	if c.lane != nil {
+		// The declares in flight end within the catalog's timeout;
+		// their answers go nowhere now.
+		c.lane.wait()
+	}
+	if c.sess != nil {
+		c.sess.Close()
+		if vanished(ended, c.wentAway.Load(), c.abrupt.Load()) {
+			c.countEnd(&c.s.ends.vanished)
+		}
+		logClosed(c.s.log.With("peer", c.peer), c.sess.ID(), ended, c.wentAway.Load())
+	}
+	c.s.forget(c)
 }
 
 // countEnd counts the connection's end in n, unless it was counted.
@@ -335,20 +378,23 @@ func (c *conn) handshake() error {
 	return nil
 }
 
-// readLoop hands frames to the broker until the connection ends. Frames
-// routed while more input is buffered are written once the buffer is
-// worked through, one write per destination connection.
-func (c *conn) readLoop() error {
+// readLoop hands frames to the broker until the connection ends, or
+// until it is idle (errIdle: nothing buffered to read, see park.go; not
+// before its first read unless mayIdle). Frames routed while more input
+// is buffered are written once the buffer is worked through, one write
+// per destination connection.
+func (c *conn) readLoop(mayIdle bool) error {
 	half := c.s.cfg.Credit / 2
 	var batch wire.Batch
 	defer batch.Flush()
-	if c.s.b.Clustered() {
-		c.lane = newCatalogLane()
-	}
 	for {
 		if !c.r.Buffered() {
 			batch.Flush()
+			if mayIdle && c.idle() {
+				return errIdle
+			}
 		}
+		mayIdle = true
 		if h := testHookRead.Load(); h != nil {
 			(*h)()
 		}

@@ -9,3 +9,7 @@ func SetReadHook(h func()) {
 	}
 	testHookRead.Store(&h)
 }
+
+// SetPark turns the waiters of idle connections (park.go) on or off for
+// the connections accepted from then on.
+func SetPark(on bool) { noPark.Store(!on) }

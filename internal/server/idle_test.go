@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"runtime/metrics"
 	"strings"
 	"sync"
 	"syscall"
@@ -56,10 +57,12 @@ func count(stacks []string, parts ...string) int {
 }
 
 // TestIdleConnHoldsOneGoroutine: an idle connection, over TCP or over
-// WebSocket, holds one goroutine, its read loop. The write loop runs
-// only while there is something to write, and a WebSocket connection
-// is served apart from the HTTP handler that upgraded it, so that
-// net/http's state for the request is let go.
+// WebSocket, holds one goroutine, which waits for the socket to become
+// readable outside the read loop (park.go): no goroutine of an idle
+// connection waits in a read. The write loop runs only while there is
+// something to write, and a WebSocket connection is served apart from
+// the HTTP handler that upgraded it, so that net/http's state for the
+// request is let go.
 func TestIdleConnHoldsOneGoroutine(t *testing.T) {
 	const conns = 8
 	// The raw clients send no PINGs: a long heartbeat keeps them.
@@ -84,15 +87,16 @@ func TestIdleConnHoldsOneGoroutine(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		stacks := goroutines()
+		waiters := count(stacks, "server.(*conn).await")
 		readers := count(stacks, "server.(*conn).readLoop")
 		writers := count(stacks, "server.(*conn).writeLoop")
-		inHandler := count(stacks, "server.(*conn).readLoop", "net/http.(*conn).serve")
-		if readers == total && writers == 0 && inHandler == 0 {
+		inHandler := count(stacks, "server.(*conn)", "net/http.(*conn).serve")
+		if waiters == total && readers == 0 && writers == 0 && inHandler == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d idle connections hold %d read loops (%d of them in an HTTP handler) and %d write loops; want %d, 0 and 0",
-				total, readers, inHandler, writers, total)
+			t.Fatalf("%d idle connections hold %d waiters, %d read loops, %d write loops and %d goroutines in an HTTP handler; want %d, 0, 0 and 0",
+				total, waiters, readers, writers, inHandler, total)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -353,5 +357,141 @@ func TestWebSocketPingAfterQuiet(t *testing.T) {
 	pctx := c.CloseRead(ctx)
 	if err := c.Ping(pctx); err != nil {
 		t.Fatalf("a ping after the server was quiet for %s: %v", 3*slow, err)
+	}
+}
+
+// stackBytes returns the bytes of goroutine stacks in use and the stack
+// new goroutines start with, after two GCs (which shrink the stacks of
+// goroutines that use less than a quarter of theirs).
+func stackBytes() (inUse, starting uint64) {
+	runtime.GC()
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/memory/classes/heap/stacks:bytes"}, {Name: "/gc/stack/starting-size:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64(), s[1].Value.Uint64()
+}
+
+// TestIdleConnStacks: the goroutine an idle connection holds, over TCP
+// or over WebSocket, has a small stack. A read loop waiting in its read
+// keeps the 8 KiB its deepest read grew; a waiter stays within the 2
+// KiB a goroutine starts with (4 KiB with -race). The bound, half as
+// much again, leaves room for the runtime's own stack caches.
+func TestIdleConnStacks(t *testing.T) {
+	const conns = 150 // of each kind
+	n := startWSNode(t, func(c *node.Config) { c.Heartbeat = time.Minute })
+	before, _ := stackBytes()
+	for range conns {
+		c := dialRaw(t, n)
+		c.hello()
+		w := mustDialWS(t, n)
+		w.welcome()
+		// A frame each way, as a subscribing client sends, so that
+		// each read loop has read past its handshake.
+		c.send(&wire.Frame{Type: wire.TypePing, Ref: 1})
+		c.next()
+		w.send(&wire.Frame{Type: wire.TypePing, Ref: 1})
+		w.next()
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for count(goroutines(), "server.(*conn).await") < 2*conns {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d idle connections wait in a waiter", count(goroutines(), "server.(*conn).await"), 2*conns)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	after, starting := stackBytes()
+	per := float64(after-before) / (2 * conns)
+	t.Logf("goroutine stacks: %.0f bytes a connection (%d in use before, %d after); goroutines start with %d bytes",
+		per, before, after, starting)
+	limit := 3072.0
+	if raceEnabled {
+		limit = 6144
+	}
+	if per > limit {
+		t.Errorf("an idle connection holds %.0f bytes of goroutine stack, want at most %.0f", per, limit)
+	}
+}
+
+// readWSMessage reads one unmasked message from the server and decodes
+// its frame.
+func readWSMessage(t *testing.T, br *bufio.Reader) *wire.Frame {
+	t.Helper()
+	var head [2]byte
+	if _, err := io.ReadFull(br, head[:]); err != nil {
+		t.Fatal(err)
+	}
+	size := int(head[1] & 0x7f)
+	if size == 126 {
+		var ext [2]byte
+		if _, err := io.ReadFull(br, ext[:]); err != nil {
+			t.Fatal(err)
+		}
+		size = int(binary.BigEndian.Uint16(ext[:]))
+	}
+	p := make([]byte, size)
+	if _, err := io.ReadFull(br, p); err != nil {
+		t.Fatal(err)
+	}
+	var f wire.Frame
+	if len(p) < 4 {
+		t.Fatalf("a message of %d bytes", len(p))
+	}
+	if err := wire.Decode(p[4:], &f); err != nil {
+		t.Fatal(err)
+	}
+	return &f
+}
+
+// TestWebSocketMessagesInOnePacket: an idle WebSocket connection that
+// is sent two messages in one packet answers both. The WebSocket
+// library's buffered reader takes in both with one read of the socket;
+// a read loop that went back to waiting on the socket after the first
+// (wsnet.Conn.Pending ignored) would leave the second there unanswered.
+func TestWebSocketMessagesInOnePacket(t *testing.T) {
+	n := startWSNode(t, func(c *node.Config) { c.Heartbeat = time.Minute })
+	nc, err := net.Dial("tcp", n.HTTPAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	body, _ := json.Marshal(wire.Hello{Versions: []int{wire.Version}, Name: "two-in-one"})
+	hello, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypeHello, Body: body}, 0)
+	req := "GET /ws HTTP/1.1\r\nHost: " + n.HTTPAddr().String() + "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+	nc.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := nc.Write(append([]byte(req), maskedBinary(hello)...)); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(nc)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade answered %s", resp.Status)
+	}
+	if f := readWSMessage(t, br); f.Type != wire.TypeWelcome {
+		t.Fatalf("want WELCOME, got %s", f.Type)
+	}
+	// The connection is idle: its waiter waits on the socket.
+	deadline := time.Now().Add(30 * time.Second)
+	for count(goroutines(), "server.(*conn).await") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no waiter after the handshake")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var two []byte
+	for i := range 2 {
+		p, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypePing, Ref: uint64(i + 1)}, 0)
+		two = append(two, maskedBinary(p)...)
+	}
+	if _, err := nc.Write(two); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if f := readWSMessage(t, br); f.Type != wire.TypePong || f.Ref != uint64(i+1) {
+			t.Fatalf("want PONG %d, got %s %d", i+1, f.Type, f.Ref)
+		}
 	}
 }

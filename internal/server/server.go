@@ -295,9 +295,7 @@ func (s *Server) admit(nc net.Conn, proto string) *conn {
 
 // run serves an admitted connection to its end.
 func (s *Server) run(c *conn) {
-	defer s.wg.Done()
-	c.serve()
-	s.forget(c)
+	c.serve() // its end calls s.forget and s.wg.Done
 }
 
 // refuse writes one fatal ERROR frame and closes nc.

@@ -76,6 +76,7 @@ func (s *Server) WebSocketHandler(origins []string) http.Handler {
 		// net/http may have left its deadlines on the connection.
 		hw.raw.SetDeadline(time.Time{})
 		nc := wsnet.NewConn(ws, hw.raw, int64(s.cfg.MaxFrame)+5)
+		nc.ReadsThrough(hw.br)
 		if c := s.admit(nc, ProtoWebSocket); c != nil {
 			go s.run(c)
 		}
@@ -88,6 +89,7 @@ func (s *Server) WebSocketHandler(origins []string) http.Handler {
 type hijackWriter struct {
 	http.ResponseWriter
 	raw *wsnet.Coalescer
+	br  *bufio.Reader // what the library reads raw through
 }
 
 // Releaser is a connection that counts against a limit of the HTTP
@@ -108,7 +110,8 @@ func (h *hijackWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	// one batch of the write loop reach the socket in one write.
 	co := wsnet.NewCoalescer(nc)
 	h.raw = co
-	return co, bufio.NewReadWriter(smallReader(brw.Reader), bufio.NewWriterSize(co, wsWriteBuffer)), nil
+	h.br = smallReader(brw.Reader)
+	return co, bufio.NewReadWriter(h.br, bufio.NewWriterSize(co, wsWriteBuffer)), nil
 }
 
 // The buffers the WebSocket library keeps for the connection's life. The

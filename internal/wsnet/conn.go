@@ -24,6 +24,7 @@
 package wsnet
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -55,6 +56,12 @@ type Conn struct {
 	ws  *websocket.Conn
 	src messages // ws, for reading
 	raw net.Conn // under the WebSocket: deadlines and addresses
+	// br is the buffered reader the library reads raw through, when
+	// known (see [Conn.ReadsThrough]). The read side uses it, and the
+	// closing handshake CloseWrite starts, holding brMu, which Pending
+	// only tries.
+	br   *bufio.Reader
+	brMu sync.Mutex
 
 	// The read side: the message being read, its frame's length prefix
 	// (handed out first) and what is left of its frame.
@@ -77,6 +84,41 @@ func NewConn(ws *websocket.Conn, raw net.Conn, readLimit int64) *Conn {
 	ws.SetReadLimit(readLimit)
 	return &Conn{ws: ws, src: ws, raw: raw}
 }
+
+// ReadsThrough tells c the buffered reader the WebSocket library reads
+// the connection under it through (the one a hijacked connection was
+// handed with), so that [Conn.Pending] counts what that holds.
+func (c *Conn) ReadsThrough(br *bufio.Reader) { c.br = br }
+
+// Pending returns how many bytes a Read can hand out without reading the
+// socket: a frame's length prefix not yet handed out, and what the
+// library's buffered reader holds (when [Conn.ReadsThrough] named it).
+// With none, a Read waits for the socket, unless the WebSocket library
+// is inside a message or a control frame, whose rest comes from the
+// socket too. A connection's read loop may then wait for the socket to
+// become readable on a goroutine with a small stack, rather than in a
+// Read twenty calls deep.
+//
+// Pending is for the reading goroutine. While the closing handshake
+// that [Conn.CloseWrite] started reads the connection, it returns 1:
+// what comes next is for a Read to see.
+func (c *Conn) Pending() int {
+	if !c.brMu.TryLock() {
+		return 1
+	}
+	defer c.brMu.Unlock()
+	n := 0
+	if c.msg != nil {
+		n += len(c.prefix) - c.handed
+	}
+	if c.br != nil {
+		n += c.br.Buffered()
+	}
+	return n
+}
+
+// Socket returns the connection under the WebSocket.
+func (c *Conn) Socket() net.Conn { return c.raw }
 
 // messages is where a Conn reads its messages from: the WebSocket, or
 // a test's list.
@@ -264,7 +306,13 @@ func writeErr(err error) error {
 // the stream ends (status 1000) and answers with its own close, which
 // ends the reads here.
 func (c *Conn) CloseWrite() error {
-	go c.ws.Close(websocket.StatusNormalClosure, "")
+	go func() {
+		// The handshake reads the library's buffered reader, which
+		// Pending looks at.
+		c.brMu.Lock()
+		defer c.brMu.Unlock()
+		c.ws.Close(websocket.StatusNormalClosure, "")
+	}()
 	return nil
 }
 

@@ -127,7 +127,9 @@ func pair(t *testing.T, coalesce bool) (*Conn, *websocket.Conn) {
 			t.Error(err)
 			return
 		}
-		got <- NewConn(ws, hw.raw, 1<<20)
+		c := NewConn(ws, hw.raw, 1<<20)
+		c.ReadsThrough(hw.br)
+		got <- c
 	}))
 	t.Cleanup(srv.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -146,11 +148,15 @@ func pair(t *testing.T, coalesce bool) (*Conn, *websocket.Conn) {
 type keepRaw struct {
 	http.ResponseWriter
 	raw      net.Conn
+	br       *bufio.Reader
 	coalesce bool
 }
 
 func (k *keepRaw) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	nc, brw, err := http.NewResponseController(k.ResponseWriter).Hijack()
+	if err == nil {
+		k.br = brw.Reader
+	}
 	if err != nil || !k.coalesce {
 		k.raw = nc
 		return nc, brw, err
@@ -298,5 +304,49 @@ func TestAnswerPingWhenBackedUp(t *testing.T) {
 	co.lastPong.Store(time.Now().Add(-pongEvery).UnixNano())
 	if !co.AnswerPing(context.Background(), nil) {
 		t.Fatal("no ping answered after a second")
+	}
+}
+
+// TestPendingCountsBuffered: Pending counts the bytes a Read hands out
+// without the socket: a message the library's buffered reader took in
+// along with the one before it. With none, the next Read waits for the
+// socket.
+func TestPendingCountsBuffered(t *testing.T) {
+	c, cws := pair(t, true)
+	if n := c.Pending(); n != 0 {
+		t.Fatalf("a fresh connection: Pending %d, want 0", n)
+	}
+	a, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypePing, Ref: 1}, 0)
+	b, _ := wire.AppendFrame(nil, &wire.Frame{Type: wire.TypePing, Ref: 2, Body: []byte("second")}, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, p := range [][]byte{a, b} {
+		if err := cws.Write(ctx, websocket.MessageBinary, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both messages in the socket (2 bytes of header and 4 of mask
+	// each): the buffered reader takes them in with one read.
+	want := len(a) + len(b) + 12
+	deadline := time.Now().Add(20 * time.Second)
+	for wire.Unread(c.Socket()) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes reached the socket, want %d", wire.Unread(c.Socket()), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	got := make([]byte, len(a))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, a) {
+		t.Fatalf("first frame: % x, %v", got, err)
+	}
+	if n := c.Pending(); n != len(b)+6 {
+		t.Fatalf("after the first frame: Pending %d, want %d (the second message)", n, len(b)+6)
+	}
+	got = make([]byte, len(b))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, b) {
+		t.Fatalf("second frame: % x, %v", got, err)
+	}
+	if n := c.Pending(); n != 0 {
+		t.Fatalf("after both: Pending %d, want 0", n)
 	}
 }
