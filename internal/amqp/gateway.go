@@ -77,6 +77,7 @@ func (c *conn) closeSession() {
 		c.gw.sess.Close()
 		for _, ch := range c.channels {
 			for _, cs := range ch.consumers {
+				c.s.consumers.remove(cs)
 				c.consumerReleased(cs.queue)
 			}
 		}

@@ -430,10 +430,7 @@ func (c *conn) basicQos(ch *channel, m *BasicQos) error {
 
 // basicConsume attaches a worker to the queue.
 func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
-	switch {
-	case m.Exclusive:
-		return methodError(NotImplemented, m, "exclusive consumers are not built yet in Courier's AMQP gateway")
-	case len(m.Arguments) > 0:
+	if len(m.Arguments) > 0 {
 		return methodError(NotImplemented, m, "consumer arguments are not supported by Courier's AMQP gateway")
 	}
 	if m.Queue == replyTo {
@@ -458,17 +455,26 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 	}
 	c.nextAttach++
 	cs := &consumer{tag: tag, queue: m.Queue, attach: c.nextAttach, noAck: m.NoAck, ch: ch, prefetch: prefetch}
+	var others int64
+	if m.Exclusive {
+		others = c.brokerConsumers(m.Queue)
+	}
+	if !c.s.consumers.add(cs, m.Exclusive, others) {
+		return c.closeChannel(ch, inExclusiveUse(m, m.Queue))
+	}
 	c.gw.addConsumer(cs)
 	f := wire.NewFrame(wire.TypeAttach)
 	f.Name, f.Aux, f.Attach = m.Queue, wire.RoleWorker, cs.attach
 	f.Body, _ = json.Marshal(wire.AttachSpec{Prefetch: prefetch, ConnTag: tag})
 	r, err := c.gw.call(f)
 	if err != nil {
+		c.s.consumers.remove(cs)
 		return err
 	}
 	defer r.Release()
 	if r.Type == wire.TypeError {
 		c.gw.removeConsumer(cs.attach)
+		c.s.consumers.remove(cs)
 		e := fromWire(wire.Code(r.Aux), r.Tag)
 		switch wire.Code(r.Aux) {
 		case wire.CodeNotFound:
@@ -518,6 +524,7 @@ func (c *conn) basicCancel(ch *channel, m *BasicCancel) error {
 
 func (c *conn) cancelConsumer(cs *consumer) {
 	delete(cs.ch.consumers, cs.tag)
+	c.s.consumers.remove(cs)
 	c.detach(cs.attach)
 	cs.mu.Lock()
 	ids := make([]uint32, 0, len(cs.sources))
@@ -561,6 +568,7 @@ func (c *conn) consumerGone(attach uint32, why string) {
 		return
 	}
 	cs.ch.tags.drop(attach)
+	c.s.consumers.remove(cs)
 	c.s.log.Info("amqp consumer cancelled by the broker", "peer", c.peer, "consumer", cs.tag, "queue", cs.queue, "why", why)
 	caps, _ := c.clientProps["capabilities"].(Table)
 	if notify, _ := caps["consumer_cancel_notify"].(bool); notify {

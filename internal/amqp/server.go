@@ -152,6 +152,7 @@ type Server struct {
 	ln          net.Listener
 	conns       map[*conn]struct{}
 	owners      owners              // exclusive queues
+	consumers   queueConsumers      // AMQP consumers by queue, exclusive ones
 	kinds       exchangeKinds       // exchange types, for bindings
 	autoDel     autoDeletes         // auto-delete queues
 	autoDelX    autoDeleteExchanges // auto-delete exchanges
