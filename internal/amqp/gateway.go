@@ -73,6 +73,9 @@ func (c *conn) closeSession() {
 		c.sessionClosed = true
 		for _, ch := range c.channels {
 			c.cancelReplyTo(ch)
+			for _, cs := range ch.consumers {
+				c.flushNoAck(cs)
+			}
 		}
 		c.gw.sess.Close()
 		for _, ch := range c.channels {

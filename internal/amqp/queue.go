@@ -47,9 +47,14 @@ type consumer struct {
 
 	// Until consume-ok is sent (ready), deliveries wait in early: the
 	// broker may deliver while the ATTACH is being handled.
-	mu    sync.Mutex // guards ready, early, sources
+	mu    sync.Mutex // guards ready, early, sources, unacked, cancelled
 	ready bool
 	early []task
+	// unacked are a no-ack consumer's deliveries handed to the outbox
+	// and not yet acked to the broker (noack.go); cancelled is set once
+	// they are flushed for good.
+	unacked   map[held]bool
+	cancelled bool
 }
 
 // task is a delivery kept until its consumer is ready.
@@ -525,6 +530,7 @@ func (c *conn) basicCancel(ch *channel, m *BasicCancel) error {
 func (c *conn) cancelConsumer(cs *consumer) {
 	delete(cs.ch.consumers, cs.tag)
 	c.s.consumers.remove(cs)
+	c.flushNoAck(cs)
 	c.detach(cs.attach)
 	cs.mu.Lock()
 	ids := make([]uint32, 0, len(cs.sources))
@@ -641,13 +647,9 @@ func (c *conn) sendTask(cs *consumer, t task) {
 	}
 	var after func()
 	if cs.noAck {
-		// Acked once written: until then the task counts against the
-		// consumer's credit, so a client that does not read is sent no
-		// more than noAckPrefetch.
-		after = func() {
-			a := wire.NewFrame(wire.TypeAck)
-			a.Attach, a.Ref = t.attach, t.id
-			c.gw.sess.Handle(a)
+		var ok bool
+		if after, ok = c.settleNoAck(cs, held{attach: t.attach, task: t.id}); !ok {
+			return // cancelled: never written, the broker redelivers it
 		}
 	}
 	if err := c.sendContent(cs.ch.id, d, headersToProps(t.header), t.body, after); err != nil {
