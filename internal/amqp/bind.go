@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -303,7 +304,7 @@ func (c *conn) exchangeKind(exchange, queue string) string {
 // filter: x-match, and the headers to match, each value as text as a
 // message's headers are carried (void: present with any value).
 func headerFilter(m Method, args Table) (broker.HeaderFilter, *Error) {
-	f := broker.HeaderFilter{Match: broker.MatchAll, Headers: make(map[string]*string, len(args))}
+	f := broker.HeaderFilter{Match: broker.MatchAll, Headers: make(map[string]*string, len(args)), Typed: true}
 	for k, v := range args {
 		if k == "x-match" {
 			s, _ := v.(string)
@@ -321,6 +322,12 @@ func headerFilter(m Method, args Table) (broker.HeaderFilter, *Error) {
 		}
 		text := headerText(v)
 		f.Headers[k] = &text
+		if typ := headerType(v); typ != "" {
+			if f.Types == nil {
+				f.Types = make(map[string]string)
+			}
+			f.Types[k] = typ
+		}
 	}
 	if len(f.Headers) > broker.MaxFilterHeaders {
 		return f, methodError(PreconditionFailed, m, fmt.Sprintf("PRECONDITION_FAILED - a headers binding of %d headers: Courier takes at most %d", len(f.Headers), broker.MaxFilterHeaders))
@@ -330,7 +337,7 @@ func headerFilter(m Method, args Table) (broker.HeaderFilter, *Error) {
 
 // sameFilter reports whether two header filters match the same headers.
 func sameFilter(a, b broker.HeaderFilter) bool {
-	if a.Match != b.Match || len(a.Headers) != len(b.Headers) {
+	if a.Match != b.Match || len(a.Headers) != len(b.Headers) || a.Typed != b.Typed || !maps.Equal(a.Types, b.Types) {
 		return false
 	}
 	for k, v := range a.Headers {
@@ -353,7 +360,10 @@ func (c *conn) unbindHeaders(ch *channel, m *QueueUnbind) error {
 	c.s.kinds.mu.Lock()
 	filters, ok := b.Filters(m.Exchange, sub)
 	err := unbindOne(b, m.Exchange, sub, filters, ok,
-		func(f broker.HeaderFilter) bool { return sameFilter(f, filter) },
+		func(f broker.HeaderFilter) bool {
+			// A filter stored before types were kept is unbound by its text.
+			return sameFilter(f, filter) || !f.Typed && sameFilter(f, broker.HeaderFilter{Match: filter.Match, Headers: filter.Headers})
+		},
 		func(rest []broker.HeaderFilter) error { return b.DurableSubscribeHeaders(m.Exchange, sub, rest) })
 	c.s.kinds.mu.Unlock()
 	return c.unbound(ch, m, err)

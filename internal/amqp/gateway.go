@@ -448,9 +448,19 @@ func (c *conn) checkChanErrs() error {
 // header of the same name.
 func propsToHeaders(p *Properties) map[string]string {
 	h := make(map[string]string, len(p.Headers)+4)
+	var types map[string]string
 	for k, v := range p.Headers {
 		h[k] = headerText(v)
+		if typ := headerType(v); typ != "" {
+			if types == nil {
+				types = make(map[string]string)
+			}
+			types[k] = typ
+		}
 	}
+	// The gateway owns the types header: a client's own is replaced.
+	delete(h, broker.TypesHeader)
+	delete(types, broker.TypesHeader)
 	set := func(k, v string) {
 		if v != "" {
 			h[k] = v
@@ -475,10 +485,77 @@ func propsToHeaders(p *Properties) map[string]string {
 	set("user-id", p.UserID)
 	set("app-id", p.AppID)
 	set("cluster-id", p.ClusterID)
+	for _, k := range []string{"content-type", "content-encoding", "delivery-mode", "priority", "correlation-id", "reply-to", "expiration", "message-id", "timestamp", "type", "user-id", "app-id", "cluster-id"} {
+		if _, ok := types[k]; ok {
+			delete(types, k) // a property won over the header of its name
+		}
+	}
+	if len(types) > 0 {
+		b, _ := json.Marshal(types)
+		h[broker.TypesHeader] = string(b)
+	}
 	if len(h) == 0 {
 		return nil
 	}
 	return h
+}
+
+// headerType is the type of a field table value as the typed comparison
+// of headers exchanges sees it (RabbitMQ's type classes: every integer
+// is "int", both floats "float"), "" for a string.
+func headerType(v any) string {
+	switch v.(type) {
+	case string:
+		return ""
+	case int8, uint8, int16, uint16, int32, uint32, int64:
+		return "int"
+	case float32, float64:
+		return "float"
+	case bool:
+		return "bool"
+	case time.Time:
+		return "timestamp"
+	case Decimal:
+		return "decimal"
+	case []byte:
+		return "bytes"
+	case Table:
+		return "table"
+	case []any:
+		return "array"
+	case nil:
+		return "void"
+	}
+	return "unknown"
+}
+
+// typedValue is headerType backwards: the field table value of text of
+// type typ, or text itself when typ is a string or the text does not
+// read as typ.
+func typedValue(text, typ string) any {
+	switch typ {
+	case "int":
+		if n, err := strconv.ParseInt(text, 10, 64); err == nil {
+			return n
+		}
+	case "float":
+		if f, err := strconv.ParseFloat(text, 64); err == nil {
+			return f
+		}
+	case "bool":
+		if b, err := strconv.ParseBool(text); err == nil {
+			return b
+		}
+	case "timestamp":
+		if n, err := strconv.ParseInt(text, 10, 64); err == nil {
+			return time.Unix(n, 0).UTC()
+		}
+	case "bytes":
+		return []byte(text)
+	case "void":
+		return nil
+	}
+	return text
 }
 
 // headerText renders a field table value as a Courier header value.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/courier-mq/courier/internal/auth"
+	"github.com/courier-mq/courier/internal/broker"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -676,6 +677,10 @@ func (c *conn) sendContent(channel uint16, m Method, props *Properties, body []b
 // properties become them again, the others the headers table.
 func headersToProps(h map[string]string) *Properties {
 	p := &Properties{}
+	var types map[string]string
+	if t := h[broker.TypesHeader]; t != "" && len(t) <= broker.MaxTypesHeader {
+		json.Unmarshal([]byte(t), &types)
+	}
 	for k, v := range h {
 		switch k {
 		case "content-type":
@@ -708,11 +713,13 @@ func headersToProps(h map[string]string) *Properties {
 			p.AppID = v
 		case "cluster-id":
 			p.ClusterID = v
+		case broker.TypesHeader:
+			// Read above: the headers get their types back.
 		default:
 			if p.Headers == nil {
 				p.Headers = Table{}
 			}
-			p.Headers[k] = v
+			p.Headers[k] = typedValue(v, types[k])
 		}
 	}
 	return p
