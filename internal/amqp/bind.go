@@ -287,10 +287,18 @@ func wireErr(err error) *Error {
 	return fromWire(code, err.Error())
 }
 
-// exchangeKind is the type exchange was declared with over AMQP; for one
-// the listener has not seen declared since it started, "headers" when
-// queue's binding to it has header filters (kept by the broker), "" else.
+// exchangeKind is the type exchange was declared with over AMQP: the
+// one kept with the exchange (in a cluster, in its replicated metadata);
+// for one declared without it (a Courier-native exchange, or one
+// declared before types were kept), the one this listener saw declared
+// since it started, else "headers" when queue's binding to it has header
+// filters (kept by the broker), "" else.
 func (c *conn) exchangeKind(exchange, queue string) string {
+	if ex := c.s.cfg.Broker.Exchange(exchange); ex != nil {
+		if k := ex.Config().AMQPType; k != "" {
+			return k
+		}
+	}
 	if k := c.s.kinds.get(exchange); k != "" {
 		return k
 	}

@@ -250,7 +250,7 @@ func (c *conn) exchangeDeclare(ch *channel, m *ExchangeDeclare) error {
 	if m.Passive {
 		f.Aux = 1
 	} else {
-		f.Body, _ = json.Marshal(wire.ExchangeConfig{Pattern: wire.PatternPubSub, Transient: !m.Durable})
+		f.Body, _ = json.Marshal(wire.ExchangeConfig{Pattern: wire.PatternPubSub, Transient: !m.Durable, AMQPType: m.Type})
 	}
 	r, err := c.gw.call(f)
 	if err != nil {
@@ -259,8 +259,11 @@ func (c *conn) exchangeDeclare(ch *channel, m *ExchangeDeclare) error {
 	defer r.Release()
 	if r.Type == wire.TypeError {
 		e := fromWire(wire.Code(r.Aux), r.Tag)
-		if e.Code == NotFound {
+		switch {
+		case e.Code == NotFound:
 			e.Text = fmt.Sprintf("NOT_FOUND - no exchange '%s' in vhost '/'", m.Exchange)
+		case strings.Contains(r.Tag, "amqp_type"):
+			e.Text = fmt.Sprintf("PRECONDITION_FAILED - inequivalent arg 'type' for exchange '%s' in vhost '/': received '%s' but current is '%s'", m.Exchange, m.Type, c.exchangeKind(m.Exchange, ""))
 		}
 		e.ClassID, e.MethodID = m.ClassMethod()
 		return c.channelError(ch, e)

@@ -45,6 +45,9 @@ type consumer struct {
 	// its durable subscriber attachments by bound exchange (bind.go).
 	prefetch int
 	sources  map[string]uint32
+	// getter marks the worker of one basic.get of a queue another node
+	// serves (get.go): not a consumer the client knows.
+	getter bool
 
 	// Until consume-ok is sent (ready), deliveries wait in early: the
 	// broker may deliver while the ATTACH is being handled.
@@ -180,6 +183,11 @@ func queueArgs(m *QueueDeclare) (wire.ExchangeConfig, *Error) {
 			if !isInt || n < 0 || n > 255 {
 				return cfg, bad("invalid arg 'x-max-priority' for queue '%s': %v", m.Queue, v)
 			}
+		case "x-quorum-initial-group-size":
+			if !isInt || n < 1 || n > wire.MaxReplicas {
+				return cfg, bad("invalid arg 'x-quorum-initial-group-size' for queue '%s': %v (1 to %d)", m.Queue, v, wire.MaxReplicas)
+			}
+			cfg.Replicas = int(n)
 		case "x-queue-type":
 			switch v {
 			case "classic", "quorum":
@@ -278,6 +286,13 @@ func (c *conn) queueDeclare(ch *channel, m *QueueDeclare) error {
 			return c.channelError(ch, e)
 		}
 		cfg.Transient = cfg.Transient || exclusive
+		if !c.s.cfg.Broker.Clustered() {
+			cfg.Replicas = 0 // a node alone keeps one copy whatever is asked
+		} else if cfg.Transient {
+			// A cluster's queues are on disk: a queue RabbitMQ keeps on
+			// one node in memory is a queue of one replica.
+			cfg.Transient, cfg.Replicas = false, 1
+		}
 		f.Body, _ = json.Marshal(cfg)
 	}
 	fresh := false
@@ -568,6 +583,10 @@ func (c *conn) consumerGone(attach uint32, why string) {
 		return
 	}
 	c.gw.removeConsumer(attach)
+	if cs.getter {
+		cs.ch.tags.drop(attach)
+		return
+	}
 	if attach != cs.attach {
 		// A bound exchange was deleted: the consumer goes on with the
 		// queue's other sources.
@@ -599,6 +618,7 @@ func (c *conn) settle(ch *channel, m Method, tag uint64, multiple, nack, requeue
 		}
 		f.Attach, f.Ref = h.attach, h.task
 		c.gw.sess.Handle(f)
+		c.settledGetter(ch, h.attach)
 	}
 	return nil
 }

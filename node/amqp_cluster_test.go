@@ -1,0 +1,304 @@
+package node
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/courier-mq/courier/internal/amqp"
+	"github.com/courier-mq/courier/internal/testutil"
+)
+
+// startAMQPCluster3 starts three clustered nodes a, b and c, each with
+// an AMQP listener, waits until every node is live, and returns them
+// with their guest URLs.
+func startAMQPCluster3(t *testing.T) ([]*Node, []string) {
+	t.Helper()
+	start := func(name string, join ...string) *Node {
+		n, err := Start(Config{
+			Name: name, DataDir: t.TempDir(), Log: testLog(),
+			Listen: "127.0.0.1:0", HTTP: "127.0.0.1:0", AMQP: "127.0.0.1:0",
+			Cluster: ClusterConfig{Listen: "127.0.0.1:0", Join: join, Secret: clusterSecret},
+		})
+		if err != nil {
+			t.Fatalf("start %s: %v", name, err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+	a := start("a")
+	nodes := []*Node{a, start("b", a.ClusterAddr()), start("c", a.ClusterAddr())}
+	waitUntil(t, 30*time.Second, "the metadata group has three servers", func() bool {
+		s, err := a.Meta().Servers()
+		return err == nil && len(s) == 3
+	})
+	waitUntil(t, 30*time.Second, "every broker links to the two others, three live nodes", func() bool {
+		for _, n := range nodes {
+			if len(n.Broker().PeerNodes()) != 2 {
+				return false
+			}
+		}
+		live := 0
+		for _, l := range a.Meta().Nodes() {
+			if !l.Expired {
+				live++
+			}
+		}
+		return live == 3
+	})
+	urls := make([]string, len(nodes))
+	for i, n := range nodes {
+		urls[i] = strings.Replace(n.AMQPURL(), "amqp://", "amqp://guest:guest@", 1) + "/"
+	}
+	return nodes, urls
+}
+
+// amqpConsumer collects what an AMQP consumer of queue on url receives,
+// acking each delivery.
+type amqpConsumer struct {
+	mu   sync.Mutex
+	got  map[string]int
+	dups []string // bodies received again without redelivered
+	conn *amqp091.Connection
+}
+
+func consumeAMQP(t *testing.T, url, queue string) *amqpConsumer {
+	t.Helper()
+	c, ch := amqpChannel(t, url)
+	if err := ch.Qos(5, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac := &amqpConsumer{got: map[string]int{}, conn: c}
+	go func() {
+		for d := range ds {
+			ac.mu.Lock()
+			ac.got[string(d.Body)]++
+			if ac.got[string(d.Body)] > 1 && !d.Redelivered {
+				ac.dups = append(ac.dups, string(d.Body))
+			}
+			ac.mu.Unlock()
+			d.Ack(false)
+		}
+	}()
+	return ac
+}
+
+// received merges what consumers got.
+func received(cs ...*amqpConsumer) (got map[string]int, dups []string) {
+	got = map[string]int{}
+	for _, c := range cs {
+		c.mu.Lock()
+		for b, n := range c.got {
+			got[b] += n
+		}
+		dups = append(dups, c.dups...)
+		c.mu.Unlock()
+	}
+	return got, dups
+}
+
+// publishAMQP publishes bodies to the default exchange with routing key
+// queue on url, with confirms, again for each one nacked or whose
+// connection failed (as a RabbitMQ program does through a failover).
+func publishAMQP(t *testing.T, url, queue string, bodies []string) {
+	t.Helper()
+	deadline := time.Now().Add(120 * time.Second)
+	for _, body := range bodies {
+		for {
+			if time.Now().After(deadline) {
+				t.Fatalf("publication %s not confirmed within 120 s", body)
+			}
+			c, err := amqp091.Dial(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ch, err := c.Channel()
+			if err == nil {
+				err = ch.Confirm(false)
+			}
+			ok := false
+			if err == nil {
+				var dc *amqp091.DeferredConfirmation
+				if dc, err = ch.PublishWithDeferredConfirm("", queue, false, false, amqp091.Publishing{DeliveryMode: amqp091.Persistent, Body: []byte(body)}); err == nil {
+					ok = dc.Wait()
+				}
+			}
+			c.Close()
+			if ok {
+				break
+			}
+			t.Logf("publication %s: acked %v, %v; again", body, ok, err)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+func bodies(prefix string, n int) []string {
+	bs := make([]string, n)
+	for i := range bs {
+		bs[i] = fmt.Sprintf("%s-%02d", prefix, i)
+	}
+	return bs
+}
+
+// TestAMQPClusterQueue: in a cluster of three, an AMQP client on A
+// declares a quorum queue and a classic durable one: both are replicated
+// queues of three replicas, Courier's default. Exchanges declared on one
+// node are known on the others with their AMQP type. Publications with
+// confirms on B reach consumers on every node, and basic.get on the node
+// that serves the queue, each message once. The queue leader's node
+// stops: the consumers on the other nodes go on after the failover and
+// get what is published then; the one on the stopped node is lost with
+// its connection, as with RabbitMQ.
+func TestAMQPClusterQueue(t *testing.T) {
+	nodes, urls := startAMQPCluster3(t)
+	_, cha := amqpChannel(t, urls[0])
+	for _, args := range []amqp091.Table{{"x-queue-type": "quorum"}, nil} {
+		name := "jobs"
+		if args == nil {
+			name = "classic"
+		}
+		if _, err := cha.QueueDeclare(name, true, false, false, false, args); err != nil {
+			t.Fatalf("declare %s: %v", name, err)
+		}
+		servingNode(t, nodes, name)
+		for _, n := range nodes {
+			if ex, ok := n.Meta().Exchange(name); !ok || ex.Config.Replicas != 3 || ex.Config.Transient {
+				t.Fatalf("%s on %s: %+v, want 3 replicas", name, n.cfg.Name, ex.Config)
+			}
+		}
+	}
+	// A non-durable queue is a queue of one replica; declaring it again
+	// the same way matches.
+	if _, err := cha.QueueDeclare("scratch", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if ex, _ := nodes[0].Meta().Exchange("scratch"); ex.Config.Replicas != 1 {
+		t.Fatalf("a non-durable queue in a cluster: %+v", ex.Config)
+	}
+	_, chb := amqpChannel(t, urls[1])
+	if _, err := chb.QueueDeclare("scratch", false, false, false, false, nil); err != nil {
+		t.Fatalf("declare the non-durable queue again on b: %v", err)
+	}
+
+	// An exchange declared on B is known on C with its type.
+	if err := chb.ExchangeDeclare("events", "direct", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "events on c", func() bool { return nodes[2].Broker().Exchange("events") != nil })
+	_, chc := amqpChannel(t, urls[2])
+	if err := chc.ExchangeDeclare("events", "direct", true, false, false, false, nil); err != nil {
+		t.Fatalf("the same declaration on c: %v", err)
+	}
+	err := chc.ExchangeDeclare("events", "fanout", true, false, false, false, nil)
+	wantAMQPCode(t, err, amqp.PreconditionFailed)
+
+	// Consumers on every node; publications on B.
+	leader := servingNode(t, nodes, "jobs")
+	consumers := make([]*amqpConsumer, 3)
+	for i := range nodes {
+		consumers[i] = consumeAMQP(t, urls[i], "jobs")
+	}
+	first := bodies("before", 30)
+	publishAMQP(t, urls[1], "jobs", first)
+	waitUntil(t, 60*time.Second, "every message consumed", func() bool {
+		got, _ := received(consumers...)
+		return len(got) == len(first)
+	})
+	got, dups := received(consumers...)
+	for _, b := range first {
+		if got[b] != 1 {
+			t.Errorf("%s consumed %d times", b, got[b])
+		}
+	}
+	if len(dups) > 0 {
+		t.Fatalf("delivered again without redelivered: %v", dups)
+	}
+	for _, c := range consumers {
+		c.conn.Close()
+	}
+
+	// basic.get, on the node that serves the queue and on one that does
+	// not: with acks, with no-ack, a reject with requeue, get-empty.
+	li := slices.Index(nodes, leader)
+	publishAMQP(t, urls[(li+1)%3], "jobs", bodies("got", 4))
+	for _, i := range []int{li, (li + 2) % 3} {
+		_, ch := amqpChannel(t, urls[i])
+		get := func(noAck bool) (amqp091.Delivery, bool) {
+			t.Helper()
+			d, ok, err := ch.Get("jobs", noAck)
+			if err != nil {
+				t.Fatalf("get on %s: %v", nodes[i].cfg.Name, err)
+			}
+			return d, ok
+		}
+		d, ok := get(false)
+		if !ok {
+			t.Fatalf("get on %s: empty", nodes[i].cfg.Name)
+		}
+		if err := d.Reject(true); err != nil {
+			t.Fatal(err)
+		}
+		var again amqp091.Delivery
+		testutil.WaitForf(t, 30*time.Second, func() bool {
+			again, ok = get(false)
+			return ok
+		}, "a message after the reject")
+		if err := again.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+		// (On a node that does not serve the queue, the next message may
+		// be back after the retry backoff: handed to the getter between
+		// its ack and its detach.)
+		testutil.WaitForf(t, 30*time.Second, func() bool {
+			_, ok = get(true)
+			return ok
+		}, "a message got with no-ack")
+	}
+	_, ch := amqpChannel(t, urls[(li+1)%3])
+	testutil.WaitForf(t, 30*time.Second, func() bool {
+		q, err := ch.QueueDeclarePassive("jobs", true, false, false, false, nil)
+		return err == nil && q.Messages == 0
+	}, "every message got")
+	if _, ok, err := ch.Get("jobs", false); ok || err != nil {
+		t.Fatalf("get of the emptied queue on a node that does not serve it: %v, %v", ok, err)
+	}
+
+	// The leader's node stops; consumers on the others go on.
+	var survivors []*amqpConsumer
+	var surviving []*Node
+	for i, n := range nodes {
+		if n != leader {
+			survivors = append(survivors, consumeAMQP(t, urls[i], "jobs"))
+			surviving = append(surviving, n)
+		}
+	}
+	leader.Close()
+	after := bodies("after", 30)
+	publishAMQP(t, urls[slices.Index(nodes, surviving[0])], "jobs", after)
+	waitUntil(t, 120*time.Second, "every message published after the failover consumed", func() bool {
+		got, _ := received(survivors...)
+		return len(got) == len(after)
+	})
+	got, dups = received(survivors...)
+	for _, b := range after {
+		if got[b] == 0 {
+			t.Errorf("%s not consumed", b)
+		}
+	}
+	if len(dups) > 0 {
+		t.Fatalf("delivered again without redelivered: %v", dups)
+	}
+	if n := servingNode(t, surviving, "jobs"); n == leader {
+		t.Fatal("the stopped node still serves jobs")
+	}
+}
