@@ -302,3 +302,103 @@ func TestAMQPClusterQueue(t *testing.T) {
 		t.Fatal("the stopped node still serves jobs")
 	}
 }
+
+// TestAMQPClusterBindings: in a cluster, a queue bound on A to a direct
+// exchange and to a headers exchange declared on B takes what is
+// published to them on B, and a consumer on C and basic.get on B get it
+// with the exchange and routing key it was published with: the binding's
+// subscription on A is moved into the replicated queue. Unbinding stops
+// it.
+func TestAMQPClusterBindings(t *testing.T) {
+	nodes, urls := startAMQPCluster3(t)
+	_, chb := amqpChannel(t, urls[1])
+	if err := chb.ExchangeDeclare("events", "direct", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := chb.ExchangeDeclare("tagged", "headers", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "the exchanges on a", func() bool {
+		return nodes[0].Broker().Exchange("events") != nil && nodes[0].Broker().Exchange("tagged") != nil
+	})
+	_, cha := amqpChannel(t, urls[0])
+	if _, err := cha.QueueDeclare("orders", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := cha.QueueBind("orders", "new", "events", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := cha.QueueBind("orders", "", "tagged", false, amqp091.Table{"n": int32(7)}); err != nil {
+		t.Fatal(err)
+	}
+	servingNode(t, nodes, "orders")
+
+	_, chc := amqpChannel(t, urls[2])
+	ds, err := chc.Consume("orders", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := chb.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(exchange, key string, h amqp091.Table, body string) {
+		t.Helper()
+		dc, err := chb.PublishWithDeferredConfirm(exchange, key, false, false, amqp091.Publishing{Headers: h, Body: []byte(body)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !dc.Wait() {
+			t.Fatalf("%s nacked", body)
+		}
+	}
+	publish("events", "new", nil, "order-1")
+	publish("events", "old", nil, "not-bound")
+	publish("tagged", "any", amqp091.Table{"n": int32(7)}, "tagged-7")
+	publish("tagged", "any", amqp091.Table{"n": "7"}, "tagged-string")
+	want := map[string][2]string{"order-1": {"events", "new"}, "tagged-7": {"tagged", "any"}}
+	for range want {
+		d := testutil.Recv(t, ds, 60*time.Second)
+		w, ok := want[string(d.Body)]
+		if !ok || d.Exchange != w[0] || d.RoutingKey != w[1] {
+			t.Fatalf("consumer on c got %q from %q with key %q", d.Body, d.Exchange, d.RoutingKey)
+		}
+		if _, ok := d.Headers["x-amqp-exchange"]; ok {
+			t.Fatalf("the origin headers are shown: %v", d.Headers)
+		}
+		d.Ack(false)
+	}
+	chc.Close()
+
+	// basic.get on B, which neither holds the binding nor serves the queue.
+	publish("events", "new", nil, "order-2")
+	_, chg := amqpChannel(t, urls[1])
+	var d amqp091.Delivery
+	testutil.WaitForf(t, 60*time.Second, func() bool {
+		var ok bool
+		d, ok, err = chg.Get("orders", true)
+		return ok || err != nil
+	}, "order-2 got on b")
+	if err != nil || string(d.Body) != "order-2" || d.Exchange != "events" || d.RoutingKey != "new" {
+		t.Fatalf("got %q from %q key %q: %v", d.Body, d.Exchange, d.RoutingKey, err)
+	}
+
+	// Unbound, the queue takes nothing more from the exchange.
+	if err := cha.QueueUnbind("orders", "new", "events", nil); err != nil {
+		t.Fatal(err)
+	}
+	publish("events", "new", nil, "after-unbind")
+	publish("tagged", "any", amqp091.Table{"n": int32(7)}, "tagged-after")
+	testutil.WaitForf(t, 60*time.Second, func() bool {
+		d, ok, err := chg.Get("orders", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && string(d.Body) != "tagged-after" {
+			t.Fatalf("got %q after the unbind", d.Body)
+		}
+		return ok
+	}, "tagged-after got: the other binding still moves")
+	if _, ok, err := chg.Get("orders", true); ok || err != nil {
+		t.Fatalf("a message after the unbind: %v, %v", ok, err)
+	}
+}

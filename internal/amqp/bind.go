@@ -165,6 +165,11 @@ func (c *conn) queueBind(ch *channel, m *QueueBind) error {
 		e.ClassID, e.MethodID = m.ClassMethod()
 		return c.channelError(ch, e)
 	}
+	if c.s.moveBindings() {
+		// In a cluster the binding is moved into the queue (mover.go).
+		c.s.movers.start(m.Exchange, m.Queue)
+		return c.bound(ch, m)
+	}
 	// The connection's consumers of the queue take from it now.
 	for _, other := range c.channels {
 		for _, cs := range other.consumers {
@@ -175,6 +180,11 @@ func (c *conn) queueBind(ch *channel, m *QueueBind) error {
 			}
 		}
 	}
+	return c.bound(ch, m)
+}
+
+// bound answers queue.bind m.
+func (c *conn) bound(ch *channel, m *QueueBind) error {
 	if m.NoWait {
 		return nil
 	}
@@ -230,6 +240,9 @@ func (c *conn) unbound(ch *channel, m *QueueUnbind, err error) error {
 		e.ClassID, e.MethodID = m.ClassMethod()
 		return c.channelError(ch, e)
 	}
+	if _, ok := c.s.cfg.Broker.Filters(m.Exchange, bindSub(m.Queue)); !ok {
+		c.s.movers.stop(m.Exchange, m.Queue) // its last binding went
+	}
 	c.bindingGone(m.Exchange)
 	return c.send(ch.id, &QueueUnbindOK{})
 }
@@ -238,6 +251,7 @@ func (c *conn) unbound(ch *channel, m *QueueUnbind, err error) error {
 func (c *conn) dropBindings(queue string) {
 	b := c.s.cfg.Broker
 	for _, x := range boundExchanges(b, queue) {
+		c.s.movers.stop(x, queue)
 		b.DeleteQueue(x + "/" + bindSub(queue))
 		c.bindingGone(x)
 	}

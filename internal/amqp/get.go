@@ -28,7 +28,7 @@ func (c *conn) basicGet(ch *channel, m *BasicGet) error {
 		return c.closeChannel(ch, locked(m, m.Queue))
 	}
 	sources := []getSource{{exchange: m.Queue}}
-	for _, x := range boundExchanges(c.s.cfg.Broker, m.Queue) {
+	for _, x := range c.bindingSources(m.Queue) {
 		sources = append(sources, getSource{exchange: x, sub: bindSub(m.Queue)})
 	}
 	for i, src := range sources {
@@ -64,6 +64,8 @@ func (c *conn) basicGet(ch *channel, m *BasicGet) error {
 		okm := &BasicGetOK{DeliveryTag: tag, Redelivered: d.Attempts > 0, RoutingKey: m.Queue, MessageCount: c.readyIn(sources)}
 		if src.sub != "" {
 			okm.Exchange, okm.RoutingKey = src.exchange, d.Key
+		} else if x, key, ok := origin(d.Headers); ok {
+			okm.Exchange, okm.RoutingKey = x, key
 		}
 		props, body := headersToProps(d.Headers), d.Body
 		if m.NoAck {
@@ -175,6 +177,9 @@ func (c *conn) remoteGet(ch *channel, m *BasicGet) (sent bool, err error) {
 		ch.getters[g.attach] = true
 	}
 	okm := &BasicGetOK{DeliveryTag: tag, Redelivered: t.attempts > 0, RoutingKey: m.Queue}
+	if x, key, ok := origin(t.header); ok {
+		okm.Exchange, okm.RoutingKey = x, key
+	}
 	return true, c.sendContent(ch.id, okm, headersToProps(t.header), t.body, nil)
 }
 

@@ -508,7 +508,7 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 	}
 	ch.consumers[tag] = cs
 	c.s.autoDel.consumed(m.Queue)
-	for _, x := range boundExchanges(c.s.cfg.Broker, m.Queue) {
+	for _, x := range c.bindingSources(m.Queue) {
 		if err := c.attachSource(cs, x); err != nil {
 			return err
 		}
@@ -655,6 +655,9 @@ func (c *conn) deliverTask(f *wire.Frame) {
 func (c *conn) sendTask(cs *consumer, t task) {
 	tag := cs.ch.tags.add(held{attach: t.attach, task: t.id}, !cs.noAck)
 	d := &BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag, Redelivered: t.attempts > 0, RoutingKey: cs.queue}
+	if x, key, ok := origin(t.header); ok && t.attach == cs.attach {
+		d.Exchange, d.RoutingKey = x, key // moved from a binding, in a cluster
+	}
 	if t.attach != cs.attach {
 		// From a bound exchange: its name and the publication's key.
 		d.RoutingKey = t.key
@@ -733,8 +736,8 @@ func headersToProps(h map[string]string) *Properties {
 			p.AppID = v
 		case "cluster-id":
 			p.ClusterID = v
-		case broker.TypesHeader:
-			// Read above: the headers get their types back.
+		case broker.TypesHeader, headerExchange, headerRoutingKey:
+			// Read above, or basic.deliver's exchange and routing key.
 		default:
 			if p.Headers == nil {
 				p.Headers = Table{}
