@@ -464,35 +464,41 @@ func propsToHeaders(p *Properties) map[string]string {
 	// The gateway owns the types header: a client's own is replaced.
 	delete(h, broker.TypesHeader)
 	delete(types, broker.TypesHeader)
-	set := func(k, v string) {
-		if v != "" {
-			h[k] = v
+	// A property wins over a header of its name, with its own type:
+	// delivery-mode and priority are integers, timestamp a timestamp.
+	setTyped := func(k, v, typ string) {
+		if v == "" {
+			return
+		}
+		h[k] = v
+		delete(types, k)
+		if typ != "" {
+			if types == nil {
+				types = make(map[string]string)
+			}
+			types[k] = typ
 		}
 	}
+	set := func(k, v string) { setTyped(k, v, "") }
 	set("content-type", p.ContentType)
 	set("content-encoding", p.ContentEncoding)
 	if p.DeliveryMode != 0 {
-		h["delivery-mode"] = strconv.Itoa(int(p.DeliveryMode))
+		setTyped("delivery-mode", strconv.Itoa(int(p.DeliveryMode)), "int")
 	}
 	if p.Priority != 0 {
-		h["priority"] = strconv.Itoa(int(p.Priority))
+		setTyped("priority", strconv.Itoa(int(p.Priority)), "int")
 	}
 	set("correlation-id", p.CorrelationID)
 	set("reply-to", p.ReplyTo)
 	set("expiration", p.Expiration)
 	set("message-id", p.MessageID)
 	if !p.Timestamp.IsZero() {
-		h["timestamp"] = strconv.FormatInt(p.Timestamp.Unix(), 10)
+		setTyped("timestamp", strconv.FormatInt(p.Timestamp.Unix(), 10), "timestamp")
 	}
 	set("type", p.Type)
 	set("user-id", p.UserID)
 	set("app-id", p.AppID)
 	set("cluster-id", p.ClusterID)
-	for _, k := range []string{"content-type", "content-encoding", "delivery-mode", "priority", "correlation-id", "reply-to", "expiration", "message-id", "timestamp", "type", "user-id", "app-id", "cluster-id"} {
-		if _, ok := types[k]; ok {
-			delete(types, k) // a property won over the header of its name
-		}
-	}
 	if len(types) > 0 {
 		b, _ := json.Marshal(types)
 		h[broker.TypesHeader] = string(b)

@@ -175,10 +175,14 @@ func TestPublishContentFrames(t *testing.T) {
 
 func TestPropsToHeaders(t *testing.T) {
 	h := propsToHeaders(&Properties{
-		Headers:     Table{"a": int64(1), "b": []byte("x"), "c": Table{"d": true}, "content-type": "overridden"},
+		Headers:     Table{"a": int64(1), "b": []byte("x"), "c": Table{"d": true}, "content-type": int32(3), "expiration": int8(9), "x-amqp-types": "spoofed"},
 		ContentType: "text/plain", Priority: 5, ReplyTo: "r",
 	})
-	want := map[string]string{"a": "1", "b": "x", "c": `{"d":true}`, "content-type": "text/plain", "priority": "5", "reply-to": "r"}
+	// The types of the headers that are not strings; a property wins
+	// over a header of its name, with its own type; a header of a
+	// property's name the message does not set keeps its type.
+	want := map[string]string{"a": "1", "b": "x", "c": `{"d":true}`, "content-type": "text/plain", "priority": "5", "reply-to": "r", "expiration": "9",
+		"x-amqp-types": `{"a":"int","b":"bytes","c":"table","expiration":"int","priority":"int"}`}
 	for k, v := range want {
 		if h[k] != v {
 			t.Errorf("%s = %q, want %q", k, h[k], v)
