@@ -87,3 +87,28 @@ func TestHeaderFilterTyped(t *testing.T) {
 		t.Fatal("a type of a header the filter does not have accepted")
 	}
 }
+
+// FuzzHeaderTypes: the types header of a publication is untrusted (any
+// publisher sets it): whatever it holds, a typed filter decides without
+// panicking, and a value matches only a header of its own text.
+func FuzzHeaderTypes(f *testing.F) {
+	f.Add(`{"n":"int"}`, "7", "int")
+	f.Add(`{"n":"float","m":"int"}`, "7", "")
+	f.Add(`{`, "7", "int")
+	f.Add(`["n"]`, "", "bool")
+	f.Add(`{"n":{"x":1}}`, "7", "int")
+	f.Add(`null`, "x", "")
+	f.Fuzz(func(t *testing.T, types, value, typ string) {
+		want := value
+		fl := HeaderFilter{Typed: true, Headers: map[string]*string{"n": &want}}
+		if typ != "" {
+			fl.Types = map[string]string{"n": typ}
+		}
+		h := map[string]string{"n": value + "!", TypesHeader: types}
+		if fl.admits(h) {
+			t.Fatalf("%q admitted a header of another text", types)
+		}
+		h["n"] = value
+		fl.admits(h)
+	})
+}
