@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -401,4 +402,39 @@ func TestAMQPClusterBindings(t *testing.T) {
 	if _, ok, err := chg.Get("orders", true); ok || err != nil {
 		t.Fatalf("a message after the unbind: %v, %v", ok, err)
 	}
+
+	// While A's listener is down, what its binding takes waits in the
+	// subscription; a listener that starts moves it into the queue. (What
+	// a mover submitted and had not yet acked when it stopped is moved
+	// again, at least once: wait for the acks first.)
+	sub := nodes[0].Broker().Queue("tagged/amqp.orders")
+	testutil.WaitForf(t, 60*time.Second, func() bool { return sub.Stats().Messages() == 0 }, "every message of the binding acked once moved")
+	ctx := testutil.Context(t, 60*time.Second)
+	if err := nodes[0].amqp.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	publish("tagged", "any", amqp091.Table{"n": int32(7)}, "while-down")
+	if _, ok, err := chg.Get("orders", true); ok || err != nil {
+		t.Fatalf("moved without a listener: %v, %v", ok, err)
+	}
+	s, err := amqp.New(amqp.Config{Listen: "127.0.0.1:0", Broker: nodes[0].Broker(), Log: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := s.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	testutil.WaitForf(t, 60*time.Second, func() bool {
+		d, ok, err := chg.Get("orders", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && string(d.Body) != "while-down" {
+			t.Fatalf("got %q", d.Body)
+		}
+		return ok
+	}, "while-down moved once a listener serves again")
 }
