@@ -333,6 +333,16 @@ func TestAMQPClusterBindings(t *testing.T) {
 		t.Fatal(err)
 	}
 	servingNode(t, nodes, "orders")
+	// B hears of the bindings' interest asynchronously (queue.bind-ok
+	// does not wait for the other nodes, docs/amqp.md "In a cluster").
+	waitUntil(t, 30*time.Second, "b knows a's two binding patterns", func() bool {
+		for _, st := range nodes[1].Broker().PeerPubSubStats() {
+			if st.Node == "a" {
+				return st.Patterns >= 2
+			}
+		}
+		return false
+	})
 
 	_, chc := amqpChannel(t, urls[2])
 	ds, err := chc.Consume("orders", "", false, false, false, false, nil)
