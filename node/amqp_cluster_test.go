@@ -283,7 +283,16 @@ func TestAMQPClusterQueue(t *testing.T) {
 			surviving = append(surviving, n)
 		}
 	}
+	// A consumer whose connection is on the stopped node is lost with it.
+	lostConn, lostCh := amqpChannel(t, urls[slices.Index(nodes, leader)])
+	if _, err := lostCh.Consume("jobs", "", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	lost := lostConn.NotifyClose(make(chan *amqp091.Error, 1))
 	leader.Close()
+	if e := testutil.Recv(t, lost, 30*time.Second); e == nil || e.Code != amqp.ConnectionForced {
+		t.Fatalf("the consumer on the stopped node: %v, want 320", e)
+	}
 	after := bodies("after", 30)
 	publishAMQP(t, urls[slices.Index(nodes, surviving[0])], "jobs", after)
 	waitUntil(t, 120*time.Second, "every message published after the failover consumed", func() bool {
@@ -437,6 +446,11 @@ func TestAMQPClusterBindings(t *testing.T) {
 	}
 	go s.Serve(ln)
 	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	defer func() {
+		if !t.Failed() {
+			exclusiveInCluster(t, nodes, urls)
+		}
+	}()
 	testutil.WaitForf(t, 60*time.Second, func() bool {
 		d, ok, err := chg.Get("orders", true)
 		if err != nil {
@@ -447,4 +461,55 @@ func TestAMQPClusterBindings(t *testing.T) {
 		}
 		return ok
 	}, "while-down moved once a listener serves again")
+}
+
+// exclusiveInCluster: an exclusive server-named queue declared on C, as
+// RabbitMQ's tutorials declare them, is a queue of one replica; bound on
+// C to a fanout exchange, it takes what is published on B; its
+// connection closing deletes it on every node.
+func exclusiveInCluster(t *testing.T, nodes []*Node, urls []string) {
+	t.Helper()
+	_, chb := amqpChannel(t, urls[1])
+	if err := chb.ExchangeDeclare("logs", "fanout", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "logs on c", func() bool { return nodes[2].Broker().Exchange("logs") != nil })
+	cc, chc := amqpChannel(t, urls[2])
+	q, err := chc.QueueDeclare("", false, false, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex, ok := nodes[2].Meta().Exchange(q.Name); !ok || ex.Config.Replicas != 1 {
+		t.Fatalf("exclusive queue %s: %+v", q.Name, ex.Config)
+	}
+	if err := chc.QueueBind(q.Name, "", "logs", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := chc.Consume(q.Name, "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 30*time.Second, "b knows c's binding", func() bool {
+		for _, st := range nodes[1].Broker().PeerPubSubStats() {
+			if st.Node == "c" {
+				return st.Patterns >= 1
+			}
+		}
+		return false
+	})
+	if err := chb.Publish("logs", "", false, false, amqp091.Publishing{Body: []byte("info: Hello World!")}); err != nil {
+		t.Fatal(err)
+	}
+	if d := testutil.Recv(t, ds, 60*time.Second); string(d.Body) != "info: Hello World!" || d.Exchange != "logs" {
+		t.Fatalf("got %q from %q", d.Body, d.Exchange)
+	}
+	cc.Close()
+	waitUntil(t, 60*time.Second, "the exclusive queue deleted on every node", func() bool {
+		for _, n := range nodes {
+			if _, ok := n.Meta().Exchange(q.Name); ok {
+				return false
+			}
+		}
+		return true
+	})
 }
