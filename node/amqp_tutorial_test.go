@@ -240,3 +240,79 @@ func TestAMQPTools(t *testing.T) {
 		t.Fatalf("amqp-consume printed %q", out)
 	}
 }
+
+// TestTutorialsPikaCluster runs RabbitMQ's tutorials 2 (work queues), 3
+// (publish/subscribe) and 6 (RPC) with pika against a cluster of three
+// nodes, each program on another node than the ones it talks to: the
+// workers on B and C share what new_task.py sends on A; the log
+// receivers on B and C, each with its exclusive queue bound on its own
+// node, get what emit_log.py publishes on A; the RPC server on B answers
+// the client on C.
+func TestTutorialsPikaCluster(t *testing.T) {
+	needPika(t)
+	nodes, _ := startAMQPCluster3(t)
+	port := func(i int) string {
+		_, p, _ := strings.Cut(nodes[i].AMQPAddr().String(), ":")
+		return p
+	}
+
+	t.Run("2 work queues", func(t *testing.T) {
+		w1, w2 := startTutorial(t, port(1), "worker.py"), startTutorial(t, port(2), "worker.py")
+		testutil.WaitForf(t, 60*time.Second, func() bool {
+			for _, n := range nodes {
+				if ex := n.broker.Exchange("task_queue"); ex != nil && ex.Info().Queue != nil && ex.Info().Queue.Consumers == 2 {
+					return true
+				}
+			}
+			return false
+		}, "two workers consuming where the queue is served; worker 1:\n%s\nworker 2:\n%s", w1, w2)
+		msgs := []string{"First message.", "Second message..", "Third message...", "Fourth message....", "Fifth message....."}
+		for _, m := range msgs {
+			if out := runTutorial(t, port(0), "new_task.py", m); out != " [x] Sent "+m+"\n" {
+				t.Fatalf("new_task.py printed %q", out)
+			}
+		}
+		testutil.WaitForf(t, 90*time.Second, func() bool {
+			all := w1.String() + w2.String()
+			for _, m := range msgs {
+				if !strings.Contains(all, " [x] Received "+m+"\n") {
+					return false
+				}
+			}
+			return strings.Count(all, " [x] Done") == len(msgs)
+		}, "every task received and done once; worker 1:\n%s\nworker 2:\n%s", w1, w2)
+	})
+
+	t.Run("3 publish subscribe", func(t *testing.T) {
+		const waiting = " [*] Waiting for logs. To exit press CTRL+C"
+		r1, r2 := startTutorial(t, port(1), "receive_logs.py"), startTutorial(t, port(2), "receive_logs.py")
+		waitOutput(t, r1, waiting)
+		waitOutput(t, r2, waiting)
+		// A hears of each receiver's binding a moment after it is made.
+		waitUntil(t, 30*time.Second, "a knows the bindings of b and c", func() bool {
+			known := 0
+			for _, st := range nodes[0].Broker().PeerPubSubStats() {
+				if (st.Node == "b" || st.Node == "c") && st.Patterns >= 1 {
+					known++
+				}
+			}
+			return known == 2
+		})
+		if out := runTutorial(t, port(0), "emit_log.py"); out != " [x] Sent info: Hello World!\n" {
+			t.Fatalf("emit_log.py printed %q", out)
+		}
+		runTutorial(t, port(0), "emit_log.py", "second")
+		for _, r := range []*lockedBuffer{r1, r2} {
+			waitOutput(t, r, " [x] b'info: Hello World!'", " [x] b'second'")
+		}
+	})
+
+	t.Run("6 rpc", func(t *testing.T) {
+		server := startTutorial(t, port(1), "rpc_server.py")
+		waitOutput(t, server, " [x] Awaiting RPC requests")
+		if out := runTutorial(t, port(2), "rpc_client.py"); out != " [x] Requesting fib(30)\n [.] Got 832040\n" {
+			t.Fatalf("rpc_client.py printed %q", out)
+		}
+		waitOutput(t, server, " [.] fib(30)")
+	})
+}
