@@ -195,3 +195,26 @@ func TestPropsToHeaders(t *testing.T) {
 		t.Error("no properties give headers")
 	}
 }
+
+// FuzzHeadersToProps: the headers of a message, x-amqp-types included,
+// come from any publisher: whatever they hold, they become properties
+// and a headers table that encode as a content header, and the types
+// header is never shown.
+func FuzzHeadersToProps(f *testing.F) {
+	f.Add("n", "7", `{"n":"int"}`)
+	f.Add("n", "x", `{"n":"int"}`)
+	f.Add("t", "1700000000", `{"t":"timestamp"}`)
+	f.Add("b", "maybe", `{"b":"bool","f":"float"}`)
+	f.Add("v", "", `{"v":"void"}`)
+	f.Add("priority", "300", `{`)
+	f.Fuzz(func(t *testing.T, name, value, types string) {
+		h := map[string]string{name: value, "x-amqp-types": types}
+		p := headersToProps(h)
+		if _, err := AppendContent(nil, 1, p, nil, FrameMinSize); err != nil {
+			t.Fatalf("%q=%q with types %q: %v", name, value, types, err)
+		}
+		if _, ok := p.Headers["x-amqp-types"]; ok {
+			t.Fatal("the types header is shown")
+		}
+	})
+}

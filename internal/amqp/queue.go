@@ -696,8 +696,16 @@ func (c *conn) sendContent(channel uint16, m Method, props *Properties, body []b
 	}, true, after)
 }
 
+// shortProps are the properties carried as headers whose AMQP type is a
+// short string, at most 255 octets.
+var shortProps = map[string]bool{"content-type": true, "content-encoding": true, "correlation-id": true, "reply-to": true,
+	"expiration": true, "message-id": true, "type": true, "user-id": true, "app-id": true, "cluster-id": true}
+
 // headersToProps is propsToHeaders backwards: the headers named for
-// properties become them again, the others the headers table.
+// properties become them again, the others the headers table. A header
+// no AMQP table takes (a name over 255 octets, from a Courier-native
+// publisher) is left out; one named for a short-string property with a
+// value over 255 octets is the table's x-courier-<name>.
 func headersToProps(h map[string]string) *Properties {
 	p := &Properties{}
 	var types map[string]string
@@ -705,6 +713,13 @@ func headersToProps(h map[string]string) *Properties {
 		json.Unmarshal([]byte(t), &types)
 	}
 	for k, v := range h {
+		if len(k) > 255 {
+			continue // no AMQP table takes the name (a Courier header)
+		}
+		if len(v) > 255 && shortProps[k] {
+			// Too long for the property: a header of the table.
+			k = "x-courier-" + k
+		}
 		switch k {
 		case "content-type":
 			p.ContentType = v
