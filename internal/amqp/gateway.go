@@ -461,9 +461,12 @@ func propsToHeaders(p *Properties) map[string]string {
 			types[k] = typ
 		}
 	}
-	// The gateway owns the types header: a client's own is replaced.
-	delete(h, broker.TypesHeader)
-	delete(types, broker.TypesHeader)
+	// The gateway owns the types and origin headers: a client's own are
+	// replaced, or dropped.
+	for _, k := range []string{broker.TypesHeader, headerExchange, headerRoutingKey} {
+		delete(h, k)
+		delete(types, k)
+	}
 	// A property wins over a header of its name, with its own type:
 	// delivery-mode and priority are integers, timestamp a timestamp.
 	setTyped := func(k, v, typ string) {

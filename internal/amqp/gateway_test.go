@@ -175,7 +175,7 @@ func TestPublishContentFrames(t *testing.T) {
 
 func TestPropsToHeaders(t *testing.T) {
 	h := propsToHeaders(&Properties{
-		Headers:     Table{"a": int64(1), "b": []byte("x"), "c": Table{"d": true}, "content-type": int32(3), "expiration": int8(9), "x-amqp-types": "spoofed"},
+		Headers:     Table{"a": int64(1), "b": []byte("x"), "c": Table{"d": true}, "content-type": int32(3), "expiration": int8(9), "x-amqp-types": "spoofed", "x-amqp-exchange": "spoofed", "x-amqp-routing-key": "spoofed"},
 		ContentType: "text/plain", Priority: 5, ReplyTo: "r",
 	})
 	// The types of the headers that are not strings; a property wins

@@ -63,9 +63,9 @@ func (c *conn) basicGet(ch *channel, m *BasicGet) error {
 		tag := ch.tags.add(held{attach: id, task: d.ID}, !m.NoAck)
 		okm := &BasicGetOK{DeliveryTag: tag, Redelivered: d.Attempts > 0, RoutingKey: m.Queue, MessageCount: c.readyIn(sources)}
 		if src.sub != "" {
-			okm.Exchange, okm.RoutingKey = src.exchange, d.Key
+			okm.Exchange, okm.RoutingKey = src.exchange, shortstr(d.Key)
 		} else if x, key, ok := origin(d.Headers); ok {
-			okm.Exchange, okm.RoutingKey = x, key
+			okm.Exchange, okm.RoutingKey = shortstr(x), shortstr(key)
 		}
 		props, body := headersToProps(d.Headers), d.Body
 		if m.NoAck {
@@ -178,7 +178,7 @@ func (c *conn) remoteGet(ch *channel, m *BasicGet) (sent bool, err error) {
 	}
 	okm := &BasicGetOK{DeliveryTag: tag, Redelivered: t.attempts > 0, RoutingKey: m.Queue}
 	if x, key, ok := origin(t.header); ok {
-		okm.Exchange, okm.RoutingKey = x, key
+		okm.Exchange, okm.RoutingKey = shortstr(x), shortstr(key)
 	}
 	return true, c.sendContent(ch.id, okm, headersToProps(t.header), t.body, nil)
 }

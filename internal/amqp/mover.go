@@ -273,6 +273,15 @@ func (s *Server) moveBindings() bool {
 	return s.cfg.Broker != nil && s.cfg.Broker.Clustered()
 }
 
+// shortstr cuts s to the 255 octets of an AMQP short string: a Courier
+// key has no such bound.
+func shortstr(s string) string {
+	if len(s) > 255 {
+		return s[:255]
+	}
+	return s
+}
+
 // origin returns the exchange and routing key a message moved from a
 // binding carries, if it does.
 func origin(h map[string]string) (exchange, key string, ok bool) {

@@ -656,11 +656,11 @@ func (c *conn) sendTask(cs *consumer, t task) {
 	tag := cs.ch.tags.add(held{attach: t.attach, task: t.id}, !cs.noAck)
 	d := &BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag, Redelivered: t.attempts > 0, RoutingKey: cs.queue}
 	if x, key, ok := origin(t.header); ok && t.attach == cs.attach {
-		d.Exchange, d.RoutingKey = x, key // moved from a binding, in a cluster
+		d.Exchange, d.RoutingKey = shortstr(x), shortstr(key) // moved from a binding, in a cluster
 	}
 	if t.attach != cs.attach {
 		// From a bound exchange: its name and the publication's key.
-		d.RoutingKey = t.key
+		d.RoutingKey = shortstr(t.key)
 		cs.mu.Lock()
 		for x, id := range cs.sources {
 			if id == t.attach {
