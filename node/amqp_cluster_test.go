@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -59,6 +60,49 @@ func startAMQPCluster3(t *testing.T) ([]*Node, []string) {
 	return nodes, urls
 }
 
+// amqpRetry dials url and runs fn on a new channel, again on a new
+// connection while fn fails for want of the cluster's metadata quorum or
+// a queue leader (541 with Courier's "unavailable" text: a loaded
+// machine loses leaders, and a program retries that as RabbitMQ's do a
+// 541), up to 120 s; it returns the connection and channel fn succeeded
+// on (an exclusive queue stays theirs).
+func amqpRetry(t *testing.T, url string, fn func(*amqp091.Channel) error) (*amqp091.Connection, *amqp091.Channel) {
+	t.Helper()
+	deadline := time.Now().Add(120 * time.Second)
+	for {
+		c, ch := amqpChannel(t, url)
+		err := fn(ch)
+		if err == nil {
+			return c, ch
+		}
+		var ae *amqp091.Error
+		retry := errors.As(err, &ae) && ae.Code == amqp.InternalError &&
+			(strings.Contains(ae.Reason, "quorum") || strings.Contains(ae.Reason, "catalog") ||
+				strings.Contains(ae.Reason, "leader") || strings.Contains(ae.Reason, "unavailable"))
+		if !retry || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		t.Logf("%v; again", err)
+		c.Close()
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func declareQueue(t *testing.T, url, name string, durable bool, args amqp091.Table) {
+	t.Helper()
+	amqpRetry(t, url, func(ch *amqp091.Channel) error {
+		_, err := ch.QueueDeclare(name, durable, false, false, false, args)
+		return err
+	})
+}
+
+func declareExchange(t *testing.T, url, name, kind string, durable bool) {
+	t.Helper()
+	amqpRetry(t, url, func(ch *amqp091.Channel) error {
+		return ch.ExchangeDeclare(name, kind, durable, false, false, false, nil)
+	})
+}
+
 // amqpConsumer collects what an AMQP consumer of queue on url receives,
 // acking each delivery.
 type amqpConsumer struct {
@@ -70,14 +114,14 @@ type amqpConsumer struct {
 
 func consumeAMQP(t *testing.T, url, queue string) *amqpConsumer {
 	t.Helper()
-	c, ch := amqpChannel(t, url)
-	if err := ch.Qos(5, 0, false); err != nil {
-		t.Fatal(err)
-	}
-	ds, err := ch.Consume(queue, "", false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var ds <-chan amqp091.Delivery
+	c, _ := amqpRetry(t, url, func(ch *amqp091.Channel) (err error) {
+		if err := ch.Qos(5, 0, false); err != nil {
+			return err
+		}
+		ds, err = ch.Consume(queue, "", false, false, false, false, nil)
+		return err
+	})
 	ac := &amqpConsumer{got: map[string]int{}, conn: c}
 	go func() {
 		for d := range ds {
@@ -162,15 +206,12 @@ func bodies(prefix string, n int) []string {
 // its connection, as with RabbitMQ.
 func TestAMQPClusterQueue(t *testing.T) {
 	nodes, urls := startAMQPCluster3(t)
-	_, cha := amqpChannel(t, urls[0])
 	for _, args := range []amqp091.Table{{"x-queue-type": "quorum"}, nil} {
 		name := "jobs"
 		if args == nil {
 			name = "classic"
 		}
-		if _, err := cha.QueueDeclare(name, true, false, false, false, args); err != nil {
-			t.Fatalf("declare %s: %v", name, err)
-		}
+		declareQueue(t, urls[0], name, true, args)
 		servingNode(t, nodes, name)
 		for _, n := range nodes {
 			if ex, ok := n.Meta().Exchange(name); !ok || ex.Config.Replicas != 3 || ex.Config.Transient {
@@ -180,21 +221,14 @@ func TestAMQPClusterQueue(t *testing.T) {
 	}
 	// A non-durable queue is a queue of one replica; declaring it again
 	// the same way matches.
-	if _, err := cha.QueueDeclare("scratch", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	declareQueue(t, urls[0], "scratch", false, nil)
 	if ex, _ := nodes[0].Meta().Exchange("scratch"); ex.Config.Replicas != 1 {
 		t.Fatalf("a non-durable queue in a cluster: %+v", ex.Config)
 	}
-	_, chb := amqpChannel(t, urls[1])
-	if _, err := chb.QueueDeclare("scratch", false, false, false, false, nil); err != nil {
-		t.Fatalf("declare the non-durable queue again on b: %v", err)
-	}
+	declareQueue(t, urls[1], "scratch", false, nil)
 
 	// An exchange declared on B is known on C with its type.
-	if err := chb.ExchangeDeclare("events", "direct", true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	declareExchange(t, urls[1], "events", "direct", true)
 	waitUntil(t, 30*time.Second, "events on c", func() bool { return nodes[2].Broker().Exchange("events") != nil })
 	_, chc := amqpChannel(t, urls[2])
 	if err := chc.ExchangeDeclare("events", "direct", true, false, false, false, nil); err != nil {
@@ -284,10 +318,10 @@ func TestAMQPClusterQueue(t *testing.T) {
 		}
 	}
 	// A consumer whose connection is on the stopped node is lost with it.
-	lostConn, lostCh := amqpChannel(t, urls[slices.Index(nodes, leader)])
-	if _, err := lostCh.Consume("jobs", "", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	lostConn, _ := amqpRetry(t, urls[slices.Index(nodes, leader)], func(ch *amqp091.Channel) error {
+		_, err := ch.Consume("jobs", "", false, false, false, false, nil)
+		return err
+	})
 	lost := lostConn.NotifyClose(make(chan *amqp091.Error, 1))
 	leader.Close()
 	if e := testutil.Recv(t, lost, 30*time.Second); e == nil || e.Code != amqp.ConnectionForced {
@@ -321,26 +355,19 @@ func TestAMQPClusterQueue(t *testing.T) {
 // it.
 func TestAMQPClusterBindings(t *testing.T) {
 	nodes, urls := startAMQPCluster3(t)
+	declareExchange(t, urls[1], "events", "direct", true)
+	declareExchange(t, urls[1], "tagged", "headers", true)
 	_, chb := amqpChannel(t, urls[1])
-	if err := chb.ExchangeDeclare("events", "direct", true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := chb.ExchangeDeclare("tagged", "headers", true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
 	waitUntil(t, 30*time.Second, "the exchanges on a", func() bool {
 		return nodes[0].Broker().Exchange("events") != nil && nodes[0].Broker().Exchange("tagged") != nil
 	})
-	_, cha := amqpChannel(t, urls[0])
-	if _, err := cha.QueueDeclare("orders", true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := cha.QueueBind("orders", "new", "events", false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := cha.QueueBind("orders", "", "tagged", false, amqp091.Table{"n": int32(7)}); err != nil {
-		t.Fatal(err)
-	}
+	declareQueue(t, urls[0], "orders", true, nil)
+	_, cha := amqpRetry(t, urls[0], func(ch *amqp091.Channel) error {
+		if err := ch.QueueBind("orders", "new", "events", false, nil); err != nil {
+			return err
+		}
+		return ch.QueueBind("orders", "", "tagged", false, amqp091.Table{"n": int32(7)})
+	})
 	servingNode(t, nodes, "orders")
 	// B hears of the bindings' interest asynchronously (queue.bind-ok
 	// does not wait for the other nodes, docs/amqp.md "In a cluster").
@@ -353,11 +380,11 @@ func TestAMQPClusterBindings(t *testing.T) {
 		return false
 	})
 
-	_, chc := amqpChannel(t, urls[2])
-	ds, err := chc.Consume("orders", "", false, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var ds <-chan amqp091.Delivery
+	_, chc := amqpRetry(t, urls[2], func(ch *amqp091.Channel) (err error) {
+		ds, err = ch.Consume("orders", "", false, false, false, false, nil)
+		return err
+	})
 	if err := chb.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -393,6 +420,7 @@ func TestAMQPClusterBindings(t *testing.T) {
 	publish("events", "new", nil, "order-2")
 	_, chg := amqpChannel(t, urls[1])
 	var d amqp091.Delivery
+	var err error
 	testutil.WaitForf(t, 60*time.Second, func() bool {
 		var ok bool
 		d, ok, err = chg.Get("orders", true)
@@ -469,16 +497,14 @@ func TestAMQPClusterBindings(t *testing.T) {
 // connection closing deletes it on every node.
 func exclusiveInCluster(t *testing.T, nodes []*Node, urls []string) {
 	t.Helper()
+	declareExchange(t, urls[1], "logs", "fanout", false)
 	_, chb := amqpChannel(t, urls[1])
-	if err := chb.ExchangeDeclare("logs", "fanout", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
 	waitUntil(t, 30*time.Second, "logs on c", func() bool { return nodes[2].Broker().Exchange("logs") != nil })
-	cc, chc := amqpChannel(t, urls[2])
-	q, err := chc.QueueDeclare("", false, false, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var q amqp091.Queue
+	cc, chc := amqpRetry(t, urls[2], func(ch *amqp091.Channel) (err error) {
+		q, err = ch.QueueDeclare("", false, false, true, false, nil)
+		return err
+	})
 	if ex, ok := nodes[2].Meta().Exchange(q.Name); !ok || ex.Config.Replicas != 1 {
 		t.Fatalf("exclusive queue %s: %+v", q.Name, ex.Config)
 	}
