@@ -7,6 +7,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/internal/testutil"
 )
 
@@ -83,4 +84,44 @@ func TestAMQPBindingTakesCourierPublish(t *testing.T) {
 	if d := testutil.Recv(t, ds, 30*time.Second); string(d.Body) != "airbus" {
 		t.Fatalf("after the restart: %q", d.Body)
 	}
+}
+
+// TestAMQPLongCourierKeyAndHeaders: a Courier-native publication whose
+// key, and headers, no AMQP short string or table can carry still
+// reaches the AMQP consumer of a bound queue: the key cut to 255 octets,
+// the header named past 255 left out, a long message-id in the table
+// as x-courier-message-id. (Before, its delivery failed to encode and
+// was held unacknowledged, never sent.)
+func TestAMQPLongCourierKeyAndHeaders(t *testing.T) {
+	n, url := amqpNode(t)
+	_, ch := amqpChannel(t, url)
+	if err := ch.ExchangeDeclare("long", "fanout", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare("longq", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind("longq", "", "long", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := ch.Consume("longq", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testutil.Context(t, 30*time.Second)
+	conn := n.Connect()
+	defer conn.Close()
+	ps, err := conn.PubSub(ctx, "long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, id := strings.Repeat("k", 300), strings.Repeat("i", 300)
+	if err := ps.PublishSync(ctx, courier.Message{Key: key, Header: map[string]string{strings.Repeat("h", 300): "x", "message-id": id, "ok": "1"}, Body: []byte("long")}); err != nil {
+		t.Fatal(err)
+	}
+	d := testutil.Recv(t, ds, 30*time.Second)
+	if string(d.Body) != "long" || d.RoutingKey != key[:255] || d.MessageId != "" || d.Headers["x-courier-message-id"] != id || d.Headers["ok"] != "1" || len(d.Headers) != 2 {
+		t.Fatalf("got %q key of %d octets, message-id %q, headers %v", d.Body, len(d.RoutingKey), d.MessageId, d.Headers)
+	}
+	d.Ack(false)
 }

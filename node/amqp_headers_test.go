@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -200,5 +201,105 @@ func TestAMQPHeadersBindingBounds(t *testing.T) {
 	// n=0 and n=63 are bound ('a', 'l'); n=64 was refused.
 	if got := drain(t, ch, "many"); !slices.Equal(got, []string{"a", "l"}) {
 		t.Fatalf("the queue got %q, want a and l", got)
+	}
+}
+
+// TestAMQPHeadersTyped: a headers binding compares values by type, as
+// RabbitMQ does: the binding int 7 takes int 7 of any width, not the
+// string "7" nor the float 7; a Courier-native publication's headers are
+// strings unless it types them with x-amqp-types. A consumer gets the
+// headers back with their types.
+func TestAMQPHeadersTyped(t *testing.T) {
+	n, url := amqpNode(t)
+	_, ch := amqpChannel(t, url)
+	if err := ch.ExchangeDeclare("typed", "headers", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	for q, v := range map[string]any{"int7": int32(7), "str7": "7", "yes": true} {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		name := "n"
+		if q == "yes" {
+			name = "flag"
+		}
+		if err := ch.QueueBind(q, "", "typed", false, amqp091.Table{name: v}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, pch := amqpChannel(t, url)
+	publishConfirmedHeaders := func(body string, h amqp091.Table) {
+		t.Helper()
+		if err := pch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		dc, err := pch.PublishWithDeferredConfirmWithContext(testutil.Context(t, 30*time.Second), "typed", "", false, false, amqp091.Publishing{Headers: h, Body: []byte(body)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !dc.Wait() {
+			t.Fatalf("%s nacked", body)
+		}
+	}
+	publishConfirmedHeaders("int32", amqp091.Table{"n": int32(7)})
+	publishConfirmedHeaders("int64", amqp091.Table{"n": int64(7)})
+	publishConfirmedHeaders("int8", amqp091.Table{"n": int8(7)})
+	publishConfirmedHeaders("string", amqp091.Table{"n": "7"})
+	publishConfirmedHeaders("float", amqp091.Table{"n": float64(7)})
+	publishConfirmedHeaders("bool", amqp091.Table{"flag": true})
+	publishConfirmedHeaders("bool-as-text", amqp091.Table{"flag": "true"})
+	// A client's own x-amqp-types is not believed: the gateway sets it.
+	publishConfirmedHeaders("spoofed", amqp091.Table{"n": "7", "x-amqp-types": `{"n":"int"}`})
+	ctx := testutil.Context(t, 30*time.Second)
+	conn := n.Connect()
+	defer conn.Close()
+	ps, err := conn.PubSub(ctx, "typed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for body, h := range map[string]map[string]string{
+		"native":       {"n": "7"},
+		"native-typed": {"n": "7", "x-amqp-types": `{"n":"int"}`},
+	} {
+		if err := ps.PublishSync(ctx, courier.Message{Header: h, Body: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[string][]string{
+		"int7": {"int32", "int64", "int8", "native-typed"},
+		"str7": {"native", "spoofed", "string"},
+		"yes":  {"bool"},
+	}
+	for q, w := range want {
+		if got := drain(t, ch, q); !slices.Equal(got, w) {
+			t.Errorf("queue %s got %v, want %v", q, got, w)
+		}
+	}
+
+	// The headers come back typed, without x-amqp-types.
+	if _, err := ch.QueueDeclare("back", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := pch.PublishWithContext(ctx, "", "back", false, false, amqp091.Publishing{Headers: amqp091.Table{
+		"i": int32(-3), "f": 2.5, "b": false, "s": "text", "x": []byte("raw")}}); err != nil {
+		t.Fatal(err)
+	}
+	var d amqp091.Delivery
+	testutil.WaitForf(t, 30*time.Second, func() bool {
+		var ok bool
+		d, ok, err = ch.Get("back", true)
+		return err != nil || ok
+	}, "the message in queue back")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantH := amqp091.Table{"i": int64(-3), "f": 2.5, "b": false, "s": "text", "x": []byte("raw")}
+	if len(d.Headers) != len(wantH) {
+		t.Fatalf("headers %#v, want %#v", d.Headers, wantH)
+	}
+	for k, v := range wantH {
+		if got := d.Headers[k]; fmt.Sprintf("%T %v", got, got) != fmt.Sprintf("%T %v", v, v) {
+			t.Errorf("header %s: %T %v, want %T %v", k, got, got, v, v)
+		}
 	}
 }

@@ -240,3 +240,144 @@ func TestAMQPTools(t *testing.T) {
 		t.Fatalf("amqp-consume printed %q", out)
 	}
 }
+
+// clusterRefused reports whether a tutorial's output shows the cluster
+// refused it for want of a metadata quorum or a queue leader (541 with
+// Courier's "unavailable" text): a loaded machine loses leaders, and the
+// program is run again, as an operator would.
+func clusterRefused(out string) bool {
+	return strings.Contains(out, "541") && (strings.Contains(out, "quorum") || strings.Contains(out, "catalog") ||
+		strings.Contains(out, "leader") || strings.Contains(out, "unavailable"))
+}
+
+// runTutorialRetry is runTutorial, run again while the cluster refuses
+// it, up to 120 s.
+func runTutorialRetry(t *testing.T, port, script string, args ...string) string {
+	t.Helper()
+	deadline := time.Now().Add(120 * time.Second)
+	for {
+		out, err := tutorial(t, port, script, args...).CombinedOutput()
+		if err == nil {
+			return string(out)
+		}
+		if !clusterRefused(string(out)) || time.Now().After(deadline) {
+			t.Fatalf("%s %v: %v\n%s", script, args, err, out)
+		}
+		t.Logf("%s refused by the cluster; again:\n%s", script, out)
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// startTutorialRetry starts a script that runs until killed and waits
+// until it prints ready, starting it again while the cluster refuses it,
+// up to 120 s.
+func startTutorialRetry(t *testing.T, port, script, ready string, args ...string) *lockedBuffer {
+	t.Helper()
+	deadline := time.Now().Add(120 * time.Second)
+	for {
+		out := &lockedBuffer{}
+		cmd := tutorial(t, port, script, args...)
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan struct{})
+		go func() { cmd.Wait(); close(exited) }()
+		t.Cleanup(func() {
+			cmd.Process.Kill()
+			<-exited
+		})
+		var gone bool
+		testutil.WaitForf(t, 120*time.Second, func() bool {
+			select {
+			case <-exited:
+				gone = true
+				return true
+			default:
+			}
+			return strings.Contains(out.String(), ready)
+		}, "%s printing %q; got:\n%s", script, ready, out)
+		if !gone {
+			return out
+		}
+		if !clusterRefused(out.String()) || time.Now().After(deadline) {
+			t.Fatalf("%s %v ended:\n%s", script, args, out)
+		}
+		t.Logf("%s refused by the cluster; again:\n%s", script, out)
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestTutorialsPikaCluster runs RabbitMQ's tutorials 2 (work queues), 3
+// (publish/subscribe) and 6 (RPC) with pika against a cluster of three
+// nodes, each program on another node than the ones it talks to: the
+// workers on B and C share what new_task.py sends on A; the log
+// receivers on B and C, each with its exclusive queue bound on its own
+// node, get what emit_log.py publishes on A; the RPC server on B answers
+// the client on C.
+func TestTutorialsPikaCluster(t *testing.T) {
+	needPika(t)
+	nodes, _ := startAMQPCluster3(t)
+	port := func(i int) string {
+		_, p, _ := strings.Cut(nodes[i].AMQPAddr().String(), ":")
+		return p
+	}
+
+	t.Run("2 work queues", func(t *testing.T) {
+		const greeting = " [*] Waiting for messages. To exit press CTRL+C"
+		w1, w2 := startTutorialRetry(t, port(1), "worker.py", greeting), startTutorialRetry(t, port(2), "worker.py", greeting)
+		testutil.WaitForf(t, 60*time.Second, func() bool {
+			for _, n := range nodes {
+				if ex := n.broker.Exchange("task_queue"); ex != nil && ex.Info().Queue != nil && ex.Info().Queue.Consumers == 2 {
+					return true
+				}
+			}
+			return false
+		}, "two workers consuming where the queue is served; worker 1:\n%s\nworker 2:\n%s", w1, w2)
+		msgs := []string{"First message.", "Second message..", "Third message...", "Fourth message....", "Fifth message....."}
+		for _, m := range msgs {
+			if out := runTutorialRetry(t, port(0), "new_task.py", m); out != " [x] Sent "+m+"\n" {
+				t.Fatalf("new_task.py printed %q", out)
+			}
+		}
+		testutil.WaitForf(t, 90*time.Second, func() bool {
+			all := w1.String() + w2.String()
+			for _, m := range msgs {
+				if !strings.Contains(all, " [x] Received "+m+"\n") {
+					return false
+				}
+			}
+			return strings.Count(all, " [x] Done") == len(msgs)
+		}, "every task received and done once; worker 1:\n%s\nworker 2:\n%s", w1, w2)
+	})
+
+	t.Run("3 publish subscribe", func(t *testing.T) {
+		const waiting = " [*] Waiting for logs. To exit press CTRL+C"
+		r1, r2 := startTutorialRetry(t, port(1), "receive_logs.py", waiting), startTutorialRetry(t, port(2), "receive_logs.py", waiting)
+		// A hears of each receiver's binding a moment after it is made.
+		waitUntil(t, 30*time.Second, "a knows the bindings of b and c", func() bool {
+			known := 0
+			for _, st := range nodes[0].Broker().PeerPubSubStats() {
+				if (st.Node == "b" || st.Node == "c") && st.Patterns >= 1 {
+					known++
+				}
+			}
+			return known == 2
+		})
+		if out := runTutorialRetry(t, port(0), "emit_log.py"); out != " [x] Sent info: Hello World!\n" {
+			t.Fatalf("emit_log.py printed %q", out)
+		}
+		runTutorialRetry(t, port(0), "emit_log.py", "second")
+		for _, r := range []*lockedBuffer{r1, r2} {
+			waitOutput(t, r, " [x] b'info: Hello World!'", " [x] b'second'")
+		}
+	})
+
+	t.Run("6 rpc", func(t *testing.T) {
+		server := startTutorialRetry(t, port(1), "rpc_server.py", " [x] Awaiting RPC requests")
+		if out := runTutorialRetry(t, port(2), "rpc_client.py"); out != " [x] Requesting fib(30)\n [.] Got 832040\n" {
+			t.Fatalf("rpc_client.py printed %q", out)
+		}
+		waitOutput(t, server, " [.] fib(30)")
+	})
+}

@@ -26,6 +26,8 @@ func (c ExchangeConfig) Clash(name string, want ExchangeConfig) error {
 		return clash("controlled", "false", "true")
 	case want.Transient && !c.Transient:
 		return clash("transient", "false", "true")
+	case want.AMQPType != "" && c.AMQPType != "" && want.AMQPType != c.AMQPType:
+		return clash("amqp_type", c.AMQPType, want.AMQPType)
 	}
 	if c.Pattern != PatternTasks {
 		return nil

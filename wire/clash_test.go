@@ -24,6 +24,10 @@ func TestExchangeConfigClash(t *testing.T) {
 		{"other dead letter", tasks, ExchangeConfig{DeadLetter: "other"}, "dead_letter"},
 		{"other overflow", tasks, ExchangeConfig{Overflow: OverflowDropHead}, "overflow"},
 		{"task options ignored off tasks", rr, ExchangeConfig{MaxAttempts: 6}, ""},
+		{"other amqp type", ExchangeConfig{Pattern: PatternPubSub, AMQPType: "direct"}, ExchangeConfig{Pattern: PatternPubSub, AMQPType: "fanout"}, "amqp_type"},
+		{"same amqp type", ExchangeConfig{Pattern: PatternPubSub, AMQPType: "direct"}, ExchangeConfig{Pattern: PatternPubSub, AMQPType: "direct"}, ""},
+		{"amqp type on an untyped exchange", ExchangeConfig{Pattern: PatternPubSub}, ExchangeConfig{Pattern: PatternPubSub, AMQPType: "topic"}, ""},
+		{"no amqp type on a typed exchange", ExchangeConfig{Pattern: PatternPubSub, AMQPType: "topic"}, ExchangeConfig{Pattern: PatternPubSub}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.have.Clash("x", tc.want)

@@ -69,6 +69,13 @@ type ExchangeConfig struct {
 	KeyExpr    string `json:"key_expr,omitempty"`
 	RouteExpr  string `json:"route_expr,omitempty"`
 	Controlled bool   `json:"controlled,omitempty"`
+	// AMQPType, on a pub-sub exchange, is the AMQP exchange type it was
+	// declared with through the AMQP listener: "direct", "fanout",
+	// "topic" or "headers" (docs/amqp.md); empty for one declared
+	// otherwise. It is kept with the exchange, in a cluster in its
+	// replicated metadata, so that every node binds queues to it by its
+	// type; declaring it again with another type clashes.
+	AMQPType string `json:"amqp_type,omitempty"`
 
 	// Transient makes the exchange live in memory only: its definition,
 	// and a task exchange's queue with its tasks, are lost when the node

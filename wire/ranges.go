@@ -75,6 +75,14 @@ func (c *ExchangeConfig) Check() error {
 	if err := checkCount("replicas", int64(c.Replicas), 0, MaxReplicas); err != nil {
 		return err
 	}
+	switch c.AMQPType {
+	case "", "direct", "fanout", "topic", "headers":
+	default:
+		return fmt.Errorf("amqp_type %.40q: one of direct, fanout, topic, headers", c.AMQPType)
+	}
+	if c.AMQPType != "" && c.Pattern != PatternPubSub {
+		return fmt.Errorf("amqp_type %q on a %s exchange: pub-sub exchanges only", c.AMQPType, c.Pattern)
+	}
 	return checkCount("max_bytes", c.MaxBytes, 0, MaxCount)
 }
 

@@ -46,6 +46,23 @@ func TestExchangeConfigCheck(t *testing.T) {
 	}
 }
 
+// An AMQP type is one of the four, on a pub-sub exchange only.
+func TestExchangeConfigCheckAMQPType(t *testing.T) {
+	for _, typ := range []string{"direct", "fanout", "topic", "headers"} {
+		if err := (&ExchangeConfig{Pattern: PatternPubSub, AMQPType: typ}).Check(); err != nil {
+			t.Fatalf("%s refused: %v", typ, err)
+		}
+	}
+	for _, c := range []ExchangeConfig{
+		{Pattern: PatternPubSub, AMQPType: "x-delayed"},
+		{Pattern: PatternTasks, AMQPType: "direct"},
+	} {
+		if err := c.Check(); err == nil || !strings.HasPrefix(err.Error(), "amqp_type ") {
+			t.Fatalf("%+v: %v, want amqp_type refused", c, err)
+		}
+	}
+}
+
 func TestHelloCheck(t *testing.T) {
 	for _, c := range []struct {
 		h   Hello

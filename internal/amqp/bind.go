@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -164,6 +165,11 @@ func (c *conn) queueBind(ch *channel, m *QueueBind) error {
 		e.ClassID, e.MethodID = m.ClassMethod()
 		return c.channelError(ch, e)
 	}
+	if c.s.moveBindings() {
+		// In a cluster the binding is moved into the queue (mover.go).
+		c.s.movers.start(m.Exchange, m.Queue)
+		return c.bound(ch, m)
+	}
 	// The connection's consumers of the queue take from it now.
 	for _, other := range c.channels {
 		for _, cs := range other.consumers {
@@ -174,6 +180,11 @@ func (c *conn) queueBind(ch *channel, m *QueueBind) error {
 			}
 		}
 	}
+	return c.bound(ch, m)
+}
+
+// bound answers queue.bind m.
+func (c *conn) bound(ch *channel, m *QueueBind) error {
 	if m.NoWait {
 		return nil
 	}
@@ -229,6 +240,9 @@ func (c *conn) unbound(ch *channel, m *QueueUnbind, err error) error {
 		e.ClassID, e.MethodID = m.ClassMethod()
 		return c.channelError(ch, e)
 	}
+	if _, ok := c.s.cfg.Broker.Filters(m.Exchange, bindSub(m.Queue)); !ok {
+		c.s.movers.stop(m.Exchange, m.Queue) // its last binding went
+	}
 	c.bindingGone(m.Exchange)
 	return c.send(ch.id, &QueueUnbindOK{})
 }
@@ -237,6 +251,7 @@ func (c *conn) unbound(ch *channel, m *QueueUnbind, err error) error {
 func (c *conn) dropBindings(queue string) {
 	b := c.s.cfg.Broker
 	for _, x := range boundExchanges(b, queue) {
+		c.s.movers.stop(x, queue)
 		b.DeleteQueue(x + "/" + bindSub(queue))
 		c.bindingGone(x)
 	}
@@ -286,10 +301,18 @@ func wireErr(err error) *Error {
 	return fromWire(code, err.Error())
 }
 
-// exchangeKind is the type exchange was declared with over AMQP; for one
-// the listener has not seen declared since it started, "headers" when
-// queue's binding to it has header filters (kept by the broker), "" else.
+// exchangeKind is the type exchange was declared with over AMQP: the
+// one kept with the exchange (in a cluster, in its replicated metadata);
+// for one declared without it (a Courier-native exchange, or one
+// declared before types were kept), the one this listener saw declared
+// since it started, else "headers" when queue's binding to it has header
+// filters (kept by the broker), "" else.
 func (c *conn) exchangeKind(exchange, queue string) string {
+	if ex := c.s.cfg.Broker.Exchange(exchange); ex != nil {
+		if k := ex.Config().AMQPType; k != "" {
+			return k
+		}
+	}
 	if k := c.s.kinds.get(exchange); k != "" {
 		return k
 	}
@@ -303,7 +326,7 @@ func (c *conn) exchangeKind(exchange, queue string) string {
 // filter: x-match, and the headers to match, each value as text as a
 // message's headers are carried (void: present with any value).
 func headerFilter(m Method, args Table) (broker.HeaderFilter, *Error) {
-	f := broker.HeaderFilter{Match: broker.MatchAll, Headers: make(map[string]*string, len(args))}
+	f := broker.HeaderFilter{Match: broker.MatchAll, Headers: make(map[string]*string, len(args)), Typed: true}
 	for k, v := range args {
 		if k == "x-match" {
 			s, _ := v.(string)
@@ -321,6 +344,12 @@ func headerFilter(m Method, args Table) (broker.HeaderFilter, *Error) {
 		}
 		text := headerText(v)
 		f.Headers[k] = &text
+		if typ := headerType(v); typ != "" {
+			if f.Types == nil {
+				f.Types = make(map[string]string)
+			}
+			f.Types[k] = typ
+		}
 	}
 	if len(f.Headers) > broker.MaxFilterHeaders {
 		return f, methodError(PreconditionFailed, m, fmt.Sprintf("PRECONDITION_FAILED - a headers binding of %d headers: Courier takes at most %d", len(f.Headers), broker.MaxFilterHeaders))
@@ -330,7 +359,7 @@ func headerFilter(m Method, args Table) (broker.HeaderFilter, *Error) {
 
 // sameFilter reports whether two header filters match the same headers.
 func sameFilter(a, b broker.HeaderFilter) bool {
-	if a.Match != b.Match || len(a.Headers) != len(b.Headers) {
+	if a.Match != b.Match || len(a.Headers) != len(b.Headers) || a.Typed != b.Typed || !maps.Equal(a.Types, b.Types) {
 		return false
 	}
 	for k, v := range a.Headers {
@@ -353,7 +382,10 @@ func (c *conn) unbindHeaders(ch *channel, m *QueueUnbind) error {
 	c.s.kinds.mu.Lock()
 	filters, ok := b.Filters(m.Exchange, sub)
 	err := unbindOne(b, m.Exchange, sub, filters, ok,
-		func(f broker.HeaderFilter) bool { return sameFilter(f, filter) },
+		func(f broker.HeaderFilter) bool {
+			// A filter stored before types were kept is unbound by its text.
+			return sameFilter(f, filter) || !f.Typed && sameFilter(f, broker.HeaderFilter{Match: filter.Match, Headers: filter.Headers})
+		},
 		func(rest []broker.HeaderFilter) error { return b.DurableSubscribeHeaders(m.Exchange, sub, rest) })
 	c.s.kinds.mu.Unlock()
 	return c.unbound(ch, m, err)

@@ -27,6 +27,9 @@ type channel struct {
 	// pullers are the pull attachments of its basic.get, by source
 	// (get.go).
 	pullers map[getSource]uint32
+	// getters are the remote getters holding a message got with acks,
+	// by attachment id (get.go).
+	getters map[uint32]bool
 }
 
 // pending is a basic.publish waiting for its content header and body.

@@ -73,10 +73,14 @@ func (c *conn) closeSession() {
 		c.sessionClosed = true
 		for _, ch := range c.channels {
 			c.cancelReplyTo(ch)
+			for _, cs := range ch.consumers {
+				c.flushNoAck(cs)
+			}
 		}
 		c.gw.sess.Close()
 		for _, ch := range c.channels {
 			for _, cs := range ch.consumers {
+				c.s.consumers.remove(cs)
 				c.consumerReleased(cs.queue)
 			}
 		}
@@ -246,7 +250,7 @@ func (c *conn) exchangeDeclare(ch *channel, m *ExchangeDeclare) error {
 	if m.Passive {
 		f.Aux = 1
 	} else {
-		f.Body, _ = json.Marshal(wire.ExchangeConfig{Pattern: wire.PatternPubSub, Transient: !m.Durable})
+		f.Body, _ = json.Marshal(wire.ExchangeConfig{Pattern: wire.PatternPubSub, Transient: !m.Durable, AMQPType: m.Type})
 	}
 	r, err := c.gw.call(f)
 	if err != nil {
@@ -255,8 +259,11 @@ func (c *conn) exchangeDeclare(ch *channel, m *ExchangeDeclare) error {
 	defer r.Release()
 	if r.Type == wire.TypeError {
 		e := fromWire(wire.Code(r.Aux), r.Tag)
-		if e.Code == NotFound {
+		switch {
+		case e.Code == NotFound:
 			e.Text = fmt.Sprintf("NOT_FOUND - no exchange '%s' in vhost '/'", m.Exchange)
+		case strings.Contains(r.Tag, "amqp_type"):
+			e.Text = fmt.Sprintf("PRECONDITION_FAILED - inequivalent arg 'type' for exchange '%s' in vhost '/': received '%s' but current is '%s'", m.Exchange, m.Type, c.exchangeKind(m.Exchange, ""))
 		}
 		e.ClassID, e.MethodID = m.ClassMethod()
 		return c.channelError(ch, e)
@@ -444,37 +451,123 @@ func (c *conn) checkChanErrs() error {
 // header of the same name.
 func propsToHeaders(p *Properties) map[string]string {
 	h := make(map[string]string, len(p.Headers)+4)
+	var types map[string]string
 	for k, v := range p.Headers {
 		h[k] = headerText(v)
-	}
-	set := func(k, v string) {
-		if v != "" {
-			h[k] = v
+		if typ := headerType(v); typ != "" {
+			if types == nil {
+				types = make(map[string]string)
+			}
+			types[k] = typ
 		}
 	}
+	// The gateway owns the types and origin headers: a client's own are
+	// replaced, or dropped.
+	for _, k := range []string{broker.TypesHeader, headerExchange, headerRoutingKey} {
+		delete(h, k)
+		delete(types, k)
+	}
+	// A property wins over a header of its name, with its own type:
+	// delivery-mode and priority are integers, timestamp a timestamp.
+	setTyped := func(k, v, typ string) {
+		if v == "" {
+			return
+		}
+		h[k] = v
+		delete(types, k)
+		if typ != "" {
+			if types == nil {
+				types = make(map[string]string)
+			}
+			types[k] = typ
+		}
+	}
+	set := func(k, v string) { setTyped(k, v, "") }
 	set("content-type", p.ContentType)
 	set("content-encoding", p.ContentEncoding)
 	if p.DeliveryMode != 0 {
-		h["delivery-mode"] = strconv.Itoa(int(p.DeliveryMode))
+		setTyped("delivery-mode", strconv.Itoa(int(p.DeliveryMode)), "int")
 	}
 	if p.Priority != 0 {
-		h["priority"] = strconv.Itoa(int(p.Priority))
+		setTyped("priority", strconv.Itoa(int(p.Priority)), "int")
 	}
 	set("correlation-id", p.CorrelationID)
 	set("reply-to", p.ReplyTo)
 	set("expiration", p.Expiration)
 	set("message-id", p.MessageID)
 	if !p.Timestamp.IsZero() {
-		h["timestamp"] = strconv.FormatInt(p.Timestamp.Unix(), 10)
+		setTyped("timestamp", strconv.FormatInt(p.Timestamp.Unix(), 10), "timestamp")
 	}
 	set("type", p.Type)
 	set("user-id", p.UserID)
 	set("app-id", p.AppID)
 	set("cluster-id", p.ClusterID)
+	if len(types) > 0 {
+		b, _ := json.Marshal(types)
+		h[broker.TypesHeader] = string(b)
+	}
 	if len(h) == 0 {
 		return nil
 	}
 	return h
+}
+
+// headerType is the type of a field table value as the typed comparison
+// of headers exchanges sees it (RabbitMQ's type classes: every integer
+// is "int", both floats "float"), "" for a string.
+func headerType(v any) string {
+	switch v.(type) {
+	case string:
+		return ""
+	case int8, uint8, int16, uint16, int32, uint32, int64:
+		return "int"
+	case float32, float64:
+		return "float"
+	case bool:
+		return "bool"
+	case time.Time:
+		return "timestamp"
+	case Decimal:
+		return "decimal"
+	case []byte:
+		return "bytes"
+	case Table:
+		return "table"
+	case []any:
+		return "array"
+	case nil:
+		return "void"
+	}
+	return "unknown"
+}
+
+// typedValue is headerType backwards: the field table value of text of
+// type typ, or text itself when typ is a string or the text does not
+// read as typ.
+func typedValue(text, typ string) any {
+	switch typ {
+	case "int":
+		if n, err := strconv.ParseInt(text, 10, 64); err == nil {
+			return n
+		}
+	case "float":
+		if f, err := strconv.ParseFloat(text, 64); err == nil {
+			return f
+		}
+	case "bool":
+		if b, err := strconv.ParseBool(text); err == nil {
+			return b
+		}
+	case "timestamp":
+		if n, err := strconv.ParseInt(text, 10, 64); err == nil {
+			return time.Unix(n, 0).UTC()
+		}
+	case "bytes":
+		return []byte(text)
+	case "void":
+		return nil
+	}
+	return text
 }
 
 // headerText renders a field table value as a Courier header value.

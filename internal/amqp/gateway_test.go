@@ -175,10 +175,14 @@ func TestPublishContentFrames(t *testing.T) {
 
 func TestPropsToHeaders(t *testing.T) {
 	h := propsToHeaders(&Properties{
-		Headers:     Table{"a": int64(1), "b": []byte("x"), "c": Table{"d": true}, "content-type": "overridden"},
+		Headers:     Table{"a": int64(1), "b": []byte("x"), "c": Table{"d": true}, "content-type": int32(3), "expiration": int8(9), "x-amqp-types": "spoofed", "x-amqp-exchange": "spoofed", "x-amqp-routing-key": "spoofed"},
 		ContentType: "text/plain", Priority: 5, ReplyTo: "r",
 	})
-	want := map[string]string{"a": "1", "b": "x", "c": `{"d":true}`, "content-type": "text/plain", "priority": "5", "reply-to": "r"}
+	// The types of the headers that are not strings; a property wins
+	// over a header of its name, with its own type; a header of a
+	// property's name the message does not set keeps its type.
+	want := map[string]string{"a": "1", "b": "x", "c": `{"d":true}`, "content-type": "text/plain", "priority": "5", "reply-to": "r", "expiration": "9",
+		"x-amqp-types": `{"a":"int","b":"bytes","c":"table","expiration":"int","priority":"int"}`}
 	for k, v := range want {
 		if h[k] != v {
 			t.Errorf("%s = %q, want %q", k, h[k], v)
@@ -190,4 +194,27 @@ func TestPropsToHeaders(t *testing.T) {
 	if propsToHeaders(&Properties{}) != nil {
 		t.Error("no properties give headers")
 	}
+}
+
+// FuzzHeadersToProps: the headers of a message, x-amqp-types included,
+// come from any publisher: whatever they hold, they become properties
+// and a headers table that encode as a content header, and the types
+// header is never shown.
+func FuzzHeadersToProps(f *testing.F) {
+	f.Add("n", "7", `{"n":"int"}`)
+	f.Add("n", "x", `{"n":"int"}`)
+	f.Add("t", "1700000000", `{"t":"timestamp"}`)
+	f.Add("b", "maybe", `{"b":"bool","f":"float"}`)
+	f.Add("v", "", `{"v":"void"}`)
+	f.Add("priority", "300", `{`)
+	f.Fuzz(func(t *testing.T, name, value, types string) {
+		h := map[string]string{name: value, "x-amqp-types": types}
+		p := headersToProps(h)
+		if _, err := AppendContent(nil, 1, p, nil, FrameMinSize); err != nil {
+			t.Fatalf("%q=%q with types %q: %v", name, value, types, err)
+		}
+		if _, ok := p.Headers["x-amqp-types"]; ok {
+			t.Fatal("the types header is shown")
+		}
+	})
 }

@@ -1,6 +1,8 @@
 package amqp
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -26,12 +28,19 @@ func (c *conn) basicGet(ch *channel, m *BasicGet) error {
 		return c.closeChannel(ch, locked(m, m.Queue))
 	}
 	sources := []getSource{{exchange: m.Queue}}
-	for _, x := range boundExchanges(c.s.cfg.Broker, m.Queue) {
+	for _, x := range c.bindingSources(m.Queue) {
 		sources = append(sources, getSource{exchange: x, sub: bindSub(m.Queue)})
 	}
 	for i, src := range sources {
 		id := c.pullerOf(ch, src)
 		d, ok, _, err := c.gw.sess.Get(id, src.exchange, src.sub)
+		if err != nil && i == 0 && wireErrCode(err) == wire.CodeUnavailable && c.s.cfg.Broker.Clustered() {
+			// A replicated queue another node serves.
+			if sent, err := c.remoteGet(ch, m); sent || err != nil {
+				return err
+			}
+			continue
+		}
 		if err != nil {
 			if i > 0 {
 				// A binding gone meanwhile: the others are still there.
@@ -54,7 +63,9 @@ func (c *conn) basicGet(ch *channel, m *BasicGet) error {
 		tag := ch.tags.add(held{attach: id, task: d.ID}, !m.NoAck)
 		okm := &BasicGetOK{DeliveryTag: tag, Redelivered: d.Attempts > 0, RoutingKey: m.Queue, MessageCount: c.readyIn(sources)}
 		if src.sub != "" {
-			okm.Exchange, okm.RoutingKey = src.exchange, d.Key
+			okm.Exchange, okm.RoutingKey = src.exchange, shortstr(d.Key)
+		} else if x, key, ok := origin(d.Headers); ok {
+			okm.Exchange, okm.RoutingKey = shortstr(x), shortstr(key)
 		}
 		props, body := headersToProps(d.Headers), d.Body
 		if m.NoAck {
@@ -109,4 +120,83 @@ func (c *conn) dropPullers(ch *channel) {
 		c.detach(id)
 	}
 	ch.pullers = nil
+	for id := range ch.getters {
+		c.detach(id)
+	}
+	ch.getters = nil
+}
+
+// remoteGet answers basic.get m of a replicated queue that another node
+// serves: a worker of prefetch 1, attached for this get alone and
+// forwarded to the node that serves the queue, takes the message the
+// queue hands it as it attaches. With no-ack it is acked and detached at
+// once; with acks it stays attached, holding the message, until
+// basic.ack, nack or reject settles it (ch.getters). sent is false when
+// the queue had nothing to hand: the caller goes on with the queue's
+// bindings, then answers get-empty.
+func (c *conn) remoteGet(ch *channel, m *BasicGet) (sent bool, err error) {
+	c.nextAttach++
+	g := &consumer{tag: "", queue: m.Queue, attach: c.nextAttach, ch: ch, prefetch: 1, getter: true}
+	c.gw.addConsumer(g)
+	f := wire.NewFrame(wire.TypeAttach)
+	f.Name, f.Aux, f.Attach = m.Queue, wire.RoleWorker, g.attach
+	f.Body, _ = json.Marshal(wire.AttachSpec{Prefetch: 1, ConnTag: "amqp.get"})
+	r, err := c.gw.call(f)
+	if err != nil {
+		c.gw.removeConsumer(g.attach)
+		return false, err
+	}
+	defer r.Release()
+	if r.Type == wire.TypeError {
+		c.gw.removeConsumer(g.attach)
+		e := fromWire(wire.Code(r.Aux), r.Tag)
+		e.ClassID, e.MethodID = m.ClassMethod()
+		return true, c.channelError(ch, e)
+	}
+	// The queue handed the worker what it had ready as it attached, on
+	// the link before the attachment's OK; what comes after is not taken
+	// (it goes back to the queue when the worker detaches).
+	g.mu.Lock()
+	early := g.early
+	g.early = nil
+	g.mu.Unlock()
+	if len(early) == 0 {
+		c.detach(g.attach)
+		return false, nil
+	}
+	t := early[0]
+	h := held{attach: g.attach, task: t.id}
+	tag := ch.tags.add(h, !m.NoAck)
+	if m.NoAck {
+		c.ackTask(h)
+		c.detach(g.attach)
+	} else {
+		if ch.getters == nil {
+			ch.getters = make(map[uint32]bool)
+		}
+		ch.getters[g.attach] = true
+	}
+	okm := &BasicGetOK{DeliveryTag: tag, Redelivered: t.attempts > 0, RoutingKey: m.Queue}
+	if x, key, ok := origin(t.header); ok {
+		okm.Exchange, okm.RoutingKey = shortstr(x), shortstr(key)
+	}
+	return true, c.sendContent(ch.id, okm, headersToProps(t.header), t.body, nil)
+}
+
+// settledGetter detaches the remote getter of attach, if it is one, once
+// its message is settled.
+func (c *conn) settledGetter(ch *channel, attach uint32) {
+	if ch.getters[attach] {
+		delete(ch.getters, attach)
+		c.detach(attach)
+	}
+}
+
+// wireErrCode returns the Courier code of err, 0 without one.
+func wireErrCode(err error) wire.Code {
+	var we *wire.Error
+	if errors.As(err, &we) {
+		return we.Code
+	}
+	return 0
 }

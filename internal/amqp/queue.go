@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/courier-mq/courier/internal/auth"
+	"github.com/courier-mq/courier/internal/broker"
 	"github.com/courier-mq/courier/wire"
 )
 
@@ -44,12 +45,20 @@ type consumer struct {
 	// its durable subscriber attachments by bound exchange (bind.go).
 	prefetch int
 	sources  map[string]uint32
+	// getter marks the worker of one basic.get of a queue another node
+	// serves (get.go): not a consumer the client knows.
+	getter bool
 
 	// Until consume-ok is sent (ready), deliveries wait in early: the
 	// broker may deliver while the ATTACH is being handled.
-	mu    sync.Mutex // guards ready, early, sources
+	mu    sync.Mutex // guards ready, early, sources, unacked, cancelled
 	ready bool
 	early []task
+	// unacked are a no-ack consumer's deliveries handed to the outbox
+	// and not yet acked to the broker (noack.go); cancelled is set once
+	// they are flushed for good.
+	unacked   map[held]bool
+	cancelled bool
 }
 
 // task is a delivery kept until its consumer is ready.
@@ -174,6 +183,11 @@ func queueArgs(m *QueueDeclare) (wire.ExchangeConfig, *Error) {
 			if !isInt || n < 0 || n > 255 {
 				return cfg, bad("invalid arg 'x-max-priority' for queue '%s': %v", m.Queue, v)
 			}
+		case "x-quorum-initial-group-size":
+			if !isInt || n < 1 || n > wire.MaxReplicas {
+				return cfg, bad("invalid arg 'x-quorum-initial-group-size' for queue '%s': %v (1 to %d)", m.Queue, v, wire.MaxReplicas)
+			}
+			cfg.Replicas = int(n)
 		case "x-queue-type":
 			switch v {
 			case "classic", "quorum":
@@ -272,6 +286,13 @@ func (c *conn) queueDeclare(ch *channel, m *QueueDeclare) error {
 			return c.channelError(ch, e)
 		}
 		cfg.Transient = cfg.Transient || exclusive
+		if !c.s.cfg.Broker.Clustered() {
+			cfg.Replicas = 0 // a node alone keeps one copy whatever is asked
+		} else if cfg.Transient {
+			// A cluster's queues are on disk: a queue RabbitMQ keeps on
+			// one node in memory is a queue of one replica.
+			cfg.Transient, cfg.Replicas = false, 1
+		}
 		f.Body, _ = json.Marshal(cfg)
 	}
 	fresh := false
@@ -430,10 +451,7 @@ func (c *conn) basicQos(ch *channel, m *BasicQos) error {
 
 // basicConsume attaches a worker to the queue.
 func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
-	switch {
-	case m.Exclusive:
-		return methodError(NotImplemented, m, "exclusive consumers are not built yet in Courier's AMQP gateway")
-	case len(m.Arguments) > 0:
+	if len(m.Arguments) > 0 {
 		return methodError(NotImplemented, m, "consumer arguments are not supported by Courier's AMQP gateway")
 	}
 	if m.Queue == replyTo {
@@ -458,17 +476,26 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 	}
 	c.nextAttach++
 	cs := &consumer{tag: tag, queue: m.Queue, attach: c.nextAttach, noAck: m.NoAck, ch: ch, prefetch: prefetch}
+	var others int64
+	if m.Exclusive {
+		others = c.brokerConsumers(m.Queue)
+	}
+	if !c.s.consumers.add(cs, m.Exclusive, others) {
+		return c.closeChannel(ch, inExclusiveUse(m, m.Queue))
+	}
 	c.gw.addConsumer(cs)
 	f := wire.NewFrame(wire.TypeAttach)
 	f.Name, f.Aux, f.Attach = m.Queue, wire.RoleWorker, cs.attach
 	f.Body, _ = json.Marshal(wire.AttachSpec{Prefetch: prefetch, ConnTag: tag})
 	r, err := c.gw.call(f)
 	if err != nil {
+		c.s.consumers.remove(cs)
 		return err
 	}
 	defer r.Release()
 	if r.Type == wire.TypeError {
 		c.gw.removeConsumer(cs.attach)
+		c.s.consumers.remove(cs)
 		e := fromWire(wire.Code(r.Aux), r.Tag)
 		switch wire.Code(r.Aux) {
 		case wire.CodeNotFound:
@@ -481,7 +508,7 @@ func (c *conn) basicConsume(ch *channel, m *BasicConsume) error {
 	}
 	ch.consumers[tag] = cs
 	c.s.autoDel.consumed(m.Queue)
-	for _, x := range boundExchanges(c.s.cfg.Broker, m.Queue) {
+	for _, x := range c.bindingSources(m.Queue) {
 		if err := c.attachSource(cs, x); err != nil {
 			return err
 		}
@@ -518,6 +545,8 @@ func (c *conn) basicCancel(ch *channel, m *BasicCancel) error {
 
 func (c *conn) cancelConsumer(cs *consumer) {
 	delete(cs.ch.consumers, cs.tag)
+	c.s.consumers.remove(cs)
+	c.flushNoAck(cs)
 	c.detach(cs.attach)
 	cs.mu.Lock()
 	ids := make([]uint32, 0, len(cs.sources))
@@ -554,6 +583,10 @@ func (c *conn) consumerGone(attach uint32, why string) {
 		return
 	}
 	c.gw.removeConsumer(attach)
+	if cs.getter {
+		cs.ch.tags.drop(attach)
+		return
+	}
 	if attach != cs.attach {
 		// A bound exchange was deleted: the consumer goes on with the
 		// queue's other sources.
@@ -561,6 +594,7 @@ func (c *conn) consumerGone(attach uint32, why string) {
 		return
 	}
 	cs.ch.tags.drop(attach)
+	c.s.consumers.remove(cs)
 	c.s.log.Info("amqp consumer cancelled by the broker", "peer", c.peer, "consumer", cs.tag, "queue", cs.queue, "why", why)
 	caps, _ := c.clientProps["capabilities"].(Table)
 	if notify, _ := caps["consumer_cancel_notify"].(bool); notify {
@@ -584,6 +618,7 @@ func (c *conn) settle(ch *channel, m Method, tag uint64, multiple, nack, requeue
 		}
 		f.Attach, f.Ref = h.attach, h.task
 		c.gw.sess.Handle(f)
+		c.settledGetter(ch, h.attach)
 	}
 	return nil
 }
@@ -620,9 +655,12 @@ func (c *conn) deliverTask(f *wire.Frame) {
 func (c *conn) sendTask(cs *consumer, t task) {
 	tag := cs.ch.tags.add(held{attach: t.attach, task: t.id}, !cs.noAck)
 	d := &BasicDeliver{ConsumerTag: cs.tag, DeliveryTag: tag, Redelivered: t.attempts > 0, RoutingKey: cs.queue}
+	if x, key, ok := origin(t.header); ok && t.attach == cs.attach {
+		d.Exchange, d.RoutingKey = shortstr(x), shortstr(key) // moved from a binding, in a cluster
+	}
 	if t.attach != cs.attach {
 		// From a bound exchange: its name and the publication's key.
-		d.RoutingKey = t.key
+		d.RoutingKey = shortstr(t.key)
 		cs.mu.Lock()
 		for x, id := range cs.sources {
 			if id == t.attach {
@@ -633,13 +671,9 @@ func (c *conn) sendTask(cs *consumer, t task) {
 	}
 	var after func()
 	if cs.noAck {
-		// Acked once written: until then the task counts against the
-		// consumer's credit, so a client that does not read is sent no
-		// more than noAckPrefetch.
-		after = func() {
-			a := wire.NewFrame(wire.TypeAck)
-			a.Attach, a.Ref = t.attach, t.id
-			c.gw.sess.Handle(a)
+		var ok bool
+		if after, ok = c.settleNoAck(cs, held{attach: t.attach, task: t.id}); !ok {
+			return // cancelled: never written, the broker redelivers it
 		}
 	}
 	if err := c.sendContent(cs.ch.id, d, headersToProps(t.header), t.body, after); err != nil {
@@ -662,11 +696,30 @@ func (c *conn) sendContent(channel uint16, m Method, props *Properties, body []b
 	}, true, after)
 }
 
+// shortProps are the properties carried as headers whose AMQP type is a
+// short string, at most 255 octets.
+var shortProps = map[string]bool{"content-type": true, "content-encoding": true, "correlation-id": true, "reply-to": true,
+	"expiration": true, "message-id": true, "type": true, "user-id": true, "app-id": true, "cluster-id": true}
+
 // headersToProps is propsToHeaders backwards: the headers named for
-// properties become them again, the others the headers table.
+// properties become them again, the others the headers table. A header
+// no AMQP table takes (a name over 255 octets, from a Courier-native
+// publisher) is left out; one named for a short-string property with a
+// value over 255 octets is the table's x-courier-<name>.
 func headersToProps(h map[string]string) *Properties {
 	p := &Properties{}
+	var types map[string]string
+	if t := h[broker.TypesHeader]; t != "" && len(t) <= broker.MaxTypesHeader {
+		json.Unmarshal([]byte(t), &types)
+	}
 	for k, v := range h {
+		if len(k) > 255 {
+			continue // no AMQP table takes the name (a Courier header)
+		}
+		if len(v) > 255 && shortProps[k] {
+			// Too long for the property: a header of the table.
+			k = "x-courier-" + k
+		}
 		switch k {
 		case "content-type":
 			p.ContentType = v
@@ -698,11 +751,13 @@ func headersToProps(h map[string]string) *Properties {
 			p.AppID = v
 		case "cluster-id":
 			p.ClusterID = v
+		case broker.TypesHeader, headerExchange, headerRoutingKey:
+			// Read above, or basic.deliver's exchange and routing key.
 		default:
 			if p.Headers == nil {
 				p.Headers = Table{}
 			}
-			p.Headers[k] = v
+			p.Headers[k] = typedValue(v, types[k])
 		}
 	}
 	return p

@@ -152,10 +152,12 @@ type Server struct {
 	ln          net.Listener
 	conns       map[*conn]struct{}
 	owners      owners              // exclusive queues
+	consumers   queueConsumers      // AMQP consumers by queue, exclusive ones
 	kinds       exchangeKinds       // exchange types, for bindings
 	autoDel     autoDeletes         // auto-delete queues
 	autoDelX    autoDeleteExchanges // auto-delete exchanges
 	replies     replies             // direct reply-to consumers
+	movers      movers              // bindings moved into their queues, in a cluster
 	handshaking int
 	open        int
 	shutdown    bool
@@ -168,7 +170,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
-	return &Server{cfg: cfg, log: cfg.Log, conns: make(map[*conn]struct{})}, nil
+	s := &Server{cfg: cfg, log: cfg.Log, conns: make(map[*conn]struct{})}
+	s.movers.s = s
+	return s, nil
 }
 
 // Listen opens the configured address; [Server.Serve] then accepts on it.
@@ -213,6 +217,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.ln = ln
 	s.mu.Unlock()
 	s.log.Info("amqp listening", "addr", ln.Addr().String(), "tls", s.cfg.TLS != nil)
+	s.startMovers()
 	err := netserve.Serve(ln, s.log, "amqp accept failed; retrying", s.stopped, s.accept)
 	if errors.Is(err, netserve.ErrStopped) {
 		return ErrServerClosed
@@ -297,5 +302,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, c := range conns {
 		c.shutdown()
 	}
-	return netserve.Wait(ctx, &s.wg)
+	err := netserve.Wait(ctx, &s.wg)
+	s.movers.close()
+	return err
 }

@@ -184,8 +184,7 @@ func (d *amqpDriver) subscribe(ctx context.Context, n int, fn func(int, []byte))
 			return fmt.Errorf("bench: bind queue: %w", err)
 		}
 		// Not an exclusive consumer: the queue is exclusive already, so
-		// no one else may consume it, and Courier's AMQP port refuses
-		// exclusive consumers (540).
+		// no one else may consume it.
 		msgs, err := ch.Consume(q.Name, "", true, false, false, false, nil)
 		if err != nil {
 			return fmt.Errorf("bench: consume: %w", err)

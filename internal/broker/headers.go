@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -40,13 +41,58 @@ const (
 // RabbitMQ, the filter's headers named "x-..." are left out of the match
 // unless the mode is a -with-x one, and an "any" filter with no header
 // to match passes nothing, an "all" one everything.
+//
+// A Typed filter compares values by type too, as RabbitMQ does: a value
+// matches a header of the same text and the same type, the filter's
+// type in Types (absent: a string) and the header's in the
+// publication's [TypesHeader] (absent: a string). A filter that is not
+// Typed (one stored before types were kept) compares text alone.
 type HeaderFilter struct {
 	Match   string             `json:"x_match,omitempty"`
 	Headers map[string]*string `json:"headers,omitempty"`
+	Typed   bool               `json:"typed,omitempty"`
+	Types   map[string]string  `json:"types,omitempty"`
+}
+
+// TypesHeader names the header that gives the types of a publication's
+// other headers, for the typed comparison of header filters: a JSON
+// object of header names and their types (the AMQP gateway's type
+// classes: "int", "float", "bool", "timestamp", "decimal", "bytes",
+// "table", "array", "void"); a header not in it is a string. The AMQP
+// gateway sets it for the headers of its publications that are not
+// strings; a Courier-native publisher may set it too.
+const TypesHeader = "x-amqp-types"
+
+// MaxTypesHeader bounds the TypesHeader value read: a longer one is
+// ignored (every header is then a string).
+const MaxTypesHeader = 16 << 10
+
+// headerTypes are a publication's header types, read from its
+// TypesHeader at most once, when a typed filter asks.
+type headerTypes struct {
+	h    map[string]string
+	read bool
+	m    map[string]string
+}
+
+// of returns the type of header k ("" for a string).
+func (t *headerTypes) of(k string) string {
+	if !t.read {
+		t.read = true
+		if v := t.h[TypesHeader]; v != "" && len(v) <= MaxTypesHeader {
+			json.Unmarshal([]byte(v), &t.m)
+		}
+	}
+	return t.m[k]
 }
 
 // admits reports whether headers h pass f.
 func (f *HeaderFilter) admits(h map[string]string) bool {
+	return f.admitsTyped(&headerTypes{h: h})
+}
+
+func (f *HeaderFilter) admitsTyped(types *headerTypes) bool {
+	h := types.h
 	any := f.Match == MatchAny || f.Match == MatchAnyWithX
 	withX := f.Match == MatchAllWithX || f.Match == MatchAnyWithX
 	for k, want := range f.Headers {
@@ -54,7 +100,7 @@ func (f *HeaderFilter) admits(h map[string]string) bool {
 			continue
 		}
 		v, ok := h[k]
-		matched := ok && (want == nil || *want == v)
+		matched := ok && (want == nil || *want == v && (!f.Typed || f.Types[k] == types.of(k)))
 		if any && matched {
 			return true
 		}
@@ -66,9 +112,10 @@ func (f *HeaderFilter) admits(h map[string]string) bool {
 }
 
 func (f *HeaderFilter) equal(g *HeaderFilter) bool {
-	return f.Match == g.Match && maps.EqualFunc(f.Headers, g.Headers, func(a, b *string) bool {
-		return a == b || a != nil && b != nil && *a == *b
-	})
+	return f.Match == g.Match && f.Typed == g.Typed && maps.Equal(f.Types, g.Types) &&
+		maps.EqualFunc(f.Headers, g.Headers, func(a, b *string) bool {
+			return a == b || a != nil && b != nil && *a == *b
+		})
 }
 
 // checkHeaderFilters refuses filters past the bounds or with an unknown
@@ -91,6 +138,11 @@ func checkHeaderFilters(filters []HeaderFilter) error {
 				return wire.Errorf(wire.CodeBadOptions, "header filter: header %.40q: names of 1 to %d bytes, values of at most %d", k, maxFilterText, maxFilterText)
 			}
 		}
+		for k, typ := range f.Types {
+			if _, ok := f.Headers[k]; !ok || len(typ) > maxFilterText {
+				return wire.Errorf(wire.CodeBadOptions, "header filter: type of %.40q: a header of the filter, a type of at most %d bytes", k, maxFilterText)
+			}
+		}
 	}
 	return nil
 }
@@ -108,8 +160,9 @@ func (tq *taskQueue) admits(h map[string]string) bool {
 	if fs == nil {
 		return true
 	}
+	types := headerTypes{h: h}
 	for i := range *fs {
-		if (*fs)[i].admits(h) {
+		if (*fs)[i].admitsTyped(&types) {
 			return true
 		}
 	}

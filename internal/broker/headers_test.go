@@ -50,3 +50,65 @@ func TestHeaderFilterBounds(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Typed filters compare values by type too, as RabbitMQ's headers
+// exchanges: int 7 is not the string "7", nor the float 7; a filter
+// stored before types were kept compares text alone.
+func TestHeaderFilterTyped(t *testing.T) {
+	s := func(v string) *string { return &v }
+	intSeven := HeaderFilter{Typed: true, Headers: map[string]*string{"n": s("7")}, Types: map[string]string{"n": "int"}}
+	strSeven := HeaderFilter{Typed: true, Headers: map[string]*string{"n": s("7")}}
+	untyped := HeaderFilter{Headers: map[string]*string{"n": s("7")}}
+	present := HeaderFilter{Typed: true, Headers: map[string]*string{"n": nil}}
+	for _, c := range []struct {
+		name string
+		h    map[string]string
+		want [4]bool // intSeven, strSeven, untyped, present
+	}{
+		{"int 7", map[string]string{"n": "7", TypesHeader: `{"n":"int"}`}, [4]bool{true, false, true, true}},
+		{"string 7", map[string]string{"n": "7"}, [4]bool{false, true, true, true}},
+		{"float 7", map[string]string{"n": "7", TypesHeader: `{"n":"float"}`}, [4]bool{false, false, true, true}},
+		{"another header typed", map[string]string{"n": "7", TypesHeader: `{"m":"int"}`}, [4]bool{false, true, true, true}},
+		{"types header not JSON", map[string]string{"n": "7", TypesHeader: `{`}, [4]bool{false, true, true, true}},
+		{"types header too long", map[string]string{"n": "7", TypesHeader: `{"n":"int"}` + strings.Repeat(" ", MaxTypesHeader)}, [4]bool{false, true, true, true}},
+		{"int 8", map[string]string{"n": "8", TypesHeader: `{"n":"int"}`}, [4]bool{false, false, false, true}},
+	} {
+		for i, f := range []HeaderFilter{intSeven, strSeven, untyped, present} {
+			if got := f.admits(c.h); got != c.want[i] {
+				t.Errorf("%s: filter %+v admits %v: %v, want %v", c.name, f, c.h, got, c.want[i])
+			}
+		}
+	}
+	if intSeven.equal(&strSeven) || strSeven.equal(&untyped) || !intSeven.equal(&intSeven) {
+		t.Fatal("filters of other types equal")
+	}
+	bad := HeaderFilter{Typed: true, Headers: map[string]*string{"n": s("7")}, Types: map[string]string{"m": "int"}}
+	if err := checkHeaderFilters([]HeaderFilter{bad}); err == nil {
+		t.Fatal("a type of a header the filter does not have accepted")
+	}
+}
+
+// FuzzHeaderTypes: the types header of a publication is untrusted (any
+// publisher sets it): whatever it holds, a typed filter decides without
+// panicking, and a value matches only a header of its own text.
+func FuzzHeaderTypes(f *testing.F) {
+	f.Add(`{"n":"int"}`, "7", "int")
+	f.Add(`{"n":"float","m":"int"}`, "7", "")
+	f.Add(`{`, "7", "int")
+	f.Add(`["n"]`, "", "bool")
+	f.Add(`{"n":{"x":1}}`, "7", "int")
+	f.Add(`null`, "x", "")
+	f.Fuzz(func(t *testing.T, types, value, typ string) {
+		want := value
+		fl := HeaderFilter{Typed: true, Headers: map[string]*string{"n": &want}}
+		if typ != "" {
+			fl.Types = map[string]string{"n": typ}
+		}
+		h := map[string]string{"n": value + "!", TypesHeader: types}
+		if fl.admits(h) {
+			t.Fatalf("%q admitted a header of another text", types)
+		}
+		h["n"] = value
+		fl.admits(h)
+	})
+}
