@@ -42,7 +42,7 @@ type Scenario struct {
 // "Durable storage"), so a node's registry must stay linearizable across
 // its kill -9 and restart.
 var singleNode = Workload{
-	Registry: true, Requests: true, PubSub: true, Leaders: true, Tasks: true,
+	Registry: true, Requests: true, PubSub: true, Leaders: true, Tasks: true, TaskKeys: 4,
 	RegistryNames: func(n *Node) []string {
 		return []string{n.Name + "-a", n.Name + "-b", n.Name + "-c"}
 	},
@@ -56,6 +56,14 @@ var singleNode = Workload{
 // cluster (docs/cluster.md "What each operation promises"). Tasks wait
 // for replicated queues (issue 15).
 var clustered = Workload{Registry: true, Requests: true, PubSub: true, Leaders: true, Rate: 40}
+
+// replicated is the workload of the queue scenarios: on every node a
+// producer submitting with confirms (every other task keyed, 4 keys
+// shared by all) and a worker (prefetch 8, acking each task after a
+// random hold of up to 30 ms), on one task exchange declared with
+// Replicas(3), so that the replicated queue is the only thing under
+// test.
+var replicated = Workload{Tasks: true, TaskKeys: 4, Replicas: 3, Rate: 40}
 
 // Scenarios lists the scenarios, by name. Those named single-* run
 // separate single-node servers: they prove the harness, the workload and
@@ -84,6 +92,16 @@ func Scenarios() []Scenario {
 			Nemeses: []Nemesis{Isolate{Node: Random}, Split{}, Bridge{}, Flap{Period: 5 * time.Second}}, Hold: 8 * time.Second, Gap: 10 * time.Second, Grace: 5 * time.Second},
 		{Name: "cluster-mixed", Doc: "3-node cluster: all of the above, drawn at random", Cluster: true, Workload: clustered,
 			Nemeses: clusterFaults, Hold: 6 * time.Second, Gap: 10 * time.Second, Grace: 5 * time.Second},
+		{Name: "cluster-queue-kill", Doc: "3-node cluster, a replicated queue: kill -9 of the queue's leader node or of a random node, restarted on its data dir",
+			Cluster: true, Workload: replicated, Nemeses: []Nemesis{KillQueueLeader{}, KillQueueLeader{}, Kill{Node: Random}},
+			Hold: 5 * time.Second, Gap: 8 * time.Second, Grace: 5 * time.Second},
+		{Name: "cluster-queue-partition", Doc: "3-node cluster, a replicated queue: its leader's node isolated or stopped (SIGSTOP) past the election timeout, a random node isolated, a minority split off",
+			Cluster: true, Workload: replicated, Nemeses: []Nemesis{IsolateQueueLeader{}, PauseQueueLeader{}, Isolate{Node: Random}, Split{}},
+			Hold: 6 * time.Second, Gap: 8 * time.Second, Grace: 5 * time.Second},
+		{Name: "cluster-queue-mixed", Doc: "3-node cluster, a replicated queue: all of the above, the metadata leader's kill and flapping, drawn at random",
+			Cluster: true, Workload: replicated, Nemeses: []Nemesis{KillQueueLeader{}, PauseQueueLeader{}, IsolateQueueLeader{}, Kill{Node: Random},
+				KillMetaLeader{}, Isolate{Node: Random}, Split{}, Flap{Period: 4 * time.Second}},
+			Hold: 6 * time.Second, Gap: 8 * time.Second, Grace: 5 * time.Second},
 	}
 }
 
@@ -194,5 +212,8 @@ func RunScenario(t testing.TB, sc Scenario, seed uint64, duration time.Duration)
 		CheckPubSub(s, PubSubOptions{Grace: sc.Grace}),
 		CheckRequests(s, DefaultMargin),
 		CheckTasks(s),
+		CheckKeyedTasks(s),
+		CheckAttempts(s),
+		CheckMinority(s),
 	)
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -50,10 +51,27 @@ func TestChaosClusterShort(t *testing.T) {
 	runShort(t, sc, 20*time.Second)
 }
 
+// TestChaosQueueShort runs a 3-node cluster with a replicated queue
+// for 20 s under kill -9 of the queue's leader node (restarted), with
+// producers and workers on every node and every task checker: the
+// failover of a replicated queue, in every CI run.
+func TestChaosQueueShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a cluster fault run of 20 s")
+	}
+	needCluster(t)
+	sc := Scenario{Name: "cluster-queue-short", Cluster: true, Workload: replicated,
+		Nemeses: []Nemesis{KillQueueLeader{}}, Hold: 3 * time.Second, Gap: 5 * time.Second, Grace: 5 * time.Second}
+	r := runShort(t, sc, 20*time.Second)
+	if !slices.ContainsFunc(r.Nemeses, func(n NemesisRecord) bool { return n.Name == "kill-queue-leader" }) {
+		t.Fatal("the queue's leader was never killed")
+	}
+}
+
 // runShort runs sc for d with seed 1 (COURIER_CHAOS_SEED changes it)
 // and fails on any violation, or if a fault or a checker had nothing to
 // do.
-func runShort(t *testing.T, sc Scenario, d time.Duration) {
+func runShort(t *testing.T, sc Scenario, d time.Duration) Report {
 	seed := uint64(1)
 	if s := os.Getenv(envSeed); s != "" {
 		var err error
@@ -72,11 +90,15 @@ func runShort(t *testing.T, sc Scenario, d time.Duration) {
 		t.Fatal("no fault injected")
 	}
 	for _, x := range r.Results {
-		idle := x.Checker == "registry" || x.Checker == "leaders" || x.Checker == "tasks" && !sc.Workload.Tasks
+		tasks := x.Checker == "tasks" || x.Checker == "attempts" || x.Checker == "keyed"
+		idle := x.Checker == "registry" || x.Checker == "leaders" || x.Checker == "minority" ||
+			tasks && !sc.Workload.Tasks || x.Checker == "keyed" && sc.Workload.TaskKeys == 0 ||
+			!sc.Workload.Requests && x.Checker == "requests" || !sc.Workload.PubSub && x.Checker == "pubsub"
 		if !idle && strings.HasPrefix(x.Checked, "0 ") {
 			t.Errorf("%s checked nothing: %s", x.Checker, x.Checked)
 		}
 	}
+	return r
 }
 
 // TestChaos is the long run of scripts/chaos: it runs only when
