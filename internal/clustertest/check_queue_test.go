@@ -191,3 +191,12 @@ func TestCheckMinority(t *testing.T) {
 	s.Nemeses[0].Minority = nil
 	wantOK(t, CheckMinority(s))
 }
+
+func TestCheckTasksFirstConfirms(t *testing.T) {
+	s := goodQueue()
+	s.Tasks = append(s.Tasks, qSubmit("v", "", "n2", TaskUnknown, 1010, 3010), qSubmit("w", "", "n2", TaskConfirmed, 1020, 2500))
+	r := CheckTasks(s)
+	if !strings.Contains(strings.Join(r.Notes, ";"), "kill-queue-leader n1 1.5s") {
+		t.Fatalf("notes: %v", r.Notes)
+	}
+}

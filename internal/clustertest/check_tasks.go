@@ -119,8 +119,32 @@ func CheckTasks(s Snapshot) Result {
 	if n := uncertain[TaskFailed] + uncertain[TaskUnknown]; n > 0 {
 		r.note("%d submits failed and %d of unknown outcome: each may or may not be there", uncertain[TaskFailed], uncertain[TaskUnknown])
 	}
+	if f := firstConfirms(s); f != "" {
+		r.note("first confirmed submit called after each fault began: %s", f)
+	}
 	r.Checked = fmt.Sprintf("%d confirmed tasks, %d delivered: every confirmed task delivered at least once", len(order), len(delivered))
 	return r
+}
+
+// firstConfirms says, per fault, how long after it began the first
+// submit called since was confirmed (whichever node took it): for a
+// kill of a queue's leader node, its failover as clients see it.
+func firstConfirms(s Snapshot) string {
+	var parts []string
+	for _, n := range s.Nemeses {
+		first := int64(-1)
+		for _, t := range s.Tasks {
+			if t.Event == TaskConfirmed && t.Call >= n.Start && (first < 0 || t.Time < first) {
+				first = t.Time
+			}
+		}
+		d := "none"
+		if first >= 0 {
+			d = time.Duration(first - n.Start).Round(time.Millisecond).String()
+		}
+		parts = append(parts, fmt.Sprintf("%s %s %s", n.Name, strings.Join(n.Nodes, ","), d))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // delivery is one delivery with the time it stopped being in flight.

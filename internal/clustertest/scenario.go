@@ -53,9 +53,11 @@ var singleNode = Workload{
 // clustered is the workload against one cluster: shared exchange names,
 // so handlers, subscribers and leader members on every node are in the
 // same groups; declares, deletes and gets, all linearizable in a
-// cluster (docs/cluster.md "What each operation promises"). Tasks wait
-// for replicated queues (issue 15).
-var clustered = Workload{Registry: true, Requests: true, PubSub: true, Leaders: true, Rate: 40}
+// cluster (docs/cluster.md "What each operation promises"); and a
+// replicated queue (Replicas(3), 4 keys) with a producer and a worker
+// per node, at 10 submits a second each to keep the run cheap.
+var clustered = Workload{Registry: true, Requests: true, PubSub: true, Leaders: true, Rate: 40,
+	Tasks: true, TaskKeys: 4, TaskRate: 10, Replicas: 3}
 
 // replicated is the workload of the queue scenarios: on every node a
 // producer submitting with confirms (every other task keyed, 4 keys

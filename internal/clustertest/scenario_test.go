@@ -38,7 +38,7 @@ func TestChaosShort(t *testing.T) {
 // TestChaosClusterShort runs a 3-node cluster for 20 s under kill -9
 // (restarted), SIGSTOP past the lease, and isolation, drawn with the
 // seed, with the clustered workload (registry, requests, pub-sub,
-// leaders) and every checker: the cluster's promises under faults, in
+// leaders, a replicated queue) and every checker: the cluster's promises under faults, in
 // every CI run. netns mode as root with ip, the proxies elsewhere.
 func TestChaosClusterShort(t *testing.T) {
 	if testing.Short() {

@@ -122,6 +122,9 @@ type Workload struct {
 	// TaskKeys is the number of keys (shared by every producer) that
 	// every other task carries; 0: unkeyed tasks only. At most 64.
 	TaskKeys int
+	// TaskRate bounds each task producer's submits per second.
+	// Default: Rate.
+	TaskRate int
 	// Replicas declares the task exchange with courier.Replicas(n);
 	// 0 declares it without the option (the cluster's default).
 	Replicas int
@@ -527,8 +530,22 @@ func (w Workload) taskKey(c *Cluster, i int, key string) string {
 // workerPrefetch is what each worker may hold unsettled.
 const workerPrefetch = 8
 
-// Workers hold each task for up to maxHold, then ack it.
-const maxHold = 30 * time.Millisecond
+// Workers hold most tasks for up to maxHold, then ack them; one in
+// longHoldOdds for between longHold and twice as long, so that more is
+// in flight when a fault comes.
+const (
+	maxHold      = 30 * time.Millisecond
+	longHold     = 150 * time.Millisecond
+	longHoldOdds = 20
+)
+
+// hold returns how long a worker holds a task.
+func hold() time.Duration {
+	if rand.IntN(longHoldOdds) == 0 {
+		return longHold + rand.N(longHold)
+	}
+	return rand.N(maxHold)
+}
 
 // deliveries numbers deliveries across workers, for [TaskRecord.Delivery].
 var deliveries atomic.Int64
@@ -537,7 +554,7 @@ var deliveries atomic.Int64
 // after its attachment ends (its connection lost, or detached by the
 // broker). Each attachment is a worker of its own in the history
 // (worker-I#N); it records every delivery with its key and attempts,
-// holds the task for a short random time and acks it, recording the ack
+// holds the task for a short random time ([hold]) and acks it, recording the ack
 // just before it is sent, and records its own end and why.
 func (w Workload) taskWorker(ctx context.Context, c *Cluster, i int) {
 	h := c.hist
@@ -564,7 +581,7 @@ func (w Workload) taskWorker(ctx context.Context, c *Cluster, i int) {
 			h.AddTask(TaskRecord{ID: id, Event: TaskDelivered, Key: w.taskKey(c, i, j.Key), Node: node, Worker: worker,
 				Delivery: d, Attempts: j.Attempts, Time: h.Now()})
 			j.Defer()
-			time.AfterFunc(rand.N(maxHold), func() {
+			time.AfterFunc(hold(), func() {
 				at := h.Now()
 				if j.Ack() == nil {
 					h.AddTask(TaskRecord{ID: id, Event: TaskAcked, Node: node, Worker: worker, Delivery: d, Time: at})
@@ -607,7 +624,11 @@ func (w Workload) tasks(ctx context.Context, c *Cluster, i int, rng *rand.Rand) 
 	ps := &session{c: c, from: i, to: i, name: fmt.Sprintf("producer-%d", i)}
 	defer ps.close()
 	var q *courier.Tasks
-	t := w.tick()
+	rate := w.TaskRate
+	if rate <= 0 {
+		rate = w.Rate
+	}
+	t := time.NewTicker(time.Second / time.Duration(rate))
 	defer t.Stop()
 	keys := min(w.TaskKeys, maxKeys)
 	for k := 0; ctx.Err() == nil; {
