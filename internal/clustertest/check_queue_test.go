@@ -200,3 +200,28 @@ func TestCheckTasksFirstConfirms(t *testing.T) {
 		t.Fatalf("notes: %v", r.Notes)
 	}
 }
+
+func TestCheckAttemptsPausedEntryNode(t *testing.T) {
+	// n3 stopped: its worker's client gave up on the connection at
+	// 2000; the leader went on sending tasks to n3 for the worker (a
+	// task submitted at 2500 too), and when n3 ran again at 4000 it
+	// saw the worker gone and the leader failed them: they come back
+	// with an attempt, never seen delivered before.
+	s := Snapshot{Duration: 20000 * msNS, Tasks: []TaskRecord{
+		qSubmit("a", "", "n1", TaskConfirmed, 2500, 2510),
+		qEnded("w3#1", "n3", WorkerLostConnection, 2000),
+		qDeliver(1, "a", "", "n2", "w2#1", 1, 4100),
+	}}
+	wantOK(t, CheckAttempts(s))
+	// A kill of n3 seconds before the loss did not cause it.
+	s.Nemeses = []NemesisRecord{qKill("n3", -4000, -3000)}
+	s.Tasks[1].Time = 1000 * msNS
+	wantOK(t, CheckAttempts(s))
+	// One just before it did: a killed node fails nothing.
+	s.Nemeses = []NemesisRecord{qKill("n3", 900, 1900)}
+	wantViolation(t, CheckAttempts(s), "task a delivered to w2#1 at 4100.0ms with 1 failed attempts")
+	s.Nemeses, s.Tasks[1].Time = nil, 2000*msNS
+	// Too long after the loss: not that worker's doing.
+	s.Tasks[2].Time = 13000 * msNS
+	wantViolation(t, CheckAttempts(s), "task a delivered to w2#1 at 13000.0ms with 1 failed attempts")
+}

@@ -172,6 +172,11 @@ type workerEnd struct {
 // the test process may stall between the two.
 const killWindow = 250 * time.Millisecond
 
+// killNotice is how long after a kill of its node is recorded a worker
+// may see its connection end and still owe it to the kill (the test
+// process may stall in between).
+const killNotice = 2 * time.Second
+
 // ackLag is how long before its worker's connection ended an ack may
 // have been sent and still not reached the broker (a connection to a
 // stopped node holds it until the client gives up).
@@ -179,7 +184,9 @@ const ackLag = 10 * time.Second
 
 // unseenLag is how long after a worker lost its connection a task it
 // may have failed unseen (its TASK lost with the connection) comes
-// again: its backoff after one attempt is 100 ms.
+// again: its backoff after one attempt is 100 ms, but a node stopped
+// (SIGSTOP, up to 6 s in the scenarios) sees the loss only once it
+// runs again.
 const unseenLag = 10 * time.Second
 
 // kills lists, per node, the times it was killed (nemeses named
@@ -247,7 +254,7 @@ func (s Snapshot) deliveries() []*delivery {
 			lostAt := we.time
 			byKill := false
 			for _, k := range kills[t.Node] {
-				if lostAt >= k-int64(killWindow) && lostAt <= k+int64(ackLag) {
+				if lostAt >= k-int64(killWindow) && lostAt <= k+int64(killNotice) {
 					byKill = true
 				}
 			}
@@ -262,21 +269,21 @@ func (s Snapshot) deliveries() []*delivery {
 // lostWorkers lists the times of the workers' ends that may have failed
 // tasks the history never saw delivered (a TASK on its way when the
 // connection ended): connections lost, not to a kill.
-func (s Snapshot) lostWorkers() []int64 {
+func (s Snapshot) lostWorkers() []TaskRecord {
 	kills := s.kills()
-	var out []int64
+	var out []TaskRecord
 	for _, t := range s.Tasks {
 		if t.Event != TaskWorkerEnded || t.Detail != WorkerLostConnection {
 			continue
 		}
 		byKill := false
 		for _, k := range kills[t.Node] {
-			if t.Time >= k-int64(killWindow) && t.Time <= k+int64(ackLag) {
+			if t.Time >= k-int64(killWindow) && t.Time <= k+int64(killNotice) {
 				byKill = true
 			}
 		}
 		if !byKill {
-			out = append(out, t.Time)
+			out = append(out, t)
 		}
 	}
 	return out
@@ -420,12 +427,6 @@ func CheckAttempts(s Snapshot) Result {
 		}
 		byTask[d.ID] = append(byTask[d.ID], d)
 	}
-	calls := map[string]int64{}
-	for _, t := range s.Tasks {
-		if t.submitted() {
-			calls[t.ID] = t.Call
-		}
-	}
 	redelivered, returned := 0, 0
 	for _, id := range ids {
 		// budget is the most failed attempts the deliveries seen so far
@@ -433,16 +434,16 @@ func CheckAttempts(s Snapshot) Result {
 		// each that may have failed since.
 		budget := 0
 		for k, d := range byTask[id] {
-			// Workers lost while the task was back in the queue, shortly
-			// before this delivery, that never showed it: each may
-			// have had it on the way and failed it once.
-			from := calls[id]
-			if k > 0 {
-				from = byTask[id][k-1].end
-			}
+			// Workers lost shortly before this delivery that never
+			// showed it: each may have had it on the way and failed it
+			// once. Not only tasks submitted before the client lost the
+			// connection: a node that was stopped sees the loss (and
+			// fails what it took for the worker meanwhile) only when it
+			// runs again.
 			unseen := 0
-			for _, t := range lost {
-				if t > from && t < d.Time && d.Time-t < int64(unseenLag) {
+			for _, w := range lost {
+				showed := slices.ContainsFunc(byTask[id][:k], func(p *delivery) bool { return p.Worker == w.Worker })
+				if !showed && w.Time < d.Time && d.Time-w.Time < int64(unseenLag) {
 					unseen++
 				}
 			}

@@ -68,8 +68,9 @@ func TestChaosQueueShort(t *testing.T) {
 	}
 }
 
-// runShort runs sc for d with seed 1 (COURIER_CHAOS_SEED changes it)
-// and fails on any violation, or if a fault or a checker had nothing to
+// runShort runs sc for d with seed 1 (COURIER_CHAOS_SEED changes it),
+// writes its reports, history and node logs into COURIER_CHAOS_REPORT
+// if set, and fails on any violation, or if a fault or a checker had nothing to
 // do.
 func runShort(t *testing.T, sc Scenario, d time.Duration) Report {
 	seed := uint64(1)
@@ -79,10 +80,19 @@ func runShort(t *testing.T, sc Scenario, d time.Duration) Report {
 			t.Fatal(err)
 		}
 	}
+	dir := os.Getenv(envReport)
+	base := ""
+	if dir != "" {
+		base = filepath.Join(dir, "chaos-"+sc.Name+"-"+strconv.FormatUint(seed, 10))
+		sc.LogDir = base + "-nodes"
+	}
 	r := RunScenario(t, sc, seed, d)
 	var b strings.Builder
 	r.WriteText(&b)
 	t.Log("\n" + b.String())
+	if base != "" {
+		writeReports(t, base, r, b.String())
+	}
 	if !r.OK() {
 		t.Fatalf("violations (seed %d)", seed)
 	}
@@ -138,7 +148,17 @@ func TestChaos(t *testing.T) {
 	var text strings.Builder
 	r.WriteText(&text)
 	t.Log("\n" + text.String())
-	if err := os.WriteFile(base+".txt", []byte(text.String()), 0o644); err != nil {
+	writeReports(t, base, r, text.String())
+	if !r.OK() {
+		t.Fatalf("%d violations", r.Violations())
+	}
+}
+
+// writeReports writes a run's reports and history next to base:
+// base.txt, base.json, base-history.json.
+func writeReports(t *testing.T, base string, r Report, text string) {
+	t.Helper()
+	if err := os.WriteFile(base+".txt", []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Create(base + ".json")
@@ -156,7 +176,37 @@ func TestChaos(t *testing.T) {
 	if err := os.WriteFile(base+"-history.json", hist, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("reports: %s.txt, %s.json; history in %s-history.json; node logs in %s", base, base, base, sc.LogDir)
+	t.Logf("reports: %s.txt, %s.json; history in %s-history.json; node logs in %s-nodes", base, base, base, base)
+}
+
+// envHistory names a history file (chaos-SCENARIO-SEED-history.json)
+// for TestRecheck.
+const envHistory = "COURIER_CHAOS_HISTORY"
+
+// TestRecheck judges a saved history again with today's checkers:
+// COURIER_CHAOS_HISTORY=path go test -run TestRecheck -v
+// ./internal/clustertest, after a checker changed.
+func TestRecheck(t *testing.T) {
+	path := os.Getenv(envHistory)
+	if path == "" {
+		t.Skip("set " + envHistory + " to a history file")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s Snapshot
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	h := NewHistory()
+	r := NewReport(filepath.Base(path), 0, "", 0, h, CheckRegistry(s, time.Minute), CheckLeaders(s, LeaderOptions{Grace: 5 * time.Second}),
+		CheckPubSub(s, PubSubOptions{Grace: 5 * time.Second}), CheckRequests(s, DefaultMargin),
+		CheckTasks(s), CheckKeyedTasks(s), CheckAttempts(s), CheckMinority(s))
+	r.Nemeses = s.Nemeses
+	var text strings.Builder
+	r.WriteText(&text)
+	t.Log("\n" + text.String())
 	if !r.OK() {
 		t.Fatalf("%d violations", r.Violations())
 	}
