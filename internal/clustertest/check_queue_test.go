@@ -69,7 +69,7 @@ func TestQueueCheckersPassAGoodHistory(t *testing.T) {
 	for _, r := range []Result{CheckTasks(s), CheckKeyedTasks(s), CheckAttempts(s), CheckMinority(s)} {
 		wantOK(t, r)
 	}
-	if r := CheckKeyedTasks(s); !strings.Contains(r.Checked, "2 ordered pairs") {
+	if r := CheckKeyedTasks(s); !strings.Contains(r.Checked, "3 ordered pairs") {
 		t.Fatalf("keyed: %s", r.Checked)
 	}
 	if r := CheckAttempts(s); !strings.Contains(r.Checked, "2 redeliveries (1 without a new attempt)") {
@@ -114,6 +114,12 @@ func TestCheckKeyedTasksOrder(t *testing.T) {
 	if r := CheckKeyedTasks(s); r.Count != 0 {
 		t.Fatalf("concurrent submits: %v", r.Violations)
 	}
+	// Of two concurrent submits both confirmed before c was submitted,
+	// the one confirmed first is delivered after c.
+	s = goodQueue()
+	s.Tasks[1].Call = 5 * msNS
+	s.Tasks[6].Time, s.Tasks[7].Time = 1500*msNS, 1510*msNS // a, after c's first delivery at 900
+	wantViolation(t, CheckKeyedTasks(s), "c delivered at 900.0ms before a at 1500.0ms")
 }
 
 func TestCheckKeyedTasksOneInFlight(t *testing.T) {

@@ -332,20 +332,27 @@ func CheckKeyedTasks(s Snapshot) Result {
 }
 
 // checkKeyOrder checks, per key, that tasks confirmed one after the
-// other are delivered in that order; it returns the number of pairs.
+// other are delivered in that order; it returns the number of ordered
+// pairs looked at.
 func checkKeyOrder(s Snapshot, byKey map[string][]*delivery, r *Result) int {
 	type conf struct {
 		id         string
 		call, time int64
 	}
 	confirmed := map[string][]conf{}
+	var keys []string
 	for _, t := range s.Tasks {
 		if t.Event == TaskConfirmed && t.Key != "" {
+			if _, ok := confirmed[t.Key]; !ok {
+				keys = append(keys, t.Key)
+			}
 			confirmed[t.Key] = append(confirmed[t.Key], conf{t.ID, t.Call, t.Time})
 		}
 	}
+	slices.Sort(keys)
 	pairs := 0
-	for key, cs := range confirmed {
+	for _, key := range keys {
+		cs := confirmed[key]
 		first, last := map[string]int64{}, map[string]int64{}
 		for _, d := range byKey[key] {
 			if _, ok := first[d.ID]; !ok {
@@ -354,32 +361,50 @@ func checkKeyOrder(s Snapshot, byKey map[string][]*delivery, r *Result) int {
 			last[d.ID] = d.Time
 		}
 		slices.SortFunc(cs, func(a, b conf) int { return cmp.Compare(a.time, b.time) })
-		// Only the last task confirmed before b's call need be looked
-		// at for each b: order is transitive.
-		for j, b := range cs {
-			var a *conf
-			for i := j - 1; i >= 0; i-- {
-				if cs[i].time < b.call {
-					a = &cs[i]
-					break
+		// Over the tasks confirmed so far (in confirm order): the one
+		// first delivered last, the one delivered last, the first never
+		// delivered.
+		type upTo struct{ firstID, lastID, missing string }
+		pre := make([]upTo, len(cs))
+		var cur upTo
+		for i, c := range cs {
+			f, ok := first[c.id]
+			switch {
+			case !ok:
+				if cur.missing == "" {
+					cur.missing = c.id
+				}
+			default:
+				if cur.firstID == "" || f > first[cur.firstID] {
+					cur.firstID = c.id
+				}
+				if cur.lastID == "" || last[c.id] > last[cur.lastID] {
+					cur.lastID = c.id
 				}
 			}
-			if a == nil {
+			pre[i] = cur
+		}
+		reported := map[string]bool{}
+		for _, b := range cs {
+			// The tasks confirmed before b was submitted.
+			n, _ := slices.BinarySearchFunc(cs, b.call, func(c conf, t int64) int { return cmp.Compare(c.time, t) })
+			if n == 0 {
 				continue
 			}
-			pairs++
-			fb, bOK := first[b.id]
-			if !bOK {
+			pairs += n
+			fb, ok := first[b.id]
+			if !ok {
 				continue // b lost: the tasks checker says so
 			}
-			fa, aOK := first[a.id]
+			p := pre[n-1]
 			switch {
-			case !aOK:
-				r.violate("key %s: %s delivered at %s, but %s, confirmed before %s was submitted, never", key, b.id, ms(fb), a.id, b.id)
-			case fa > fb:
-				r.violate("key %s: %s delivered at %s before %s at %s, confirmed before %s was submitted", key, b.id, ms(fb), a.id, ms(fa), b.id)
-			case last[a.id] > fb:
-				r.violate("key %s: %s delivered again at %s after %s was delivered at %s", key, a.id, ms(last[a.id]), b.id, ms(fb))
+			case p.missing != "" && !reported[p.missing]:
+				reported[p.missing] = true
+				r.violate("key %s: %s delivered at %s, but %s, confirmed before %s was submitted, never", key, b.id, ms(fb), p.missing, b.id)
+			case p.firstID != "" && first[p.firstID] > fb:
+				r.violate("key %s: %s delivered at %s before %s at %s, confirmed before %s was submitted", key, b.id, ms(fb), p.firstID, ms(first[p.firstID]), b.id)
+			case p.lastID != "" && last[p.lastID] > fb:
+				r.violate("key %s: %s delivered again at %s after %s was delivered at %s", key, p.lastID, ms(last[p.lastID]), b.id, ms(fb))
 			}
 		}
 	}
