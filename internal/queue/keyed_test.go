@@ -397,3 +397,27 @@ func TestKeyWaitsForDurableAck(t *testing.T) {
 		t.Fatalf("with a synchronous journal: delivered %v, want [%d]", got, c)
 	}
 }
+
+// TestPullerAckFreesKeyAtOnce: a puller's ack (AMQP basic.get) frees its
+// key at once, durable or not, so that the next get finds the key's next
+// message.
+func TestPullerAckFreesKeyAtOnce(t *testing.T) {
+	e := newEnv(t)
+	q := e.queue(nil)
+	a := mustEnqueue(t, q, Message{Key: "k", Body: body(0)})
+	b := mustEnqueue(t, q, Message{Key: "k", Body: body(1)})
+	e.j.Manual = true
+	p, err := q.AddPuller("p")
+	must(t, err)
+	d, ok, err := q.Take(p)
+	must(t, err)
+	if !ok || d.ID != a {
+		t.Fatalf("take: %d %v, want %d", d.ID, ok, a)
+	}
+	must(t, q.Ack(p, a))
+	d, ok, err = q.Take(p)
+	must(t, err)
+	if !ok || d.ID != b {
+		t.Fatalf("take after the ack: %d %v, want %d", d.ID, ok, b)
+	}
+}

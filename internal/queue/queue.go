@@ -294,7 +294,7 @@ func (q *Queue) Ack(c *Consumer, id uint64) error {
 	q.stats.unacked.Add(-1)
 	q.stats.acked.Add(1)
 	q.notify(m.id, Event{Kind: EventCompleted, Consumer: c.id}, true)
-	err = q.releaseAcked(m)
+	err = q.releaseAcked(m, !c.pull)
 	q.finish(now)
 	if err != nil {
 		return fmt.Errorf("ack %d: %w: %w", id, ErrJournal, err)
@@ -551,22 +551,23 @@ func (q *Queue) release(m *message) error {
 	return q.journal.Release(q.relBuf, nil)
 }
 
-// releaseAcked releases the records of m, just acked, and drops it. A
-// keyed message's key stays blocked until the release is durable: were
-// the next task of the key delivered before, a crash (or, on a
-// replicated queue, a failover) that lost the ack would deliver m again
-// after it, out of order, and while it may still be in flight. A
-// placeholder holds the key meanwhile (m itself is recycled). q.mu is
-// held.
-func (q *Queue) releaseAcked(m *message) error {
+// releaseAcked releases the records of m, just acked, and drops it.
+// With hold, a keyed message's key stays blocked until the release is
+// durable: were the next task of the key delivered before, a crash (or,
+// on a replicated queue, a failover) that lost the ack would deliver m
+// again after it, out of order, and while it may still be in flight. A
+// placeholder holds the key meanwhile (m itself is recycled). Pullers
+// (AMQP's basic.get) do not hold it: a get right after a no-ack get
+// finds the key's next message at once. q.mu is held.
+func (q *Queue) releaseAcked(m *message, hold bool) error {
 	k := m.ks
-	if q.journal == nil || m.ref.IsZero() || k == nil || k.busy != m {
+	if !hold || q.journal == nil || m.ref.IsZero() || k == nil || k.busy != m {
 		err := q.release(m)
 		q.drop(m)
 		return err
 	}
-	hold := new(message)
-	k.busy = hold
+	placeholder := new(message)
+	k.busy = placeholder
 	q.relBuf = append(q.relBuf[:0], m.ref)
 	if !m.aref.IsZero() {
 		q.relBuf = append(q.relBuf, m.aref)
@@ -582,13 +583,13 @@ func (q *Queue) releaseAcked(m *message) error {
 	var state atomic.Int32
 	err := q.journal.Release(q.relBuf, func(error) {
 		if !state.CompareAndSwap(acking, durable) {
-			go q.unholdKey(k, hold)
+			go q.unholdKey(k, placeholder)
 		}
 	})
 	q.drop(m)
 	if err != nil || !state.CompareAndSwap(acking, waiting) {
 		// Durable already, or failed (done is not called then).
-		q.freeKey(k, hold)
+		q.freeKey(k, placeholder)
 	}
 	return err
 }
