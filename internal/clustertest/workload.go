@@ -554,8 +554,9 @@ var deliveries atomic.Int64
 // after its attachment ends (its connection lost, or detached by the
 // broker). Each attachment is a worker of its own in the history
 // (worker-I#N); it records every delivery with its key and attempts,
-// holds the task for a short random time ([hold]) and acks it, recording the ack
-// just before it is sent, and records its own end and why.
+// holds the task for a short random time ([hold]) and acks it,
+// recording the ack just before it is sent, and records its own end
+// and why.
 func (w Workload) taskWorker(ctx context.Context, c *Cluster, i int) {
 	h := c.hist
 	node := c.nodes[i].Name

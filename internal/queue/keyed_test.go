@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -419,5 +420,38 @@ func TestPullerAckFreesKeyAtOnce(t *testing.T) {
 	must(t, err)
 	if !ok || d.ID != b {
 		t.Fatalf("take after the ack: %d %v, want %d", d.ID, ok, b)
+	}
+}
+
+// lostReleases is a journal whose releases fail: as a replica's, once it
+// no longer leads.
+type lostReleases struct{ *MemJournal }
+
+func (j lostReleases) Release(refs []Ref, done func(error)) error {
+	if err := j.MemJournal.Release(refs, nil); err != nil {
+		return err
+	}
+	if done != nil {
+		done(errors.New("no longer the leader"))
+	}
+	return nil
+}
+
+// TestKeyStaysBlockedWhenAckLost: an ack whose release failed may be
+// lost, so the key's next task is not delivered (the chaos suite found
+// an isolated leader delivering it as it stepped down, its ack never
+// committed, and the new leader then delivering the first again).
+func TestKeyStaysBlockedWhenAckLost(t *testing.T) {
+	e := newEnv(t)
+	q := e.queue(func(c *Config) { c.Journal = lostReleases{e.j} })
+	a := mustEnqueue(t, q, Message{Key: "k", Body: body(0)})
+	mustEnqueue(t, q, Message{Key: "k", Body: body(1)})
+	w := addWorker(t, q, "w", 10)
+	if got := ids(w.take()); !slices.Equal(got, []uint64{a}) {
+		t.Fatalf("delivered %v, want [%d]", got, a)
+	}
+	must(t, q.Ack(w.Consumer, a))
+	if got := w.take(); len(got) != 0 {
+		t.Fatalf("delivered %v after the ack of %d was lost", ids(got), a)
 	}
 }

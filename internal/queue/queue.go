@@ -580,16 +580,20 @@ func (q *Queue) releaseAcked(m *message, hold bool) error {
 		durable
 		waiting
 	)
+	// A release that failed may be lost (a replica that stopped
+	// leading, a broken log): the key stays blocked for as long as this
+	// queue lives, which is not long: its journal can take nothing more.
 	var state atomic.Int32
-	err := q.journal.Release(q.relBuf, func(error) {
-		if !state.CompareAndSwap(acking, durable) {
+	var failed atomic.Bool
+	err := q.journal.Release(q.relBuf, func(err error) {
+		failed.Store(err != nil)
+		if !state.CompareAndSwap(acking, durable) && err == nil {
 			go q.unholdKey(k, placeholder)
 		}
 	})
 	q.drop(m)
-	if err != nil || !state.CompareAndSwap(acking, waiting) {
-		// Durable already, or failed (done is not called then).
-		q.freeKey(k, placeholder)
+	if err == nil && !state.CompareAndSwap(acking, waiting) && !failed.Load() {
+		q.freeKey(k, placeholder) // durable already
 	}
 	return err
 }
