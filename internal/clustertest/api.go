@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 )
 
@@ -130,4 +131,59 @@ func (c *Cluster) MetaLeader() (int, error) {
 		}
 	}
 	return -1, ErrNoMetaLeader
+}
+
+// QueueLeader returns the index of the node that serves the replicated
+// queue name: the node its /api/queues/{name} names as "leader" where
+// the API tells it, or else the one running node that answers for the
+// queue (a node lists the replicated queues it serves). It polls for up
+// to timeout, for a queue between two leaders.
+func (c *Cluster) QueueLeader(name string, timeout time.Duration) (int, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		if i, ok := c.queueLeader(name); ok {
+			return i, nil
+		}
+		if time.Now().After(deadline) {
+			return -1, fmt.Errorf("%w: queue %q after %v", ErrNoQueueLeader, name, timeout)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// queueLeader asks every running node once.
+func (c *Cluster) queueLeader(name string) (int, bool) {
+	serving := -1
+	for _, n := range c.nodes {
+		if !n.Running() {
+			continue
+		}
+		var q struct {
+			Leader string `json:"leader"`
+		}
+		if err := n.GetJSON("/api/queues/"+url.PathEscape(name), &q); err != nil {
+			continue
+		}
+		if q.Leader != "" {
+			if i := c.nodeIndex(q.Leader); i >= 0 && c.nodes[i].Running() {
+				return i, true
+			}
+			continue
+		}
+		if serving >= 0 {
+			return -1, false // two serve it: a leader on its way out
+		}
+		serving = n.Index
+	}
+	return serving, serving >= 0
+}
+
+// nodeIndex returns the index of the node called name, or -1.
+func (c *Cluster) nodeIndex(name string) int {
+	for _, n := range c.nodes {
+		if n.Name == name {
+			return n.Index
+		}
+	}
+	return -1
 }

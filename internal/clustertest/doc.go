@@ -35,7 +35,16 @@
 //     inside fault windows;
 //   - [CheckRequests]: every request has exactly one outcome by its
 //     deadline plus a margin;
-//   - [CheckTasks]: every confirmed task is delivered at least once.
+//   - [CheckTasks]: every confirmed task is delivered at least once;
+//   - [CheckKeyedTasks]: per key, tasks confirmed one after the other
+//     are delivered in that order, and never two in flight at once;
+//   - [CheckAttempts]: a task in flight on a node that died comes back
+//     without a failed attempt;
+//   - [CheckMinority]: a node cut off from the majority confirms
+//     nothing.
+//
+// The queue nemeses ([KillQueueLeader], [PauseQueueLeader],
+// [IsolateQueueLeader]) aim at the node that serves a replicated queue.
 //
 // docs/cluster.md "Fault tests" tells how to run short and long runs.
 package clustertest

@@ -11,3 +11,6 @@ var ErrNoNetem = errors.New("clustertest: tc netem unavailable")
 
 // ErrNoMetaLeader is returned when no node names a metadata leader.
 var ErrNoMetaLeader = errors.New("clustertest: no metadata leader known")
+
+// ErrNoQueueLeader is returned when no node serves a replicated queue.
+var ErrNoQueueLeader = errors.New("clustertest: no queue leader known")

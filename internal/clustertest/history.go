@@ -53,6 +53,13 @@ type NemesisRecord struct {
 	Detail string   `json:"detail,omitempty"`
 	Start  int64    `json:"start_ns"`
 	End    int64    `json:"end_ns"`
+	// Healing is when its healing began (End is when it was done): a
+	// cut may let traffic through from then on. 0 if not recorded.
+	Healing int64 `json:"healing_ns,omitempty"`
+	// Minority lists the nodes the fault cut off from a majority of the
+	// cluster (an isolated node, a split's minority), which must not
+	// confirm anything until healing (see [CheckMinority]).
+	Minority []string `json:"minority,omitempty"`
 }
 
 // Note is a free line in the history, for what a scenario wants in the
@@ -77,6 +84,24 @@ func (h *History) EndNemesis(i int) {
 	defer h.mu.Unlock()
 	if i >= 0 && i < len(h.nemeses) && h.nemeses[i].End == 0 {
 		h.nemeses[i].End = h.Now()
+	}
+}
+
+// HealingNemesis records that the healing of fault i begins now.
+func (h *History) HealingNemesis(i int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if i >= 0 && i < len(h.nemeses) && h.nemeses[i].Healing == 0 {
+		h.nemeses[i].Healing = h.Now()
+	}
+}
+
+// SetMinority records the nodes fault i cut off from a majority.
+func (h *History) SetMinority(i int, nodes ...string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if i >= 0 && i < len(h.nemeses) {
+		h.nemeses[i].Minority = append([]string(nil), nodes...)
 	}
 }
 

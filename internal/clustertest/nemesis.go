@@ -49,6 +49,9 @@ func (c *Cluster) Inject(n Nemesis, rng *rand.Rand) (*Fault, error) {
 		names[i] = c.nodes[x].Name
 	}
 	rec := c.hist.BeginNemesis(n.Name(), detail, names...)
+	if m, ok := n.(minorityCutter); ok && m.cutsMinority() && c.opts.Cluster {
+		c.hist.SetMinority(rec, names...)
+	}
 	c.t.Logf("clustertest: %s %s %s at %s", n.Name(), strings.Join(names, ","), detail, ms(c.hist.Now()))
 	return &Fault{c: c, rec: rec, heal: heal}, nil
 }
@@ -57,11 +60,20 @@ func (c *Cluster) Inject(n Nemesis, rng *rand.Rand) (*Fault, error) {
 // call's error.
 func (f *Fault) Heal() error {
 	f.once.Do(func() {
+		f.c.hist.HealingNemesis(f.rec)
 		f.err = f.heal()
 		f.c.hist.EndNemesis(f.rec)
 	})
 	return f.err
 }
+
+// minorityCutter is a nemesis whose nodes it cuts off from a majority of
+// the cluster, which then must confirm nothing (see [CheckMinority]);
+// separate single-node servers are each a majority of their own.
+type minorityCutter interface{ cutsMinority() bool }
+
+func (Isolate) cutsMinority() bool { return true }
+func (Split) cutsMinority() bool   { return true }
 
 // pick returns node, or a random node index when node < 0.
 func pick(c *Cluster, rng *rand.Rand, node int) int {
@@ -394,4 +406,87 @@ func (KillMetaLeader) Start(c *Cluster, rng *rand.Rand) (string, []int, func() e
 	}
 	detail, nodes, heal, err := Kill{Node: i}.Start(c, rng)
 	return "the metadata leader: " + detail, nodes, heal, err
+}
+
+// DefaultQueue is the task exchange of the workload's default names,
+// the queue the queue nemeses aim at when they name none.
+const DefaultQueue = "chaos-tasks"
+
+// queueLeaderWait is how long a queue nemesis looks for the queue's
+// leader: a queue may be between two leaders when the fault comes.
+const queueLeaderWait = 30 * time.Second
+
+// queueLeader finds the node serving queue (default [DefaultQueue]).
+func queueLeader(c *Cluster, queue string) (int, string, error) {
+	if queue == "" {
+		queue = DefaultQueue
+	}
+	i, err := c.QueueLeader(queue, queueLeaderWait)
+	return i, queue, err
+}
+
+// KillQueueLeader kills the node that serves a replicated queue (the
+// leader of its replicas, found through the management API, see
+// [Cluster.QueueLeader]) with SIGKILL; healing restarts it on the same
+// data directory.
+type KillQueueLeader struct {
+	// Queue names the queue; default [DefaultQueue].
+	Queue string
+}
+
+// Name implements [Nemesis].
+func (KillQueueLeader) Name() string { return "kill-queue-leader" }
+
+// Start implements [Nemesis].
+func (k KillQueueLeader) Start(c *Cluster, rng *rand.Rand) (string, []int, func() error, error) {
+	i, q, err := queueLeader(c, k.Queue)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	detail, nodes, heal, err := Kill{Node: i}.Start(c, rng)
+	return fmt.Sprintf("the leader of queue %s: %s", q, detail), nodes, heal, err
+}
+
+// PauseQueueLeader stops the node that serves a replicated queue with
+// SIGSTOP; healing continues it. Hold it past the replicas' election
+// timeout, so that the others elect a new leader meanwhile.
+type PauseQueueLeader struct {
+	// Queue names the queue; default [DefaultQueue].
+	Queue string
+}
+
+// Name implements [Nemesis].
+func (PauseQueueLeader) Name() string { return "pause-queue-leader" }
+
+// Start implements [Nemesis].
+func (p PauseQueueLeader) Start(c *Cluster, rng *rand.Rand) (string, []int, func() error, error) {
+	i, q, err := queueLeader(c, p.Queue)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	detail, nodes, heal, err := Pause{Node: i}.Start(c, rng)
+	return fmt.Sprintf("the leader of queue %s: %s", q, detail), nodes, heal, err
+}
+
+// IsolateQueueLeader cuts the node that serves a replicated queue from
+// every other node (its clients still reach it); healing removes the
+// cut. It must confirm nothing meanwhile ([CheckMinority]).
+type IsolateQueueLeader struct {
+	// Queue names the queue; default [DefaultQueue].
+	Queue string
+}
+
+// Name implements [Nemesis].
+func (IsolateQueueLeader) Name() string { return "isolate-queue-leader" }
+
+func (IsolateQueueLeader) cutsMinority() bool { return true }
+
+// Start implements [Nemesis].
+func (p IsolateQueueLeader) Start(c *Cluster, rng *rand.Rand) (string, []int, func() error, error) {
+	i, q, err := queueLeader(c, p.Queue)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	detail, nodes, heal, err := Isolate{Node: i}.Start(c, rng)
+	return fmt.Sprintf("the leader of queue %s: %s", q, detail), nodes, heal, err
 }

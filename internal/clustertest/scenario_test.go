@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -37,7 +38,7 @@ func TestChaosShort(t *testing.T) {
 // TestChaosClusterShort runs a 3-node cluster for 20 s under kill -9
 // (restarted), SIGSTOP past the lease, and isolation, drawn with the
 // seed, with the clustered workload (registry, requests, pub-sub,
-// leaders) and every checker: the cluster's promises under faults, in
+// leaders, a replicated queue) and every checker: the cluster's promises under faults, in
 // every CI run. netns mode as root with ip, the proxies elsewhere.
 func TestChaosClusterShort(t *testing.T) {
 	if testing.Short() {
@@ -50,10 +51,28 @@ func TestChaosClusterShort(t *testing.T) {
 	runShort(t, sc, 20*time.Second)
 }
 
-// runShort runs sc for d with seed 1 (COURIER_CHAOS_SEED changes it)
-// and fails on any violation, or if a fault or a checker had nothing to
+// TestChaosQueueShort runs a 3-node cluster with a replicated queue
+// for 20 s under kill -9 of the queue's leader node (restarted), with
+// producers and workers on every node and every task checker: the
+// failover of a replicated queue, in every CI run.
+func TestChaosQueueShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a cluster fault run of 20 s")
+	}
+	needCluster(t)
+	sc := Scenario{Name: "cluster-queue-short", Cluster: true, Workload: replicated,
+		Nemeses: []Nemesis{KillQueueLeader{}}, Hold: 3 * time.Second, Gap: 5 * time.Second, Grace: 5 * time.Second}
+	r := runShort(t, sc, 20*time.Second)
+	if !slices.ContainsFunc(r.Nemeses, func(n NemesisRecord) bool { return n.Name == "kill-queue-leader" }) {
+		t.Fatal("the queue's leader was never killed")
+	}
+}
+
+// runShort runs sc for d with seed 1 (COURIER_CHAOS_SEED changes it),
+// writes its reports, history and node logs into COURIER_CHAOS_REPORT
+// if set, and fails on any violation, or if a fault or a checker had nothing to
 // do.
-func runShort(t *testing.T, sc Scenario, d time.Duration) {
+func runShort(t *testing.T, sc Scenario, d time.Duration) Report {
 	seed := uint64(1)
 	if s := os.Getenv(envSeed); s != "" {
 		var err error
@@ -61,10 +80,19 @@ func runShort(t *testing.T, sc Scenario, d time.Duration) {
 			t.Fatal(err)
 		}
 	}
+	dir := os.Getenv(envReport)
+	base := ""
+	if dir != "" {
+		base = filepath.Join(dir, "chaos-"+sc.Name+"-"+strconv.FormatUint(seed, 10))
+		sc.LogDir = base + "-nodes"
+	}
 	r := RunScenario(t, sc, seed, d)
 	var b strings.Builder
 	r.WriteText(&b)
 	t.Log("\n" + b.String())
+	if base != "" {
+		writeReports(t, base, r, b.String())
+	}
 	if !r.OK() {
 		t.Fatalf("violations (seed %d)", seed)
 	}
@@ -72,11 +100,15 @@ func runShort(t *testing.T, sc Scenario, d time.Duration) {
 		t.Fatal("no fault injected")
 	}
 	for _, x := range r.Results {
-		idle := x.Checker == "registry" || x.Checker == "leaders" || x.Checker == "tasks" && !sc.Workload.Tasks
+		tasks := x.Checker == "tasks" || x.Checker == "attempts" || x.Checker == "keyed"
+		idle := x.Checker == "registry" || x.Checker == "leaders" || x.Checker == "minority" ||
+			tasks && !sc.Workload.Tasks || x.Checker == "keyed" && sc.Workload.TaskKeys == 0 ||
+			!sc.Workload.Requests && x.Checker == "requests" || !sc.Workload.PubSub && x.Checker == "pubsub"
 		if !idle && strings.HasPrefix(x.Checked, "0 ") {
 			t.Errorf("%s checked nothing: %s", x.Checker, x.Checked)
 		}
 	}
+	return r
 }
 
 // TestChaos is the long run of scripts/chaos: it runs only when
@@ -116,7 +148,17 @@ func TestChaos(t *testing.T) {
 	var text strings.Builder
 	r.WriteText(&text)
 	t.Log("\n" + text.String())
-	if err := os.WriteFile(base+".txt", []byte(text.String()), 0o644); err != nil {
+	writeReports(t, base, r, text.String())
+	if !r.OK() {
+		t.Fatalf("%d violations", r.Violations())
+	}
+}
+
+// writeReports writes a run's reports and history next to base:
+// base.txt, base.json, base-history.json.
+func writeReports(t *testing.T, base string, r Report, text string) {
+	t.Helper()
+	if err := os.WriteFile(base+".txt", []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Create(base + ".json")
@@ -134,7 +176,37 @@ func TestChaos(t *testing.T) {
 	if err := os.WriteFile(base+"-history.json", hist, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("reports: %s.txt, %s.json; history in %s-history.json; node logs in %s", base, base, base, sc.LogDir)
+	t.Logf("reports: %s.txt, %s.json; history in %s-history.json; node logs in %s-nodes", base, base, base, base)
+}
+
+// envHistory names a history file (chaos-SCENARIO-SEED-history.json)
+// for TestRecheck.
+const envHistory = "COURIER_CHAOS_HISTORY"
+
+// TestRecheck judges a saved history again with today's checkers:
+// COURIER_CHAOS_HISTORY=path go test -run TestRecheck -v
+// ./internal/clustertest, after a checker changed.
+func TestRecheck(t *testing.T) {
+	path := os.Getenv(envHistory)
+	if path == "" {
+		t.Skip("set " + envHistory + " to a history file")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s Snapshot
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	h := NewHistory()
+	r := NewReport(filepath.Base(path), 0, "", 0, h, CheckRegistry(s, time.Minute), CheckLeaders(s, LeaderOptions{Grace: 5 * time.Second}),
+		CheckPubSub(s, PubSubOptions{Grace: 5 * time.Second}), CheckRequests(s, DefaultMargin),
+		CheckTasks(s), CheckKeyedTasks(s), CheckAttempts(s), CheckMinority(s))
+	r.Nemeses = s.Nemeses
+	var text strings.Builder
+	r.WriteText(&text)
+	t.Log("\n" + text.String())
 	if !r.OK() {
 		t.Fatalf("%d violations", r.Violations())
 	}

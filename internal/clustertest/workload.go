@@ -17,6 +17,7 @@ import (
 
 	"github.com/courier-mq/courier"
 	"github.com/courier-mq/courier/client"
+	"github.com/courier-mq/courier/wire"
 )
 
 // The workload: clients that run against one node until their context
@@ -118,6 +119,15 @@ type Workload struct {
 	Leaders bool
 	// Tasks runs a producer with confirms and a worker per node.
 	Tasks bool
+	// TaskKeys is the number of keys (shared by every producer) that
+	// every other task carries; 0: unkeyed tasks only. At most 64.
+	TaskKeys int
+	// TaskRate bounds each task producer's submits per second.
+	// Default: Rate.
+	TaskRate int
+	// Replicas declares the task exchange with courier.Replicas(n);
+	// 0 declares it without the option (the cluster's default).
+	Replicas int
 	// Exchange returns the exchange name node n's request, pub-sub,
 	// leader and task clients use (one per kind: the name gets a
 	// suffix); default: one name per kind for the whole cluster, as a
@@ -172,7 +182,7 @@ func (w Workload) Start(ctx context.Context, c *Cluster, seed uint64, drain time
 			}
 		}
 		if w.Tasks {
-			start(func() { w.tasks(ctx, c, i) })
+			start(func() { w.tasks(ctx, c, i, rand.New(rand.NewPCG(seed, uint64(100+i)))) })
 			workers.Add(1)
 			go func() { defer workers.Done(); w.taskWorker(workCtx, c, i) }()
 		}
@@ -496,47 +506,132 @@ func (w Workload) leader(ctx context.Context, c *Cluster, i, m int) {
 	}
 }
 
-// taskWorker runs a worker on node i until ctx ends, reconnecting
-// after its node dies.
+// taskName is the task exchange of node i.
+func (w Workload) taskName(c *Cluster, i int) string { return w.Exchange(c.nodes[i]) + "-tasks" }
+
+// taskOptions are the options the task clients declare their exchange
+// with: Replicas(w.Replicas) when set.
+func (w Workload) taskOptions() []courier.ExchangeOption {
+	if w.Replicas > 0 {
+		return []courier.ExchangeOption{courier.Replicas(w.Replicas)}
+	}
+	return nil
+}
+
+// taskKey scopes a task's key by broker where brokers are separate, so
+// that the checkers compare a key's tasks within one queue.
+func (w Workload) taskKey(c *Cluster, i int, key string) string {
+	if key == "" || !w.Separate {
+		return key
+	}
+	return c.nodes[i].Name + "/" + key
+}
+
+// workerPrefetch is what each worker may hold unsettled.
+const workerPrefetch = 8
+
+// Workers hold most tasks for up to maxHold, then ack them; one in
+// longHoldOdds for between longHold and twice as long, so that more is
+// in flight when a fault comes.
+const (
+	maxHold      = 30 * time.Millisecond
+	longHold     = 150 * time.Millisecond
+	longHoldOdds = 20
+)
+
+// hold returns how long a worker holds a task.
+func hold() time.Duration {
+	if rand.IntN(longHoldOdds) == 0 {
+		return longHold + rand.N(longHold)
+	}
+	return rand.N(maxHold)
+}
+
+// deliveries numbers deliveries across workers, for [TaskRecord.Delivery].
+var deliveries atomic.Int64
+
+// taskWorker runs a worker on node i until ctx ends, attaching again
+// after its attachment ends (its connection lost, or detached by the
+// broker). Each attachment is a worker of its own in the history
+// (worker-I#N); it records every delivery with its key and attempts,
+// holds the task for a short random time ([hold]) and acks it,
+// recording the ack just before it is sent, and records its own end
+// and why.
 func (w Workload) taskWorker(ctx context.Context, c *Cluster, i int) {
 	h := c.hist
-	name := w.Exchange(c.nodes[i]) + "-tasks"
+	node := c.nodes[i].Name
 	ws := &session{c: c, from: i, to: i, name: fmt.Sprintf("worker-%d", i)}
 	defer ws.close()
-	for ctx.Err() == nil {
+	for inc := 1; ctx.Err() == nil; {
 		wc, _, err := ws.get(ctx)
 		if err != nil {
 			backoff(ctx)
 			continue
 		}
-		wq, err := wc.Tasks(ctx, name)
-		if err == nil {
-			_, err = wq.Work(ctx, func(j *courier.Job) error {
-				h.AddTask(TaskRecord{ID: string(j.Body), Event: TaskDelivered, Worker: ws.name, Time: h.Now()})
-				return nil
-			})
-		}
+		wq, err := wc.Tasks(ctx, w.taskName(c, i), w.taskOptions()...)
 		if err != nil {
 			wc.Close()
 			backoff(ctx)
 			continue
 		}
+		worker := fmt.Sprintf("%s#%d", ws.name, inc)
+		inc++
+		att, err := wq.Work(ctx, func(j *courier.Job) error {
+			d := deliveries.Add(1)
+			id := string(j.Body)
+			h.AddTask(TaskRecord{ID: id, Event: TaskDelivered, Key: w.taskKey(c, i, j.Key), Node: node, Worker: worker,
+				Delivery: d, Attempts: j.Attempts, Time: h.Now()})
+			j.Defer()
+			time.AfterFunc(hold(), func() {
+				at := h.Now()
+				if j.Ack() == nil {
+					h.AddTask(TaskRecord{ID: id, Event: TaskAcked, Node: node, Worker: worker, Delivery: d, Time: at})
+				}
+			})
+			return nil
+		}, courier.Prefetch(workerPrefetch))
+		if err != nil {
+			wc.Close()
+			backoff(ctx)
+			continue
+		}
+		why := WorkerStopped
 		select {
 		case <-ctx.Done():
 		case <-wc.Done():
+			why = WorkerLostConnection
+		case <-att.Done():
+			why = WorkerDetached
+			select {
+			case <-wc.Done():
+				why = WorkerLostConnection // the connection's end detaches too
+			default:
+			}
 		}
+		h.AddTask(TaskRecord{Event: TaskWorkerEnded, Node: node, Worker: worker, Time: h.Now(), Detail: why})
 	}
 }
 
-// tasks runs a producer with confirms on node i.
-func (w Workload) tasks(ctx context.Context, c *Cluster, i int) {
+// maxKeys bounds Workload.TaskKeys.
+const maxKeys = 64
+
+// tasks runs a producer with confirms on node i: every other task is
+// keyed, with one of w.TaskKeys keys shared by every producer, if any.
+// Each submit has a 2 s deadline; its outcome (confirmed, failed or
+// unknown) is recorded with its call and return times.
+func (w Workload) tasks(ctx context.Context, c *Cluster, i int, rng *rand.Rand) {
 	h := c.hist
-	name := w.Exchange(c.nodes[i]) + "-tasks"
+	node := c.nodes[i].Name
 	ps := &session{c: c, from: i, to: i, name: fmt.Sprintf("producer-%d", i)}
 	defer ps.close()
 	var q *courier.Tasks
-	t := w.tick()
+	rate := w.TaskRate
+	if rate <= 0 {
+		rate = w.Rate
+	}
+	t := time.NewTicker(time.Second / time.Duration(rate))
 	defer t.Stop()
+	keys := min(w.TaskKeys, maxKeys)
 	for k := 0; ctx.Err() == nil; {
 		select {
 		case <-ctx.Done():
@@ -549,17 +644,41 @@ func (w Workload) tasks(ctx context.Context, c *Cluster, i int) {
 			continue
 		}
 		if fresh || q == nil {
-			if q, err = pc.Tasks(ctx, name); err != nil {
+			if q, err = pc.Tasks(ctx, w.taskName(c, i), w.taskOptions()...); err != nil {
 				pc.Close()
 				continue
 			}
 		}
 		k++
-		id := fmt.Sprintf("%s-task-%d", c.nodes[i].Name, k)
-		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if _, err := q.Submit(sctx, courier.Task{Body: []byte(id)}); err == nil {
-			h.AddTask(TaskRecord{ID: id, Event: TaskConfirmed, Time: h.Now()})
+		id := fmt.Sprintf("%s-task-%d", node, k)
+		task := courier.Task{Body: []byte(id)}
+		if keys > 0 && k%2 == 0 {
+			task.Key = fmt.Sprintf("k%d", rng.IntN(keys))
 		}
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		rec := TaskRecord{ID: id, Key: w.taskKey(c, i, task.Key), Node: node, Call: h.Now()}
+		_, err = q.Submit(sctx, task)
+		rec.Time = h.Now()
 		cancel()
+		rec.Event = submitOutcome(err)
+		if err != nil {
+			rec.Detail = err.Error()
+		}
+		h.AddTask(rec)
 	}
+}
+
+// submitOutcome maps a submit's error to its event: refusals for what
+// the task is (bad options, access, limits) failed; a timeout, a lost
+// connection or "unavailable" (no leader, the leader moved) leave it
+// unknown.
+func submitOutcome(err error) TaskEvent {
+	var we *wire.Error
+	switch {
+	case err == nil:
+		return TaskConfirmed
+	case errors.As(err, &we) && we.Code != wire.CodeUnavailable:
+		return TaskFailed
+	}
+	return TaskUnknown
 }

@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -301,8 +302,7 @@ func (q *Queue) Ack(c *Consumer, id uint64) error {
 	q.stats.unacked.Add(-1)
 	q.stats.acked.Add(1)
 	q.notify(m.id, Event{Kind: EventCompleted, Consumer: c.id}, true)
-	err = q.release(m)
-	q.drop(m)
+	err = q.releaseAcked(m, !c.pull)
 	q.finish(now)
 	if err != nil {
 		return fmt.Errorf("ack %d: %w: %w", id, ErrJournal, err)
@@ -557,6 +557,74 @@ func (q *Queue) release(m *message) error {
 		q.relBuf = append(q.relBuf, m.aref)
 	}
 	return q.journal.Release(q.relBuf, nil)
+}
+
+// releaseAcked releases the records of m, just acked, and drops it.
+// With hold, a keyed message's key stays blocked until the release is
+// durable: were the next task of the key delivered before, a crash (or,
+// on a replicated queue, a failover) that lost the ack would deliver m
+// again after it, out of order, and while it may still be in flight. A
+// placeholder holds the key meanwhile (m itself is recycled). Pullers
+// (AMQP's basic.get) do not hold it: a get right after a no-ack get
+// finds the key's next message at once. q.mu is held.
+func (q *Queue) releaseAcked(m *message, hold bool) error {
+	k := m.ks
+	if !hold || q.journal == nil || m.ref.IsZero() || k == nil || k.busy != m {
+		err := q.release(m)
+		q.drop(m)
+		return err
+	}
+	placeholder := new(message)
+	k.busy = placeholder
+	q.relBuf = append(q.relBuf[:0], m.ref)
+	if !m.aref.IsZero() {
+		q.relBuf = append(q.relBuf, m.aref)
+	}
+	// The journal may call done at once, on this goroutine, with q.mu
+	// held, or later on another: whichever of the two comes second
+	// frees the key.
+	const (
+		acking = iota
+		durable
+		waiting
+	)
+	// A release that failed may be lost (a replica that stopped
+	// leading, a broken log): the key stays blocked for as long as this
+	// queue lives, which is not long: its journal can take nothing more.
+	var state atomic.Int32
+	var failed atomic.Bool
+	err := q.journal.Release(q.relBuf, func(err error) {
+		failed.Store(err != nil)
+		if !state.CompareAndSwap(acking, durable) && err == nil {
+			go q.unholdKey(k, placeholder)
+		}
+	})
+	q.drop(m)
+	if err == nil && !state.CompareAndSwap(acking, waiting) && !failed.Load() {
+		q.freeKey(k, placeholder) // durable already
+	}
+	return err
+}
+
+// unholdKey frees k, blocked by hold while an ack's release became
+// durable, and delivers what it frees.
+func (q *Queue) unholdKey(k *keyState, hold *message) {
+	q.lock()
+	if q.closed {
+		q.mu.Unlock()
+		return
+	}
+	q.freeKey(k, hold)
+	q.finish(q.now())
+}
+
+// freeKey unblocks k if hold still blocks it (a purge may have freed it,
+// and the key state been reused since). q.mu is held.
+func (q *Queue) freeKey(k *keyState, hold *message) {
+	if k.busy == hold {
+		k.busy = nil
+		q.routeKey(k)
+	}
 }
 
 // drop forgets m, which has left every structure, and recycles it.
