@@ -147,7 +147,12 @@ func workload(t *testing.T, e *env, q *Queue, seed uint64, steps int) {
 					case r < 9:
 						err = q.Nack(w.Consumer, d.ID, false)
 					default:
-						w.got = append(w.got, d) // keep it in flight
+						// Keep it in flight. Deliveries may come from
+						// the store's syncer (a key freed once its ack
+						// is durable): under the worker's lock.
+						w.mu.Lock()
+						w.got = append(w.got, d)
+						w.mu.Unlock()
 					}
 					if err != nil && !errors.Is(err, ErrNotInFlight) {
 						t.Fatal(err)
