@@ -1,0 +1,321 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/courier-mq/courier"
+)
+
+// apiQueue is a row of /api/queues as its JSON reads, the replicated
+// queue's fields.
+type apiQueue struct {
+	Name     string   `json:"name"`
+	Type     string   `json:"type"`
+	Leader   string   `json:"leader"`
+	Members  []string `json:"members"`
+	Online   []string `json:"online"`
+	Messages uint64   `json:"messages"`
+	Replicas []struct {
+		Node   string  `json:"node"`
+		Role   string  `json:"role"`
+		Live   bool    `json:"live"`
+		Behind *uint64 `json:"behind"`
+	} `json:"replicas"`
+	Change string `json:"membership_change"`
+	Error  string `json:"replica_error"`
+}
+
+// apiCall makes a request of n's management API and decodes a 2xx
+// answer into out; it returns the status and the body.
+func apiCall(t *testing.T, n *Node, method, path string, body any, out any) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, n.HTTPURL()+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 == 2 && out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s %s: %v in %s", method, path, err, b)
+		}
+	}
+	return resp.StatusCode, string(b)
+}
+
+// queueOn returns the replicated queue name as n's /api/queues/{name}
+// shows it.
+func queueOn(t *testing.T, n *Node, name string) apiQueue {
+	t.Helper()
+	var q apiQueue
+	if code, body := apiCall(t, n, "GET", "/api/queues/"+name, nil, &q); code != 200 {
+		t.Fatalf("GET /api/queues/%s on %s: %d %s", name, n.cfg.Name, code, body)
+	}
+	return q
+}
+
+// settled reports whether q shows leader, every member online and
+// caught up.
+func settled(q apiQueue, leader string, members []string) bool {
+	if q.Type != "quorum" || q.Leader != leader || !slices.Equal(q.Members, members) || q.Error != "" || q.Change != "" {
+		return false
+	}
+	on := slices.Sorted(slices.Values(q.Online))
+	if !slices.Equal(on, slices.Sorted(slices.Values(members))) || len(q.Replicas) != len(members) {
+		return false
+	}
+	for _, r := range q.Replicas {
+		if r.Behind == nil || *r.Behind != 0 || !r.Live {
+			return false
+		}
+		if want := map[bool]string{true: "leader", false: "voter"}[r.Node == leader]; r.Role != want {
+			return false
+		}
+	}
+	return true
+}
+
+// TestReplicatedQueueListing: every node's /api/queues and
+// /api/queues/{name} show a replicated queue the same way, whichever
+// node leads it (the others ask the leader's node): type quorum, its
+// leader, members and online replicas, each replica's role and how far
+// it is behind, and the leader's figures; a classic queue's type.
+func TestReplicatedQueueListing(t *testing.T) {
+	nodes := startCluster3Live(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	c := nodes[0].Connect()
+	defer c.Close()
+	tk, err := declareTasks(ctx, t, c, "see")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := servingNode(t, nodes, "see")
+	for i := range 5 {
+		if _, err := tk.Submit(ctx, courier.Task{Body: fmt.Appendf(nil, "t%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ex, _ := nodes[0].Meta().Exchange("see")
+	members := ex.ReplicaNodes()
+	for _, n := range nodes {
+		waitUntil(t, 60*time.Second, n.cfg.Name+" shows see settled", func() bool {
+			q := queueOn(t, n, "see")
+			return settled(q, leader.cfg.Name, members) && q.Messages == 5
+		})
+		var list []apiQueue
+		if code, body := apiCall(t, n, "GET", "/api/queues", nil, &list); code != 200 {
+			t.Fatalf("list on %s: %d %s", n.cfg.Name, code, body)
+		}
+		i := slices.IndexFunc(list, func(q apiQueue) bool { return q.Name == "see" })
+		if i < 0 || !settled(list[i], leader.cfg.Name, members) || list[i].Messages != 5 {
+			t.Fatalf("list on %s: %+v", n.cfg.Name, list)
+		}
+	}
+	// A node that is not a replica's listing is the same: shown above on
+	// every node, and the figures come from the leader's node.
+	if code, _ := apiCall(t, nodes[1], "GET", "/api/queues/nope", nil, nil); code != 404 {
+		t.Fatalf("an unknown queue: %d", code)
+	}
+}
+
+// startCluster4Live starts four nodes, all live in the liveness table
+// and linked to each other.
+func startCluster4Live(t *testing.T) []*Node {
+	t.Helper()
+	nodes := startCluster3Live(t)
+	d := startClusterNode(t, "d", nodes[0].ClusterAddr())
+	nodes = append(nodes, d)
+	waitUntil(t, 60*time.Second, "four live nodes, linked", func() bool {
+		live := 0
+		for _, l := range nodes[0].Meta().Nodes() {
+			if !l.Expired {
+				live++
+			}
+		}
+		for _, n := range nodes {
+			if len(n.Broker().PeerNodes()) != 3 {
+				return false
+			}
+		}
+		return live == 4
+	})
+	return nodes
+}
+
+// nodeNamed returns the node of that name.
+func nodeNamed(nodes []*Node, name string) *Node {
+	for _, n := range nodes {
+		if n.cfg.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// TestReplicatedQueueGrowShrink: on four nodes, a queue on three grows
+// onto the fourth while a producer submits: the new replica is added
+// as a learner, catches up and becomes a voter, and every task
+// confirmed before, during and after is delivered; then a replica is
+// removed (its node closes its group) and the refusals: a replica
+// already there, a node unknown, the last replica.
+func TestReplicatedQueueGrowShrink(t *testing.T) {
+	nodes := startCluster4Live(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
+	defer cancel()
+	c := nodes[0].Connect()
+	defer c.Close()
+	tk, err := declareTasks(ctx, t, c, "grow", courier.Replicas(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	servingNode(t, nodes, "grow")
+	ex, _ := nodes[0].Meta().Exchange("grow")
+	var outside *Node
+	for _, n := range nodes {
+		if !slices.Contains(ex.ReplicaNodes(), n.cfg.Name) {
+			outside = n
+		}
+	}
+	// A producer submits all along, each confirmed task noted.
+	confirmed := make(chan string, 100000)
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			body := fmt.Sprintf("p%05d", i)
+			if _, err := tk.Submit(ctx, courier.Task{Body: []byte(body)}); err != nil {
+				done <- fmt.Errorf("submit %s: %w", body, err)
+				return
+			}
+			confirmed <- body
+		}
+	}()
+	waitUntil(t, 30*time.Second, "some tasks confirmed", func() bool { return len(confirmed) >= 50 })
+
+	// Grow onto the fourth node through another node's API.
+	var q apiQueue
+	path := "/api/queues/grow/members"
+	if code, body := apiCall(t, nodes[1], "POST", path, map[string]string{"node": outside.cfg.Name}, &q); code != 200 {
+		t.Fatalf("add %s: %d %s", outside.cfg.Name, code, body)
+	}
+	if !slices.Contains(q.Members, outside.cfg.Name) || q.Change != "" {
+		t.Fatalf("after the add: %+v", q)
+	}
+	n := len(confirmed)
+	waitUntil(t, 30*time.Second, "more tasks confirmed after the add", func() bool { return len(confirmed) >= n+20 })
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	leader := servingNode(t, nodes, "grow")
+	ex, _ = nodes[0].Meta().Exchange("grow")
+	if len(ex.Voters()) != 4 || ex.Config.Replicas != 4 {
+		t.Fatalf("record after the add: %+v", ex)
+	}
+	waitUntil(t, 60*time.Second, "the four replicas settled", func() bool {
+		return settled(queueOn(t, outside, "grow"), leader.cfg.Name, ex.ReplicaNodes())
+	})
+	g := outside.replicas.group("grow")
+	if g == nil {
+		t.Fatal("the new replica's node has no group")
+	}
+	if st, err := g.Status(); err != nil || !slices.Contains(st.Voters, replicaID(outside.cfg.Name)) {
+		t.Fatalf("the new replica's status: %+v %v", st, err)
+	}
+	want := len(confirmed)
+	waitUntil(t, 30*time.Second, "the new replica holds every task", func() bool { return liveOn(outside, "grow") == want })
+
+	// Refusals.
+	for _, tc := range []struct {
+		method, path string
+		body         any
+		code         int
+	}{
+		{"POST", path, map[string]string{"node": outside.cfg.Name}, 409},
+		{"POST", path, map[string]string{"node": "nowhere"}, 400},
+		{"POST", path, map[string]string{}, 400},
+		{"POST", "/api/queues/nope/members", map[string]string{"node": "a"}, 404},
+	} {
+		if code, body := apiCall(t, nodes[2], tc.method, tc.path, tc.body, nil); code != tc.code {
+			t.Errorf("%s %s %v: %d %s, want %d", tc.method, tc.path, tc.body, code, body, tc.code)
+		}
+	}
+
+	// Shrink: remove the leader's own replica (it hands over first).
+	if code, body := apiCall(t, nodes[3], "DELETE", path+"/"+leader.cfg.Name, nil, &q); code != 200 {
+		t.Fatalf("delete %s: %d %s", leader.cfg.Name, code, body)
+	}
+	if slices.Contains(q.Members, leader.cfg.Name) || len(q.Members) != 3 {
+		t.Fatalf("after the removal: %+v", q)
+	}
+	waitUntil(t, 30*time.Second, leader.cfg.Name+" closes its group", func() bool { return leader.replicas.group("grow") == nil })
+	newLeader := servingNode(t, nodes, "grow")
+	if newLeader == leader {
+		t.Fatalf("%s still serves grow", leader.cfg.Name)
+	}
+	// Every confirmed task is delivered from the new leader.
+	got := map[string]bool{}
+	gotc := make(chan string, 100000)
+	w, err := tk.Work(ctx, func(j *courier.Job) error { gotc <- string(j.Body); return nil }, courier.Prefetch(64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 120*time.Second, "every confirmed task delivered", func() bool {
+		for {
+			select {
+			case b := <-gotc:
+				got[b] = true
+			default:
+				return len(got) >= want
+			}
+		}
+	})
+	_ = w.Detach(ctx)
+	close(confirmed)
+	for b := range confirmed {
+		if !got[b] {
+			t.Errorf("confirmed task %s not delivered", b)
+		}
+	}
+
+	// Down to one replica, one at a time; the last cannot go.
+	ex, _ = nodes[0].Meta().Exchange("grow")
+	rest := ex.ReplicaNodes()
+	for _, node := range rest[:len(rest)-1] {
+		if code, body := apiCall(t, nodes[0], "DELETE", path+"/"+node, nil, nil); code != 200 {
+			t.Fatalf("delete %s: %d %s", node, code, body)
+		}
+	}
+	last := rest[len(rest)-1]
+	if code, body := apiCall(t, nodes[0], "DELETE", path+"/"+last, nil, nil); code != 409 {
+		t.Fatalf("delete the last replica: %d %s", code, body)
+	}
+	servingNode(t, nodes, "grow")
+	if _, err := tk.Submit(ctx, courier.Task{Body: []byte("after")}); err != nil {
+		t.Fatalf("submit with one replica left: %v", err)
+	}
+}
