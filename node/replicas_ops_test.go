@@ -319,3 +319,60 @@ func TestReplicatedQueueGrowShrink(t *testing.T) {
 		t.Fatalf("submit with one replica left: %v", err)
 	}
 }
+
+// rebalanceResult is the answer of POST /api/queues/rebalance.
+type rebalanceResult struct {
+	Before map[string]int `json:"before"`
+	After  map[string]int `json:"after"`
+	Moves  []struct {
+		Queue, From, To, Error string
+	} `json:"moves"`
+}
+
+// TestReplicatedQueueRebalance: six queues on three nodes, all led by
+// one node; a rebalance moves four leaderships, at most two at a time,
+// and leaves each node leading two; a second one moves nothing.
+func TestReplicatedQueueRebalance(t *testing.T) {
+	nodes := startCluster3Live(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
+	defer cancel()
+	c := nodes[0].Connect()
+	defer c.Close()
+	a := nodes[0]
+	var names []string
+	for i := range 6 {
+		name := fmt.Sprintf("rb%d", i)
+		names = append(names, name)
+		if _, err := declareTasks(ctx, t, c, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range names {
+		if from := servingNode(t, nodes, name); from != a {
+			moveLeader(ctx, t, nodes, from, a, name)
+		}
+	}
+	var res rebalanceResult
+	if code, body := apiCall(t, nodes[1], "POST", "/api/queues/rebalance", map[string]int{"parallel": 2}, &res); code != 200 {
+		t.Fatalf("rebalance: %d %s", code, body)
+	}
+	t.Logf("rebalance: %+v", res)
+	if res.Before["a"] != 6 || len(res.Moves) != 4 {
+		t.Fatalf("rebalance: %+v", res)
+	}
+	for _, m := range res.Moves {
+		if m.From != "a" || m.Error != "" {
+			t.Errorf("move %+v", m)
+		}
+	}
+	counts := map[string]int{}
+	for _, name := range names {
+		counts[servingNode(t, nodes, name).cfg.Name]++
+	}
+	if counts["a"] != 2 || counts["b"] != 2 || counts["c"] != 2 {
+		t.Fatalf("leaders after the rebalance: %v (reported %v)", counts, res.After)
+	}
+	if code, body := apiCall(t, nodes[2], "POST", "/api/queues/rebalance", nil, &res); code != 200 || len(res.Moves) != 0 {
+		t.Fatalf("second rebalance: %d %s", code, body)
+	}
+}
