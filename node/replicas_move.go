@@ -30,6 +30,13 @@ func (s replicaSource) ChangeMember(ctx context.Context, queue, node string, rem
 	if m == nil {
 		return wire.Errorf(wire.CodeUnavailable, "this node has not joined its cluster yet")
 	}
+	if info, ok := s.ReplicatedQueue(ctx, queue); ok && !remove {
+		for _, mb := range info.Members {
+			if mb.Node == node && mb.Known && mb.Voter {
+				return wire.Errorf(wire.CodeClash, "queue %q already has a voting replica on %q", queue, node)
+			}
+		}
+	}
 	ex, err := m.ChangeQueueMember(ctx, queue, 0, node, remove)
 	if err != nil {
 		return err

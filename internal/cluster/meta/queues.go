@@ -195,9 +195,12 @@ func applyQueueMember(st *State, index uint64, c *command) (result, []Change) {
 	if err != nil {
 		return result{Err: err}, nil
 	}
-	if c.Remove {
+	switch {
+	case c.Remove:
 		ex.Change = "-" + c.Member
-	} else {
+	case slices.Contains(ex.ReplicaNodes(), c.Member):
+		ex.Change = "+" + c.Member // a learner promoted once caught up
+	default:
 		ex.Replicas += "," + c.Member
 		ex.Change = "+" + c.Member
 	}
@@ -206,13 +209,15 @@ func applyQueueMember(st *State, index uint64, c *command) (result, []Change) {
 }
 
 // canAdd says why node cannot be added to ex's replicas, nil if it can.
+// A node already listed can: its replica, a voter already or a learner
+// (one that lost data and rejoined), is made a voter once caught up.
 func canAdd(st *State, ex Exchange, node string) error {
 	nodes := ex.ReplicaNodes()
 	switch {
 	case ex.Change != "":
 		return wire.Errorf(wire.CodeClash, "queue %q: a membership change is under way (%s); one at a time", ex.Name, ex.Change)
 	case slices.Contains(nodes, node):
-		return wire.Errorf(wire.CodeClash, "queue %q already has a replica on %q", ex.Name, node)
+		return nil
 	case !slices.Contains(liveNodes(st), node):
 		return wire.Errorf(wire.CodeBadOptions, "node %q is not a live node of the cluster", node)
 	case len(nodes) >= MaxReplicas:

@@ -140,8 +140,13 @@ func TestQueueMembership(t *testing.T) {
 	}
 	q := func() Exchange { return f.st.Exchanges["q"] }
 
-	if err := member("a", false); !isCode(err, wire.CodeClash) {
-		t.Fatalf("add a replica already there: %v", err)
+	// A replica already there: made a voter if it is not (the leader
+	// finds it is, and reports done); the list is unchanged.
+	if err := member("a", false); err != nil || q().Change != "+a" || q().Replicas != "a,b,c" {
+		t.Fatalf("add a replica already there: %v %+v", err, q())
+	}
+	if err := done("a", "a", false); err != nil || q().Change != "" || q().Config.Replicas != 3 {
+		t.Fatalf("promote a done: %v %+v", err, q())
 	}
 	if err := member("e", false); !isCode(err, wire.CodeBadOptions) {
 		t.Fatalf("add an unknown node: %v", err)
