@@ -37,6 +37,11 @@ func (s replicaSource) ChangeMember(ctx context.Context, queue, node string, rem
 			}
 		}
 	}
+	if ex, ok := m.Exchange(queue); ok && remove && ex.Change == "" {
+		if err := keepsMajority(ex, node, s.liveNodes()); err != nil {
+			return err
+		}
+	}
 	ex, err := m.ChangeQueueMember(ctx, queue, 0, node, remove)
 	if err != nil {
 		return err
@@ -247,4 +252,36 @@ func nextMove(exs []meta.Exchange, nodes []string, counts map[string]int, moved,
 		}
 	}
 	return admin.Move{}, false
+}
+
+// keepsMajority checks a removal of node's replica from ex against the
+// nodes this node sees alive, as the metadata group checks it against
+// its liveness table (which notices a death only once a lease expired):
+// the group must commit the change and keep a majority of live voters.
+func keepsMajority(ex meta.Exchange, node string, live map[string]bool) error {
+	voters := ex.Voters()
+	if !slices.Contains(voters, node) {
+		return nil // the metadata group answers
+	}
+	count := func(nodes []string) int {
+		n := 0
+		for _, v := range nodes {
+			if live[v] {
+				n++
+			}
+		}
+		return n
+	}
+	rest := slices.DeleteFunc(slices.Clone(voters), func(v string) bool { return v == node })
+	switch {
+	case len(rest) == 0:
+		return nil // the metadata group refuses it
+	case count(voters) < len(voters)/2+1:
+		return wire.Errorf(wire.CodeNotAllowed, "queue %q: only %d of its %d voters are alive, fewer than the %d its group needs to commit the change",
+			ex.Name, count(voters), len(voters), len(voters)/2+1)
+	case count(rest) < len(rest)/2+1:
+		return wire.Errorf(wire.CodeNotAllowed, "queue %q: without %q it would have %d live voters of %d, fewer than a majority (%d)",
+			ex.Name, node, count(rest), len(rest), len(rest)/2+1)
+	}
+	return nil
 }

@@ -376,3 +376,147 @@ func TestReplicatedQueueRebalance(t *testing.T) {
 		t.Fatalf("second rebalance: %d %s", code, body)
 	}
 }
+
+// TestReplicatedQueueChangeSurvivesLeaderStop: the record says a
+// replica is being added, and the queue's leader's node stops at once,
+// the change made in its group or not: the next leader finds the change
+// in the record and finishes it from where the group's configuration
+// stands; the new replica holds every confirmed task. The same for a
+// removal.
+func TestReplicatedQueueChangeSurvivesLeaderStop(t *testing.T) {
+	nodes := startCluster4Live(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
+	defer cancel()
+	ex0 := func() []string { ex, _ := nodes[0].Meta().Exchange("cr"); return ex.ReplicaNodes() }
+	var entry *Node
+	c := nodes[0].Connect()
+	defer c.Close()
+	tk, err := declareTasks(ctx, t, c, "cr", courier.Replicas(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := servingNode(t, nodes, "cr")
+	for i := range 20 {
+		if _, err := tk.Submit(ctx, courier.Task{Body: fmt.Appendf(nil, "t%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var outside *Node
+	for _, n := range nodes {
+		if !slices.Contains(ex0(), n.cfg.Name) {
+			outside = n
+		}
+	}
+	// Ask through a node that is neither the leader nor the new one.
+	for _, n := range nodes {
+		if n != leader && n != outside {
+			entry = n
+			break
+		}
+	}
+	if _, err := entry.Meta().ChangeQueueMember(ctx, "cr", 0, outside.cfg.Name, false); err != nil {
+		t.Fatal(err)
+	}
+	leader.Close()
+	rest := otherNodes(nodes, leader)
+	waitUntil(t, 120*time.Second, "the add finished by the next leader", func() bool {
+		ex, _ := entry.Meta().Exchange("cr")
+		if ex.Change != "" || !slices.Contains(ex.ReplicaNodes(), outside.cfg.Name) {
+			return false
+		}
+		g := outside.replicas.group("cr")
+		if g == nil {
+			return false
+		}
+		st, err := g.Status()
+		return err == nil && slices.Contains(st.Voters, replicaID(outside.cfg.Name))
+	})
+	waitUntil(t, 60*time.Second, "the new replica holds the 20 tasks", func() bool { return liveOn(outside, "cr") == 20 })
+
+	// The stopped node's replica is removed (a shrink of a node that is
+	// down), through the API of a node that holds no replica... or any.
+	if code, body := apiCall(t, entry, "DELETE", "/api/queues/cr/members/"+leader.cfg.Name, nil, nil); code != 200 {
+		t.Fatalf("remove the stopped node's replica: %d %s", code, body)
+	}
+	if slices.Contains(ex0(), leader.cfg.Name) {
+		t.Fatalf("replicas after the removal: %v", ex0())
+	}
+
+	// A removal the record asks for, and the leadership moves at once
+	// to another replica: the new leader removes it.
+	leader = servingNode(t, rest, "cr")
+	var gone, next *Node
+	for _, n := range rest {
+		if n != leader && slices.Contains(ex0(), n.cfg.Name) {
+			if gone == nil {
+				gone = n
+			} else {
+				next = n
+			}
+		}
+	}
+	if _, err := entry.Meta().ChangeQueueMember(ctx, "cr", 0, gone.cfg.Name, true); err != nil {
+		t.Fatal(err)
+	}
+	if g := leader.replicas.group("cr"); g != nil {
+		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := g.TransferLeadership(tctx, replicaID(next.cfg.Name))
+		cancel()
+		t.Logf("leadership handed from %s to %s during the removal: %v", leader.cfg.Name, next.cfg.Name, err)
+	}
+	waitUntil(t, 120*time.Second, "the removal finished", func() bool {
+		ex, _ := entry.Meta().Exchange("cr")
+		return ex.Change == "" && !slices.Contains(ex.ReplicaNodes(), gone.cfg.Name) && gone.replicas.group("cr") == nil
+	})
+	servingNode(t, rest, "cr")
+	ec := entry.Connect()
+	defer ec.Close()
+	etk, err := declareTasks(ctx, t, ec, "cr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := etk.Submit(ctx, courier.Task{Body: []byte("after")}); err != nil {
+		t.Fatalf("submit after the changes: %v", err)
+	}
+}
+
+// TestReplicatedQueueRemovalRefused: with one of a queue's three
+// replicas' nodes stopped, removing a live replica would leave one live
+// voter of two: refused, by the node asked as soon as it sees the node
+// gone (before the metadata's lease expires), with the reason; the
+// stopped node's own replica can go.
+func TestReplicatedQueueRemovalRefused(t *testing.T) {
+	nodes := startCluster3Live(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	c := nodes[0].Connect()
+	defer c.Close()
+	if _, err := declareTasks(ctx, t, c, "keep"); err != nil {
+		t.Fatal(err)
+	}
+	leader := servingNode(t, nodes, "keep")
+	var down, other *Node
+	for _, n := range nodes {
+		switch {
+		case n == leader:
+		case down == nil:
+			down = n
+		default:
+			other = n
+		}
+	}
+	down.Close()
+	waitUntil(t, 30*time.Second, leader.cfg.Name+" sees "+down.cfg.Name+" gone", func() bool {
+		return !(replicaSource{leader}).liveNodes()[down.cfg.Name]
+	})
+	code, body := apiCall(t, leader, "DELETE", "/api/queues/keep/members/"+other.cfg.Name, nil, nil)
+	if code != 409 || !bytes.Contains([]byte(body), []byte("fewer than a majority")) {
+		t.Fatalf("remove a live replica with another down: %d %s", code, body)
+	}
+	if code, body := apiCall(t, leader, "DELETE", "/api/queues/keep/members/"+down.cfg.Name, nil, nil); code != 200 {
+		t.Fatalf("remove the stopped node's replica: %d %s", code, body)
+	}
+	if ex, _ := leader.Meta().Exchange("keep"); len(ex.ReplicaNodes()) != 2 || ex.Change != "" {
+		t.Fatalf("record after: %+v", ex)
+	}
+}
