@@ -160,16 +160,6 @@ func startCluster4Live(t *testing.T) []*Node {
 	return nodes
 }
 
-// nodeNamed returns the node of that name.
-func nodeNamed(nodes []*Node, name string) *Node {
-	for _, n := range nodes {
-		if n.cfg.Name == name {
-			return n
-		}
-	}
-	return nil
-}
-
 // TestReplicatedQueueGrowShrink: on four nodes, a queue on three grows
 // onto the fourth while a producer submits: the new replica is added
 // as a learner, catches up and becomes a voter, and every task
