@@ -132,10 +132,6 @@ const (
 	opQueueMemberDone = "queue-member-done"
 )
 
-// MaxReplicas is the most replicas a queue can have (the range of
-// wire.ExchangeConfig.Replicas).
-const MaxReplicas = 7
-
 // replicated returns the replicated queue name of group (any group when
 // 0), or the error to answer.
 func replicated(st *State, name string, group uint64) (Exchange, error) {
@@ -220,7 +216,7 @@ func canAdd(st *State, ex Exchange, node string) error {
 		return nil
 	case !slices.Contains(liveNodes(st), node):
 		return wire.Errorf(wire.CodeBadOptions, "node %q is not a live node of the cluster", node)
-	case len(nodes) >= MaxReplicas:
+	case len(nodes) >= wire.MaxReplicas:
 		return wire.Errorf(wire.CodeNotAllowed, "queue %q has %d replicas, the most a queue can have", ex.Name, len(nodes))
 	}
 	return nil
