@@ -225,7 +225,7 @@ func (o *metaObserver) Apply(c meta.Change) {
 	n := o.n
 	var err error
 	switch {
-	case c.Exchange.Replicated() && (c.Kind == meta.ExchangeDeclared || c.Kind == meta.ExchangeRehomed):
+	case c.Exchange.Replicated() && (c.Kind == meta.ExchangeDeclared || c.Kind == meta.ExchangeRehomed || c.Kind == meta.ReplicasChanged):
 		// Served where its group's leader is (replicas.go).
 		n.replicas.placed(c.Exchange)
 		return

@@ -704,7 +704,7 @@ func (n *Node) startAdmin() error {
 				return nil
 			}
 			return n.clusterNodes()
-		}, ForgetNode: n.forgetNode(), MetricsAuth: n.cfg.MetricsAuth, MaxConns: n.cfg.Limits.MaxHTTPConns,
+		}, ForgetNode: n.forgetNode(), Replicas: n.replicaSource(), MetricsAuth: n.cfg.MetricsAuth, MaxConns: n.cfg.Limits.MaxHTTPConns,
 		Listeners: func() []admin.Listener {
 			var ls []admin.Listener
 			if n.addr != nil {

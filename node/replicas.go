@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"sync"
 	"time"
 
+	"github.com/courier-mq/courier/internal/cluster"
 	"github.com/courier-mq/courier/internal/cluster/meta"
 	"github.com/courier-mq/courier/internal/cluster/replica"
 	"github.com/courier-mq/courier/internal/store"
@@ -47,6 +49,7 @@ type queueReplicas struct {
 	n    *Node
 	host *replica.Host
 	tr   *replica.FabricTransport
+	ops  net.Listener // queue-ops connections (replicas_view.go)
 
 	mu     sync.Mutex
 	queues map[string]*replicatedQueue // by exchange name
@@ -79,8 +82,9 @@ func (n *Node) startReplicas() error {
 		_ = tr.Close()
 		return fmt.Errorf("node: replica host: %w", err)
 	}
-	n.replicas = &queueReplicas{n: n, host: h, tr: tr, queues: map[string]*replicatedQueue{}}
+	n.replicas = &queueReplicas{n: n, host: h, tr: tr, queues: map[string]*replicatedQueue{}, ops: f.Listener(cluster.KindQueueOps)}
 	n.broker.SetReplicated(n.replicas)
+	go n.replicas.serveOps(n.replicas.ops)
 	return nil
 }
 
@@ -113,6 +117,7 @@ func (r *queueReplicas) close() {
 	qs := r.queues
 	r.queues = map[string]*replicatedQueue{}
 	r.mu.Unlock()
+	_ = r.ops.Close()
 	for _, q := range qs {
 		q.stopAndWait(fmt.Sprintf("node %s is shutting down", r.n.cfg.Name))
 	}
@@ -152,13 +157,21 @@ func (r *queueReplicas) placed(ex meta.Exchange) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	old := r.queues[ex.Name]
-	if old != nil && old.ex.Group == ex.Group {
-		old.ex = ex // a new home; the group is the same
+	if old != nil && old.ex.Group == ex.Group && mine {
+		old.ex = ex // a new home or membership; the group is the same
+		select {
+		case old.kick <- struct{}{}:
+		default:
+		}
 		return
 	}
 	if old != nil {
+		why := fmt.Sprintf("exchange %q was deleted", ex.Name)
+		if old.ex.Group == ex.Group {
+			why = fmt.Sprintf("queue %q: this node's replica was removed", ex.Name)
+		}
 		delete(r.queues, ex.Name)
-		go old.stopAndWait(fmt.Sprintf("exchange %q was deleted", ex.Name))
+		go old.stopAndWait(why)
 	}
 	if !mine || r.closed {
 		return
@@ -255,6 +268,9 @@ func (q *replicatedQueue) run(prev *replicatedQueue) {
 	for _, node := range ex.ReplicaNodes() {
 		peers = append(peers, replicaID(node))
 	}
+	if joining(ex, r.n.cfg.Name) {
+		peers = nil // added to a running group: the leader sends the log
+	}
 	st := replica.NewJournalState()
 	g, err := r.host.Group(replica.GroupID(ex.Group), peers, queueSM{JournalState: st, kick: q.kick})
 	if err != nil {
@@ -277,6 +293,7 @@ func (q *replicatedQueue) run(prev *replicatedQueue) {
 	defer t.Stop()
 	for {
 		s.reconcile(ctx)
+		s.manage(ctx)
 		select {
 		case <-q.stop:
 			s.stop(q.why)
@@ -293,6 +310,7 @@ func (q *replicatedQueue) run(prev *replicatedQueue) {
 // serving is the state of a queue's goroutine: the term in which this
 // node serves the queue, 0 when it does not.
 type serving struct {
+	servingOps
 	q    *replicatedQueue
 	g    *replica.Group
 	st   *replica.JournalState

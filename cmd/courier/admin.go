@@ -354,8 +354,14 @@ func queuesCmd() *cobra.Command {
 	var lf listFlags
 	cmd := &cobra.Command{
 		Use:   "queues",
-		Short: "List queues with their depth, consumers and rates (management API)",
-		Args:  cobra.NoArgs,
+		Short: "List queues with their depth, consumers, rates and replicas (management API)",
+		Long: `List the queues (GET /api/queues): depth, consumers, rates, and for a
+replicated queue (TYPE quorum) its leader's node, its replicas' nodes
+and those online (live and voting). Every node of a cluster lists every
+replicated queue, asking each queue's leader's node for its figures.
+The subcommands look at one queue and move leaders and replicas, as
+rabbitmq-queues does for quorum queues.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
 			if af.json {
@@ -365,20 +371,8 @@ func queuesCmd() *cobra.Command {
 				}
 				return printJSON(out, body)
 			}
-			var list []struct {
-				Name                   string
-				Messages               uint64
-				MessagesReady          uint64 `json:"messages_ready"`
-				MessagesUnacknowledged uint64 `json:"messages_unacknowledged"`
-				Consumers              int
-				Memory                 uint64
-				Stats                  struct {
-					Publish rate `json:"publish_details"`
-					Deliver rate `json:"deliver_details"`
-					Ack     rate `json:"ack_details"`
-				} `json:"message_stats"`
-			}
-			cols := "name,messages,messages_ready,messages_unacknowledged,consumers,memory,message_stats"
+			var list []apiQueue
+			cols := "name,messages,messages_ready,messages_unacknowledged,consumers,memory,message_stats,type,leader,members,online"
 			if _, err := af.get(cmd.Context(), "/api/queues", lf.query(cols), &list); err != nil {
 				return err
 			}
@@ -387,15 +381,18 @@ func queuesCmd() *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tMESSAGES\tREADY\tUNACKED\tCONSUMERS\tMEMORY\tPUBLISH\tDELIVER\tACK")
+			fmt.Fprintln(tw, "NAME\tMESSAGES\tREADY\tUNACKED\tCONSUMERS\tMEMORY\tPUBLISH\tDELIVER\tACK\tTYPE\tLEADER\tMEMBERS\tONLINE")
 			for _, q := range list {
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", q.Name, q.Messages, q.MessagesReady, q.MessagesUnacknowledged,
-					q.Consumers, fmtBytes(q.Memory), q.Stats.Publish, q.Stats.Deliver, q.Stats.Ack)
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q.Name, q.Messages, q.MessagesReady, q.MessagesUnacknowledged,
+					q.Consumers, fmtBytes(q.Memory), q.Stats.Publish, q.Stats.Deliver, q.Stats.Ack,
+					dash(q.Type), dash(q.Leader), dash(strings.Join(q.Members, ",")), dash(strings.Join(q.Online, ",")))
 			}
 			return tw.Flush()
 		},
 	}
 	af.add(cmd)
 	lf.add(cmd, "messages_ready")
+	cmd.AddCommand(queueShowCmd(), queuesRebalanceCmd(), queuesGrowCmd(), queuesShrinkCmd(),
+		queueMemberCmd(false), queueMemberCmd(true))
 	return cmd
 }

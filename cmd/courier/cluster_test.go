@@ -20,8 +20,9 @@ type clusterNode struct {
 
 // startCluster runs three `courier server` processes that form one
 // cluster on loopback, with the secret from COURIER_CLUSTER_SECRET, and
-// waits until each lists the three alive.
-func startCluster(t *testing.T) []*clusterNode {
+// waits until each lists the three alive. extra are more flags of each
+// server.
+func startCluster(t *testing.T, extra ...string) []*clusterNode {
 	t.Helper()
 	nodes := make([]*clusterNode, 3)
 	var seeds []string
@@ -31,8 +32,9 @@ func startCluster(t *testing.T) []*clusterNode {
 	}
 	env := []string{"COURIER_CLUSTER_SECRET=test cluster secret, 32 bytes!"}
 	for _, n := range nodes {
-		n.proc = cliStart(t, "", env, "server", "--node", n.name, "--listen", "127.0.0.1:"+cliFreePort(t), "--http", n.http,
-			"--data", t.TempDir(), "--cluster", n.cluster, "--join", strings.Join(seeds, ","), "--log-level", "info")
+		args := []string{"server", "--node", n.name, "--listen", "127.0.0.1:" + cliFreePort(t), "--http", n.http,
+			"--data", t.TempDir(), "--cluster", n.cluster, "--join", strings.Join(seeds, ","), "--log-level", "info"}
+		n.proc = cliStart(t, "", env, append(args, extra...)...)
 	}
 	for _, n := range nodes {
 		ok := testutil.Eventually(cliWait, func() bool {

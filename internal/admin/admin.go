@@ -80,6 +80,11 @@ type Config struct {
 	// Queues is the queue layer. Default: nil, no queues: the queue list
 	// is empty and creating, deleting or purging a queue answers 501.
 	Queues QueueSource
+	// Replicas is the cluster's replicated queues: /api/queues shows
+	// their leader and replicas, and the rebalance and member endpoints
+	// move them. Default: nil (a node alone: no replicated queue, and
+	// those endpoints answer 501).
+	Replicas ReplicaSource
 	// Node names the node. Default: the broker's node name.
 	Node string
 	// Version is the Courier version shown. Default: the module version
@@ -264,6 +269,11 @@ func (s *Server) routes() {
 	api("/api/queues/{name}", s.queue)
 	api("/api/queues/{name}/contents", s.purgeQueue)
 	api("/api/queues/{name}/get", s.getMessages)
+	api("POST /api/queues/rebalance", s.rebalanceQueues)
+	api("POST /api/queues/grow", s.growQueues)
+	api("POST /api/queues/shrink", s.shrinkQueues)
+	api("POST /api/queues/{name}/members", s.queueMembers)
+	api("DELETE /api/queues/{name}/members/{node}", s.queueMembers)
 	api("/api/exchanges/{name}/publish", s.publish)
 	api("/api/connections", getOnly(s.listConnections))
 	api("/api/connections/{id}", s.connection)

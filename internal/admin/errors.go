@@ -60,6 +60,8 @@ func asAPIError(err error) *apiError {
 			return &apiError{http.StatusForbidden, "access_refused", we.Msg}
 		case wire.CodeLimit, wire.CodeTooManyConns, wire.CodeTooManyAttachments, wire.CodeTooManyInflight, wire.CodeDeadlineTooLong, wire.CodeTooManyPatterns:
 			return &apiError{http.StatusTooManyRequests, "limit", we.Msg}
+		case wire.CodeTimeout:
+			return &apiError{http.StatusGatewayTimeout, "timeout", we.Msg}
 		case wire.CodeShutdown:
 			return &apiError{http.StatusServiceUnavailable, "shutting_down", we.Msg}
 		}

@@ -1,10 +1,13 @@
 package admin
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/courier-mq/courier/internal/auth"
@@ -101,6 +104,17 @@ type QueueRefs interface {
 type queueItem struct {
 	QueueInfo
 	ref QueueRef
+	// rep is the queue's replicas when it is replicated, else nil.
+	rep *ReplicaInfo
+}
+
+// queueType is RabbitMQ's type of a queue: "quorum" for a replicated
+// one, "classic" for the others.
+func (it *queueItem) queueType() string {
+	if it.rep != nil {
+		return "quorum"
+	}
+	return "classic"
 }
 
 // queueRow is one queue in a listing.
@@ -119,10 +133,101 @@ var queueSchema = newSchema("name",
 	rateField("message_stats.deliver", func(r *queueRow) float64 { return r.e.rateOf(qDeliver) }),
 	uintField("message_stats.ack", func(r *queueRow) uint64 { return r.item.Ack }),
 	rateField("message_stats.ack", func(r *queueRow) float64 { return r.e.rateOf(qAck) }),
+	strField("type", func(r *queueRow) string { return r.item.queueType() }),
+	strField("leader", func(r *queueRow) string {
+		if r.item.rep == nil {
+			return ""
+		}
+		return r.item.rep.Leader
+	}),
+	rawField("members", func(b []byte, r *queueRow) []byte {
+		if r.item.rep == nil {
+			return append(b, "[]"...)
+		}
+		return appendReplicaNodes(b, r.item.rep)
+	}, func(r *queueRow) float64 { return float64(replicaCount(r)) }),
+	rawField("online", func(b []byte, r *queueRow) []byte {
+		if r.item.rep == nil {
+			return append(b, "[]"...)
+		}
+		return appendOnline(b, r.item.rep)
+	}, func(r *queueRow) float64 {
+		if r.item.rep == nil {
+			return 0
+		}
+		return float64(len(r.item.rep.Online()))
+	}),
+	rawField("replicas", func(b []byte, r *queueRow) []byte {
+		if r.item.rep == nil {
+			return append(b, "[]"...)
+		}
+		return appendReplicas(b, r.item.rep)
+	}, func(r *queueRow) float64 { return float64(replicaCount(r)) }),
+	strField("membership_change", func(r *queueRow) string {
+		if r.item.rep == nil {
+			return ""
+		}
+		return r.item.rep.Change
+	}),
+	strField("replica_error", func(r *queueRow) string {
+		if r.item.rep == nil {
+			return ""
+		}
+		return r.item.rep.Error
+	}),
 )
+
+func replicaCount(r *queueRow) int {
+	if r.item.rep == nil {
+		return 0
+	}
+	return len(r.item.rep.Members)
+}
+
+// withReplicas sets the replicas of the replicated queues among rows
+// and adds those this node does not serve (their leader's figures when
+// it answered), sorted by name again.
+func (s *Server) withReplicas(ctx context.Context, rows []queueRow) []queueRow {
+	if s.cfg.Replicas == nil {
+		return rows
+	}
+	reps := s.cfg.Replicas.ReplicatedQueues(ctx)
+	if len(reps) == 0 {
+		return rows
+	}
+	byName := make(map[string]*ReplicaInfo, len(reps))
+	for i := range reps {
+		byName[reps[i].Name] = &reps[i]
+	}
+	for i := range rows {
+		if rep := byName[rows[i].item.Name]; rep != nil {
+			rows[i].item.rep = rep
+			delete(byName, rep.Name)
+		}
+	}
+	if len(byName) == 0 {
+		return rows
+	}
+	for _, rep := range byName {
+		rows = append(rows, queueRow{item: remoteItem(rep)})
+	}
+	slices.SortFunc(rows, func(a, b queueRow) int { return strings.Compare(a.item.Name, b.item.Name) })
+	return rows
+}
+
+// remoteItem is the row of a replicated queue served by another node.
+func remoteItem(rep *ReplicaInfo) queueItem {
+	it := queueItem{rep: rep}
+	if rep.Counters != nil {
+		it.QueueInfo = *rep.Counters
+	}
+	it.Name = rep.Name
+	return it
+}
 
 func (s *Server) listQueues(w http.ResponseWriter, r *http.Request) {
 	rows := s.smp.liveQueues(getQueueRows())
+	rows = s.withReplicas(r.Context(), rows)
 	serveList(w, r, queueSchema, rows, func(r *queueRow) string { return r.item.Name })
 	putQueueRows(rows)
 }
@@ -148,16 +253,27 @@ func (s *Server) queue(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:
-		if s.cfg.Queues == nil {
+		var rep *ReplicaInfo
+		if s.cfg.Replicas != nil {
+			if info, ok := s.cfg.Replicas.ReplicatedQueue(r.Context(), name); ok {
+				rep = &info
+			}
+		}
+		var q QueueInfo
+		ok := false
+		if s.cfg.Queues != nil {
+			q, ok = s.cfg.Queues.Queue(name)
+		}
+		switch {
+		case ok:
+			serveObject(w, r, queueSchema, &queueRow{item: queueItem{QueueInfo: q, rep: rep}, e: s.smp.queueEntry(name)}, http.StatusOK)
+		case rep != nil:
+			serveObject(w, r, queueSchema, &queueRow{item: remoteItem(rep)}, http.StatusOK)
+		case s.cfg.Queues == nil:
 			writeError(w, notFound("queue %q not found: this node has no queues yet", name))
-			return
-		}
-		q, ok := s.cfg.Queues.Queue(name)
-		if !ok {
+		default:
 			writeError(w, notFound("queue %q not found", name))
-			return
 		}
-		serveObject(w, r, queueSchema, &queueRow{item: queueItem{QueueInfo: q}, e: s.smp.queueEntry(name)}, http.StatusOK)
 	case http.MethodPut:
 		var spec QueueSpec
 		if err := readBody(r, &spec, true); err != nil {

@@ -35,6 +35,7 @@ const (
 	KindLinkData    Kind = 5 // a node link's data connection
 	KindGossip      Kind = 6 // memberlist's packets, with mutual TLS and no secret
 	KindQueueRaft   Kind = 7 // the replicated queues' Raft messages (internal/cluster/replica)
+	KindQueueOps    Kind = 8 // a replicated queue's status asked of its leader's node (node)
 )
 
 func (k Kind) String() string {
@@ -53,6 +54,8 @@ func (k Kind) String() string {
 		return "gossip"
 	case KindQueueRaft:
 		return "queue-raft"
+	case KindQueueOps:
+		return "queue-ops"
 	}
 	return fmt.Sprintf("kind-%d", uint8(k))
 }

@@ -415,6 +415,11 @@ const LISTS = {
       { key: "message_stats.publish_details.rate", label: "Publish/s", num: true, render: (x) => fmtRate(x.message_stats.publish_details.rate) },
       { key: "message_stats.deliver_details.rate", label: "Deliver/s", num: true, render: (x) => fmtRate(x.message_stats.deliver_details.rate) },
       { key: "message_stats.ack_details.rate", label: "Ack/s", num: true, render: (x) => fmtRate(x.message_stats.ack_details.rate) },
+      { key: "type", label: "Type", render: (x) => tag(x.type, x.type) },
+      { key: "leader", label: "Leader", render: (x) => x.leader || muted("–") },
+      { key: "online", label: "Online", num: true, fetch: ["online", "members"], render: (x) => x.type === "quorum"
+        ? el("span", { title: "online: " + (x.online.join(", ") || "none") + "; replicas: " + x.members.join(", ") }, x.online.length + " of " + x.members.length)
+        : muted("–") },
     ],
   },
   connections: {
@@ -710,6 +715,16 @@ async function refreshDetail(r) {
   }
   if (isQueue) {
     rows.push(["Published", fmtInt(q.message_stats.publish)], ["Delivered", fmtInt(q.message_stats.deliver)], ["Acknowledged", fmtInt(q.message_stats.ack)]);
+    rows.push(["Type", tag(q.type, q.type)]);
+    if (q.type === "quorum") {
+      rows.push(["Leader node", q.leader || muted("none")]);
+      for (const m of q.replicas) {
+        const behind = m.behind === null ? "lag unknown" : fmtInt(m.behind) + " behind";
+        rows.push(["Replica " + m.node, m.role + ", " + (m.live ? "live" : "down") + ", " + behind]);
+      }
+      if (q.membership_change) rows.push(["Change", (q.membership_change[0] === "+" ? "adding " : "removing ") + q.membership_change.slice(1)]);
+      if (q.replica_error) rows.push(["Note", muted(q.replica_error)]);
+    }
   }
   if (ex && !isQueue && ex.pattern !== "tasks") rows.push(["Queue", muted("none")]);
   if (ex && !isQueue && ex.pattern === "tasks") rows.push(["Queue", el("a", { href: "#queue/" + enc(ex.name) }, ex.name)]);

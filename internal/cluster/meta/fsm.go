@@ -82,6 +82,10 @@ type command struct {
 
 	// queue-leader: the group, and its term in Epoch
 	Group uint64 `json:"group,omitempty"`
+	// queue-move, queue-member, queue-member-done: the node moved to,
+	// added or (Remove) removed
+	Member string `json:"member,omitempty"`
+	Remove bool   `json:"remove,omitempty"`
 
 	// renew, bump-epoch
 	Epoch   uint64 `json:"epoch,omitempty"`
@@ -274,6 +278,12 @@ func (f *fsm) apply(index uint64, c *command) (result, []Change) {
 		return result{}, nil
 	case opQueueLeader:
 		return applyQueueLeader(st, index, c)
+	case opQueueMove:
+		return applyQueueMove(st, index, c)
+	case opQueueMember:
+		return applyQueueMember(st, index, c)
+	case opQueueMemberDone:
+		return applyQueueMemberDone(st, index, c)
 	case opNoop:
 		return result{}, nil
 	}

@@ -449,7 +449,8 @@ func timeLeft(ctx context.Context) time.Duration {
 // forwardable lists the operations a peer may send to the leader; the
 // others (epochs, re-homing, removal) the leader makes itself.
 var forwardable = map[string]bool{opDeclare: true, opDelete: true, opPutUser: true, opDeleteUser: true,
-	opSetPerms: true, opClearPerms: true, opRenew: true, opQueueLeader: true, opOpenSession: true}
+	opSetPerms: true, opClearPerms: true, opRenew: true, opQueueLeader: true, opOpenSession: true,
+	opQueueMove: true, opQueueMember: true, opQueueMemberDone: true}
 
 // applyLeader applies c on this node, which must be the leader, and
 // returns its index and the state machine's result.

@@ -346,7 +346,7 @@ func (m *Meta) handle(typ byte, req *request, peer string) response {
 		if req.Command.V < 1 || req.Command.V > cmdVersion {
 			return response{Err: encodeError(fmt.Errorf("%w: command version %d, this node applies %d", ErrBadCommand, req.Command.V, cmdVersion))}
 		}
-		if c := req.Command; peer != "" && (c.Op == opRenew && c.Name != peer || (c.Op == opDeclare || c.Op == opQueueLeader) && c.Home != peer) {
+		if c := req.Command; peer != "" && (c.Op == opRenew && c.Name != peer || (c.Op == opDeclare || c.Op == opQueueLeader || c.Op == opQueueMemberDone) && c.Home != peer) {
 			return response{Err: encodeError(fmt.Errorf("%w: node %q may not %s for %q", ErrBadFrame, peer, c.Op, c.Name+c.Home))}
 		}
 		if c := req.Command; peer != "" && c.Session != "" && !strings.HasPrefix(c.Session, peer+"/") {

@@ -166,6 +166,11 @@ func TestPeerIdentityLimitsCommands(t *testing.T) {
 	if resp := lead.handle(typeApply, &request{TimeoutMS: 5000, Command: &ql}, "n9"); resp.Err == nil || !errors.Is(resp.Err.err(), ErrBadFrame) {
 		t.Errorf("queue-leader n1 from n9: %+v", resp.Err)
 	}
+	// And only itself as the one that made a membership change.
+	md := command{V: cmdVersion, Op: opQueueMemberDone, Name: "q", Home: "n1", Group: 1, Member: "n9"}
+	if resp := lead.handle(typeApply, &request{TimeoutMS: 5000, Command: &md}, "n9"); resp.Err == nil || !errors.Is(resp.Err.err(), ErrBadFrame) {
+		t.Errorf("queue-member-done by n1 from n9: %+v", resp.Err)
+	}
 	// A heartbeat too: only for the sender's own record, once the
 	// leader has started its term, and only from a node that marks it
 	// on the voters (one of an older version renews through the log).

@@ -45,7 +45,7 @@ const (
 
 // catalogOps are the operations made in a client session.
 var catalogOps = map[string]bool{opDeclare: true, opDelete: true, opPutUser: true, opDeleteUser: true,
-	opSetPerms: true, opClearPerms: true}
+	opSetPerms: true, opClearPerms: true, opQueueMove: true, opQueueMember: true}
 
 // session is one client session in the state machine.
 type session struct {

@@ -39,6 +39,28 @@ type Exchange struct {
 	Replicas   string `json:"replicas,omitempty"`
 	Group      uint64 `json:"group,omitempty"`
 	LeaderTerm uint64 `json:"leader_term,omitempty"`
+	// Change is the membership change of a replicated queue under way,
+	// one at a time: "+node" while node is added (listed in Replicas,
+	// a learner until it caught up), "-node" while node is removed
+	// (still listed until its group dropped it); "" when none. The
+	// queue's leader carries it out (docs/queues.md, "Replicated
+	// queues").
+	Change string `json:"change,omitempty"`
+	// MoveTo asks the replica that leads the queue in term MoveTerm to
+	// hand its leadership to that node's replica (a rebalance): a later
+	// term's leader ignores it.
+	MoveTo   string `json:"move_to,omitempty"`
+	MoveTerm uint64 `json:"move_term,omitempty"`
+}
+
+// Voters returns the replica nodes that vote in the queue's group as
+// the metadata knows it: its replicas but one being added.
+func (e Exchange) Voters() []string {
+	nodes := e.ReplicaNodes()
+	if joining, ok := strings.CutPrefix(e.Change, "+"); ok {
+		nodes = slices.DeleteFunc(nodes, func(n string) bool { return n == joining })
+	}
+	return nodes
 }
 
 // ReplicaNodes returns the nodes of a replicated queue, the preferred
@@ -140,9 +162,12 @@ const (
 	// NodeChanged: Node's epoch or expiry changed, or (Removed) it was
 	// forgotten. Plain renewals are not reported.
 	NodeChanged
+	// ReplicasChanged: a replicated queue's replicas, membership change
+	// under way or leadership move request changed (queues.go).
+	ReplicasChanged
 )
 
-var kindNames = [...]string{"", "exchange-declared", "exchange-deleted", "exchange-rehomed", "user-put", "user-deleted", "permissions-changed", "node-changed"}
+var kindNames = [...]string{"", "exchange-declared", "exchange-deleted", "exchange-rehomed", "user-put", "user-deleted", "permissions-changed", "node-changed", "replicas-changed"}
 
 // String names the kind.
 func (k ChangeKind) String() string {
