@@ -466,6 +466,11 @@ func TestSlowPeerCut(t *testing.T) {
 	a, ra := startFabric(t, "a", nil, func(c *Config) { c.SlowTimeout = slow })
 	b, rb := startFabric(t, "b", []string{a.Advertise()}, nil)
 	bl := &blocker{recorder: rb, release: make(chan struct{})}
+	// Released before the fabrics close (cleanups run last first), also
+	// when the test fails: a handler held for ever would hang b's Close,
+	// and the whole package with it, hiding the failure.
+	release := sync.OnceFunc(func() { close(bl.release) })
+	t.Cleanup(release)
 	b.SetHandler(bl)
 	waitFor(t, 20*time.Second, "a and b up", func() bool { return allUp(a, "a", "b") && allUp(b, "a", "b") })
 	body := make([]byte, 64<<10)
@@ -487,7 +492,7 @@ func TestSlowPeerCut(t *testing.T) {
 	}
 	waitFor(t, slow+10*time.Second, "a cuts its link with b, which does not read", func() bool { return ra.has("down b") })
 	t.Logf("link cut %s after the outbox filled (slow-consumer timeout %s)", time.Since(full).Round(time.Millisecond), slow)
-	close(bl.release)
+	release()
 	waitFor(t, 20*time.Second, "linked again", func() bool { return member(a, "b").Link.Up && member(b, "a").Link.Up })
 }
 
