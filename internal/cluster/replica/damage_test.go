@@ -177,3 +177,61 @@ func TestTruncatedTailDetectedByLeader(t *testing.T) {
 	}, "the leader makes replica %d a learner", bad)
 	c.converge(want)
 }
+
+// TestDamagedReplicaUnheard: a damaged replica whose leader's heartbeats
+// are lost when it comes back (here one way: from the leader to it) lets
+// the leader fall quiet again, caught up as it was before the crash; the
+// replica then announces its damage itself, as no heartbeat comes for it
+// to answer, and the leader makes it a learner. Without the announcement
+// the leader stayed quiet for ever (TestReplicatedQueueLearnerPromoted,
+// one run in about 17, as a restarted node's links came up).
+func TestDamagedReplicaUnheard(t *testing.T) {
+	cfg := testConfig()
+	cfg.Store.SegmentSize = store.MinSegmentSize
+	c := newTestCluster(t, 3, cfg)
+	want := make([]string, 150)
+	for i := range want {
+		want[i] = fmt.Sprintf("%03d-%s", i, strings.Repeat("x", 100))
+		c.propose(want[i])
+	}
+	c.converge(want)
+	lead := c.leader()
+	var bad uint64
+	for _, id := range c.ids {
+		if id != lead {
+			bad = id
+			break
+		}
+	}
+	c.crash(bad)
+	fs := c.fss[bad]
+	seg := segFiles(t, fs)[1]
+	b, err := fs.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0xFF
+	fs.WriteFile(seg, b)
+
+	lh := c.hosts[lead]
+	testutil.WaitForf(t, wait, func() bool { s := lh.QuietStats(); return s.Down == 1 && s.Awake == 0 }, "host %d down, the leader quiet", bad)
+	before := lh.QuietStats().Wakeups
+	c.net.CutFrom(lead, bad)
+	c.start(bad, nil)
+	if d := c.groups[bad].OpenDamage(); d == "" {
+		t.Fatal("the damaged replica recovered as healthy")
+	}
+	learner := func() bool {
+		st, err := c.groups[lead].Status()
+		return err == nil && slices.Equal(st.Learners, []uint64{bad}) && !slices.Contains(st.Voters, bad)
+	}
+	var last QuietStats
+	defer func() { t.Logf("leader host: %+v", last) }()
+	testutil.WaitForf(t, wait, func() bool {
+		s := lh.QuietStats()
+		last = s
+		return learner() || s.Down == 0 && s.Wakeups > before && s.Awake == 0
+	}, "the leader hears host %d again and falls quiet, or makes it a learner", bad)
+	c.net.Heal()
+	testutil.WaitForf(t, wait, learner, "the leader makes the unheard damaged replica %d a learner", bad)
+}

@@ -64,6 +64,7 @@ type Group struct {
 	quiet       bool // not ticked (quiesce.go)
 	cs          *pb.ConfState
 	openDamage  string          // why the replica was damaged when opened
+	damageTicks int             // ticks while damaged (announceDamage)
 	rejoin      map[uint64]bool // leader: damaged replicas being removed, to come back as learners
 	leaderLast  uint64          // leader: the last index when it was elected
 
@@ -401,6 +402,28 @@ func (g *Group) lostAcked(m *pb.Message) bool {
 		}
 	})
 	return m.GetIndex() >= match && m.GetRejectHint() < match
+}
+
+// announceDamage runs on the driver at each tick of a damaged replica
+// (which does not tick Raft): once an election timeout, from its first
+// tick, it tells every voter it is damaged, as its answers to heartbeats
+// do, so that a leader that sends none (quiet, or whose heartbeats were
+// lost while this replica came back) makes it a learner.
+func (g *Group) announceDamage() {
+	g.damageTicks++
+	if (g.damageTicks-1)%g.h.cfg.ElectionTicks != 0 {
+		return
+	}
+	st := g.rn.BasicStatus()
+	for _, id := range g.cs.GetVoters() {
+		if id == g.h.cfg.ID {
+			continue
+		}
+		g.h.extra[id] = append(g.h.extra[id], Envelope{Group: g.id, Msg: &pb.Message{
+			Type: pb.MsgHeartbeatResp.Enum(), To: u64(id), From: u64(g.h.cfg.ID),
+			Term: u64(st.GetTerm()), Context: []byte(damagedCtx),
+		}})
+	}
 }
 
 // noteDamaged runs on the leader's driver when replica id reports that

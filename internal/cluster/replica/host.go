@@ -456,7 +456,11 @@ func (h *Host) run() {
 // tickGroups ticks the awake groups, and makes the idle ones quiet.
 func (h *Host) tickGroups() {
 	for _, g := range h.awake {
-		if g.damaged != "" || g.quiesce() {
+		if g.damaged != "" {
+			g.announceDamage()
+			continue
+		}
+		if g.quiesce() {
 			continue
 		}
 		g.rn.Tick()

@@ -100,6 +100,13 @@ func (n *MemNetwork) Cut(a, b uint64) {
 	n.mu.Unlock()
 }
 
+// CutFrom stops messages from a to b, one way.
+func (n *MemNetwork) CutFrom(a, b uint64) {
+	n.mu.Lock()
+	n.cut[[2]uint64{a, b}] = true
+	n.mu.Unlock()
+}
+
 // Isolate cuts id from every other host in ids.
 func (n *MemNetwork) Isolate(id uint64, ids ...uint64) {
 	for _, o := range ids {
