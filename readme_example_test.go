@@ -83,7 +83,7 @@ func Example_taskDistribution() {
 	}, courier.Prefetch(10))
 
 	w, err := resize.SubmitWatch(ctx, courier.Task{Body: img, Key: userID}, func(ev courier.TaskEvent) {
-		log.Println(ev.Kind, ev.Percent, ev.Text) // progress, retry, completed or failed
+		log.Println(ev.Kind, ev.Percent, ev.Text) // progress, retry, completed, failed; lost if its queue moved (watch again)
 	})
 	if err != nil {
 		log.Fatal(err)
