@@ -19,6 +19,15 @@ import (
 // committed entries.
 func damagedCluster(t *testing.T, damage func(fs *store.MemFS)) (*testCluster, uint64, []string) {
 	t.Helper()
+	c, bad, want := crashedFollower(t, damage)
+	c.restart(bad)
+	return c, bad, want
+}
+
+// crashedFollower is damagedCluster without the restart: the follower
+// stays down, its disk damaged.
+func crashedFollower(t *testing.T, damage func(fs *store.MemFS)) (*testCluster, uint64, []string) {
+	t.Helper()
 	cfg := testConfig()
 	cfg.Store.SegmentSize = store.MinSegmentSize
 	c := newTestCluster(t, 3, cfg)
@@ -38,8 +47,19 @@ func damagedCluster(t *testing.T, damage func(fs *store.MemFS)) (*testCluster, u
 	}
 	c.crash(bad)
 	damage(c.fss[bad])
-	c.restart(bad)
 	return c, bad, want
+}
+
+// flipSealedByte flips a byte in the middle of a sealed segment of fs.
+func flipSealedByte(t *testing.T, fs *store.MemFS) {
+	t.Helper()
+	seg := segFiles(t, fs)[1]
+	b, err := fs.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0xFF
+	fs.WriteFile(seg, b)
 }
 
 // checkRefusesVote checks that a damaged replica never helps elect a
@@ -114,15 +134,7 @@ func segFiles(t *testing.T, fs *store.MemFS) []string {
 }
 
 func TestCorruptStoreRefusesVote(t *testing.T) {
-	c, bad, want := damagedCluster(t, func(fs *store.MemFS) {
-		seg := segFiles(t, fs)[1]
-		b, err := fs.ReadFile(seg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b[len(b)/2] ^= 0xFF // a flipped byte in a sealed segment
-		fs.WriteFile(seg, b)
-	})
+	c, bad, want := damagedCluster(t, func(fs *store.MemFS) { flipSealedByte(t, fs) })
 	checkRefusesVote(t, c, bad, want)
 }
 
@@ -186,33 +198,8 @@ func TestTruncatedTailDetectedByLeader(t *testing.T) {
 // the leader stayed quiet for ever (TestReplicatedQueueLearnerPromoted,
 // one run in about 17, as a restarted node's links came up).
 func TestDamagedReplicaUnheard(t *testing.T) {
-	cfg := testConfig()
-	cfg.Store.SegmentSize = store.MinSegmentSize
-	c := newTestCluster(t, 3, cfg)
-	want := make([]string, 150)
-	for i := range want {
-		want[i] = fmt.Sprintf("%03d-%s", i, strings.Repeat("x", 100))
-		c.propose(want[i])
-	}
-	c.converge(want)
+	c, bad, _ := crashedFollower(t, func(fs *store.MemFS) { flipSealedByte(t, fs) })
 	lead := c.leader()
-	var bad uint64
-	for _, id := range c.ids {
-		if id != lead {
-			bad = id
-			break
-		}
-	}
-	c.crash(bad)
-	fs := c.fss[bad]
-	seg := segFiles(t, fs)[1]
-	b, err := fs.ReadFile(seg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b[len(b)/2] ^= 0xFF
-	fs.WriteFile(seg, b)
-
 	lh := c.hosts[lead]
 	testutil.WaitForf(t, wait, func() bool { s := lh.QuietStats(); return s.Down == 1 && s.Awake == 0 }, "host %d down, the leader quiet", bad)
 	before := lh.QuietStats().Wakeups
