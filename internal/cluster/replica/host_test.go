@@ -53,14 +53,19 @@ func TestProposeOnFollower(t *testing.T) {
 		if id == lead {
 			continue
 		}
-		_, err := g.Propose(context.Background(), []byte("x"))
-		var nl *NotLeaderError
-		if !errors.As(err, &nl) || !errors.Is(err, ErrNotLeader) {
-			t.Fatalf("follower %d: %v, want NotLeaderError", id, err)
-		}
-		if nl.Leader != lead {
-			t.Fatalf("follower %d names leader %d, want %d", id, nl.Leader, lead)
-		}
+		// A follower learns of the leader from its first message: until
+		// then it names none (0), and a proposal is refused all the same.
+		testutil.WaitForf(t, wait, func() bool {
+			_, err := g.Propose(context.Background(), []byte("x"))
+			var nl *NotLeaderError
+			if !errors.As(err, &nl) || !errors.Is(err, ErrNotLeader) {
+				t.Fatalf("follower %d: %v, want NotLeaderError", id, err)
+			}
+			if nl.Leader != 0 && nl.Leader != lead {
+				t.Fatalf("follower %d names leader %d, want %d", id, nl.Leader, lead)
+			}
+			return nl.Leader == lead
+		}, "follower %d names leader %d", id, lead)
 	}
 }
 
